@@ -1,0 +1,73 @@
+/* libckptclient's C API, for languages other than C++.
+ *
+ * Every function that can fail returns 0 on success or a ckpt_status code (the values of
+ * ckpt::StatusCode) and keeps a message for ckpt_last_error(). Handles are owned by the
+ * caller and freed with the matching *_free / ckpt_detach. Tensor pointers stay valid until
+ * the checkpoint handle is detached. A handle may be used from one thread at a time. */
+#ifndef CKPT_CKPT_H_
+#define CKPT_CKPT_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ckpt_client ckpt_client;
+typedef struct ckpt_checkpoint ckpt_checkpoint;
+
+#define CKPT_MAX_DIMS 8
+
+typedef struct {
+  const char* name;      /* NUL-terminated */
+  uint32_t dtype;        /* ckpt::DType value; ckpt_dtype_name() names it */
+  uint32_t ndim;
+  int64_t shape[CKPT_MAX_DIMS];
+  uint64_t nbytes;
+  uint64_t checksum;     /* XXH3-64 of the bytes */
+  const void* data;      /* read-only, in shared memory */
+} ckpt_tensor;
+
+enum { CKPT_SHARD_REPLICATE = 0, CKPT_SHARD_SPLIT = 1 };
+
+typedef struct {
+  int kind;              /* CKPT_SHARD_* */
+  int dim;
+  int rank;
+  int world;
+  int fused_chunks;      /* 0 or 1: not fused */
+  int allow_uneven;
+} ckpt_shard_spec;
+
+/* The message of the last error on this thread ("" if none). */
+const char* ckpt_last_error(void);
+/* "F32", "BF16", ...; "INVALID" for an unknown value. */
+const char* ckpt_dtype_name(uint32_t dtype);
+
+/* socket_path NULL: $CKPTD_SOCKET or the default path. */
+int ckpt_connect(const char* socket_path, ckpt_client** out);
+void ckpt_client_free(ckpt_client* client);
+/* name NULL: derived from the file name. */
+int ckpt_load(ckpt_client* client, const char* path, const char* name);
+int ckpt_evict(ckpt_client* client, const char* name, int force);
+
+int ckpt_attach(ckpt_client* client, const char* name, ckpt_checkpoint** out);
+void ckpt_detach(ckpt_checkpoint* checkpoint);
+uint64_t ckpt_generation(const ckpt_checkpoint* checkpoint);
+size_t ckpt_tensor_count(const ckpt_checkpoint* checkpoint);
+int ckpt_tensor_at(const ckpt_checkpoint* checkpoint, size_t index, ckpt_tensor* out);
+int ckpt_tensor_find(const ckpt_checkpoint* checkpoint, const char* name, ckpt_tensor* out);
+
+/* Shape (CKPT_MAX_DIMS entries) and byte size of a tensor's shard. */
+int ckpt_shard_info(const ckpt_checkpoint* checkpoint, const char* tensor, const ckpt_shard_spec* spec,
+                    uint32_t* ndim, int64_t* shape, uint64_t* nbytes);
+/* Copies a tensor's shard into dst (dst_size >= its nbytes). */
+int ckpt_copy_shard(const ckpt_checkpoint* checkpoint, const char* tensor, const ckpt_shard_spec* spec,
+                    void* dst, uint64_t dst_size);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CKPT_CKPT_H_ */

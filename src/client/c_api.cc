@@ -1,0 +1,133 @@
+#include "ckpt/ckpt.h"
+
+#include <cstring>
+#include <string>
+
+#include "ckpt/client.h"
+
+struct ckpt_client {
+  std::unique_ptr<ckpt::Client> client;
+};
+struct ckpt_checkpoint {
+  std::unique_ptr<ckpt::Checkpoint> checkpoint;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Fail(const ckpt::Status& status) {
+  last_error = status.ToString();
+  return static_cast<int>(status.code());
+}
+
+int Report(const ckpt::Status& status) {
+  if (status.ok()) return 0;
+  return Fail(status);
+}
+
+int FillTensor(const ckpt::TensorView& view, ckpt_tensor* out) {
+  if (out == nullptr) return Fail(ckpt::InvalidArgument("out is NULL"));
+  out->name = view.info->name.c_str();
+  out->dtype = static_cast<uint32_t>(view.info->dtype);
+  out->ndim = static_cast<uint32_t>(view.info->shape.size());
+  for (size_t i = 0; i < CKPT_MAX_DIMS; ++i) out->shape[i] = i < view.info->shape.size() ? view.info->shape[i] : 0;
+  out->nbytes = view.info->nbytes;
+  out->checksum = view.info->checksum;
+  out->data = view.data;
+  return 0;
+}
+
+ckpt::Result<ckpt::ShardSpec> ToSpec(const ckpt_shard_spec* spec) {
+  if (spec == nullptr) return ckpt::InvalidArgument("shard spec is NULL");
+  if (spec->kind == CKPT_SHARD_REPLICATE) return ckpt::ShardSpec::Replicate();
+  if (spec->kind != CKPT_SHARD_SPLIT) return ckpt::InvalidArgument("unknown shard kind");
+  return ckpt::ShardSpec::Split(spec->dim, spec->rank, spec->world,
+                                spec->fused_chunks <= 0 ? 1 : spec->fused_chunks, spec->allow_uneven != 0);
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* ckpt_last_error(void) { return last_error.c_str(); }
+const char* ckpt_dtype_name(uint32_t dtype) { return ckpt::DTypeName(static_cast<ckpt::DType>(dtype)); }
+
+int ckpt_connect(const char* socket_path, ckpt_client** out) {
+  if (out == nullptr) return Fail(ckpt::InvalidArgument("out is NULL"));
+  auto client = ckpt::Client::Connect(socket_path ? socket_path : ckpt::Client::DefaultSocketPath());
+  if (!client.ok()) return Fail(client.status());
+  *out = new ckpt_client{std::move(client).value()};
+  return 0;
+}
+
+void ckpt_client_free(ckpt_client* client) { delete client; }
+
+int ckpt_load(ckpt_client* client, const char* path, const char* name) {
+  if (client == nullptr || path == nullptr) return Fail(ckpt::InvalidArgument("client and path are required"));
+  return Report(client->client->Load(path, name ? name : "").status());
+}
+
+int ckpt_evict(ckpt_client* client, const char* name, int force) {
+  if (client == nullptr || name == nullptr) return Fail(ckpt::InvalidArgument("client and name are required"));
+  return Report(client->client->Evict(name, force != 0));
+}
+
+int ckpt_attach(ckpt_client* client, const char* name, ckpt_checkpoint** out) {
+  if (client == nullptr || name == nullptr || out == nullptr) {
+    return Fail(ckpt::InvalidArgument("client, name and out are required"));
+  }
+  auto checkpoint = client->client->Attach(name);
+  if (!checkpoint.ok()) return Fail(checkpoint.status());
+  *out = new ckpt_checkpoint{std::move(checkpoint).value()};
+  return 0;
+}
+
+void ckpt_detach(ckpt_checkpoint* checkpoint) { delete checkpoint; }
+
+uint64_t ckpt_generation(const ckpt_checkpoint* c) { return c ? c->checkpoint->generation() : 0; }
+
+size_t ckpt_tensor_count(const ckpt_checkpoint* c) { return c ? c->checkpoint->tensors().size() : 0; }
+
+int ckpt_tensor_at(const ckpt_checkpoint* c, size_t index, ckpt_tensor* out) {
+  if (c == nullptr || index >= c->checkpoint->tensors().size()) {
+    return Fail(ckpt::InvalidArgument("tensor index out of range"));
+  }
+  auto view = c->checkpoint->Tensor(c->checkpoint->tensors()[index].name);
+  if (!view.ok()) return Fail(view.status());
+  return FillTensor(*view, out);
+}
+
+int ckpt_tensor_find(const ckpt_checkpoint* c, const char* name, ckpt_tensor* out) {
+  if (c == nullptr || name == nullptr) return Fail(ckpt::InvalidArgument("checkpoint and name are required"));
+  auto view = c->checkpoint->Tensor(name);
+  if (!view.ok()) return Fail(view.status());
+  return FillTensor(*view, out);
+}
+
+int ckpt_shard_info(const ckpt_checkpoint* c, const char* tensor, const ckpt_shard_spec* spec,
+                    uint32_t* ndim, int64_t* shape, uint64_t* nbytes) {
+  if (c == nullptr || tensor == nullptr) return Fail(ckpt::InvalidArgument("checkpoint and tensor are required"));
+  auto s = ToSpec(spec);
+  if (!s.ok()) return Fail(s.status());
+  auto layout = c->checkpoint->PlanShard(tensor, *s);
+  if (!layout.ok()) return Fail(layout.status());
+  if (ndim) *ndim = static_cast<uint32_t>(layout->shape.size());
+  if (shape) {
+    for (size_t i = 0; i < CKPT_MAX_DIMS; ++i) shape[i] = i < layout->shape.size() ? layout->shape[i] : 0;
+  }
+  if (nbytes) *nbytes = layout->nbytes;
+  return 0;
+}
+
+int ckpt_copy_shard(const ckpt_checkpoint* c, const char* tensor, const ckpt_shard_spec* spec, void* dst,
+                    uint64_t dst_size) {
+  if (c == nullptr || tensor == nullptr || dst == nullptr) {
+    return Fail(ckpt::InvalidArgument("checkpoint, tensor and dst are required"));
+  }
+  auto s = ToSpec(spec);
+  if (!s.ok()) return Fail(s.status());
+  return Report(c->checkpoint->CopyShard(tensor, *s, dst, dst_size));
+}
+
+}  // extern "C"

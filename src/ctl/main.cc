@@ -1,0 +1,227 @@
+// ckptctl: the operator's command line for ckptd.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "protocol/daemon_connection.h"
+#include "protocol/wire.h"
+#include "ctl/table.h"
+
+namespace {
+
+using ckpt::ctl::HumanBytes;
+using ckpt::ctl::RenderTable;
+using nlohmann::json;
+
+struct Options {
+  std::string socket = ckpt::protocol::DefaultSocketPath();
+  bool json_output = false;
+};
+
+int Fail(const ckpt::Status& status) {
+  std::fprintf(stderr, "ckptctl: %s\n", status.message().c_str());
+  return 1;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f s", s);
+  return buf;
+}
+
+std::string LocalTime(int64_t unix_s) {
+  std::time_t t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+// A one-line progress bar on stderr, redrawn in place.
+class ProgressBar {
+ public:
+  void Update(uint64_t done, uint64_t total) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double fraction = total ? static_cast<double>(done) / total : 1.0;
+    const int filled = static_cast<int>(fraction * 30);
+    const double rate = elapsed > 0 ? done / elapsed : 0;
+    const double eta = rate > 0 ? (total - done) / rate : 0;
+    std::fprintf(stderr, "\r[%s%s] %5.1f%%  %s / %s  %s/s  ETA %.0f s ", std::string(filled, '#').c_str(),
+                 std::string(30 - filled, '.').c_str(), fraction * 100, HumanBytes(done).c_str(),
+                 HumanBytes(total).c_str(), HumanBytes(static_cast<uint64_t>(rate)).c_str(), eta);
+    drawn_ = true;
+  }
+  ~ProgressBar() {
+    if (drawn_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  bool drawn_ = false;
+};
+
+ckpt::Result<json> Call(const Options& o, const std::string& op, json fields = json::object(),
+                        const std::function<void(const json&)>& on_event = nullptr) {
+  CKPT_ASSIGN_OR_RETURN(auto connection, ckpt::protocol::DaemonConnection::Open(o.socket));
+  return connection->Call(op, std::move(fields), on_event);
+}
+
+void PrintJson(const json& j) { std::cout << j.dump(2) << "\n"; }
+
+std::vector<std::string> CheckpointRow(const json& c) {
+  return {c.at("name").get<std::string>(),
+          std::to_string(c.at("generation").get<uint64_t>()),
+          std::to_string(c.at("tensor_count").get<uint64_t>()),
+          HumanBytes(c.at("data_bytes").get<uint64_t>()),
+          std::to_string(c.at("attached").get<uint32_t>()),
+          Seconds(c.at("load_seconds").get<double>()),
+          LocalTime(c.at("loaded_unix_s").get<int64_t>()),
+          c.at("source").get<std::string>()};
+}
+const std::vector<std::string> kCheckpointHeader = {"NAME", "GEN", "TENSORS", "SIZE", "ATTACHED",
+                                                    "LOAD TIME", "LOADED", "SOURCE"};
+
+int Load(const Options& o, const std::string& path, const std::string& name) {
+  std::string absolute = path;
+  if (!path.empty() && path[0] != '/') {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof(cwd)) != nullptr) absolute = std::string(cwd) + "/" + path;
+  }
+  const bool show_progress = !o.json_output && ::isatty(STDERR_FILENO);
+  json fields{{"path", absolute}, {"progress", show_progress}};
+  if (!name.empty()) fields["name"] = name;
+  ckpt::Result<json> response = ckpt::Internal("unreached");
+  {
+    ProgressBar bar;
+    response = Call(o, "load", fields, [&](const json& e) {
+      bar.Update(e.value("done", uint64_t{0}), e.value("total", uint64_t{0}));
+    });
+  }
+  if (!response.ok()) return Fail(response.status());
+  const json& c = response->at("checkpoint");
+  if (o.json_output) {
+    PrintJson(*response);
+  } else {
+    const double secs = c.at("load_seconds").get<double>();
+    const uint64_t bytes = c.at("data_bytes").get<uint64_t>();
+    std::printf("loaded '%s' (generation %llu): %llu tensors, %s in %s (%s/s)\n",
+                c.at("name").get<std::string>().c_str(),
+                static_cast<unsigned long long>(c.at("generation").get<uint64_t>()),
+                static_cast<unsigned long long>(c.at("tensor_count").get<uint64_t>()), HumanBytes(bytes).c_str(),
+                Seconds(secs).c_str(), HumanBytes(static_cast<uint64_t>(bytes / std::max(secs, 1e-9))).c_str());
+  }
+  return 0;
+}
+
+int Evict(const Options& o, const std::string& name, bool force) {
+  auto response = Call(o, "evict", json{{"name", name}, {"force", force}});
+  if (!response.ok()) return Fail(response.status());
+  if (o.json_output) {
+    PrintJson(*response);
+  } else {
+    std::printf("evicted '%s'\n", name.c_str());
+  }
+  return 0;
+}
+
+int List(const Options& o) {
+  auto response = Call(o, "list");
+  if (!response.ok()) return Fail(response.status());
+  if (o.json_output) {
+    PrintJson(*response);
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const json& c : response->at("checkpoints")) rows.push_back(CheckpointRow(c));
+  for (const json& n : response->at("loading")) rows.push_back({n.get<std::string>(), "-", "-", "-", "-", "loading", "-", "-"});
+  std::cout << RenderTable(kCheckpointHeader, rows, {1, 2, 3, 4, 5});
+  return 0;
+}
+
+int Info(const Options& o, const std::string& name) {
+  auto response = Call(o, "info", json{{"name", name}});
+  if (!response.ok()) return Fail(response.status());
+  if (o.json_output) {
+    PrintJson(*response);
+    return 0;
+  }
+  std::cout << RenderTable(kCheckpointHeader, {CheckpointRow(response->at("checkpoint"))}, {1, 2, 3, 4, 5}) << "\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const json& t : response->at("tensors")) {
+    std::string shape = "[";
+    for (const json& d : t.at("shape")) shape += (shape.size() > 1 ? ", " : "") + std::to_string(d.get<int64_t>());
+    rows.push_back({t.at("name").get<std::string>(), t.at("dtype").get<std::string>(), shape + "]",
+                    HumanBytes(t.at("nbytes").get<uint64_t>()), t.at("checksum").get<std::string>()});
+  }
+  std::cout << RenderTable({"TENSOR", "DTYPE", "SHAPE", "SIZE", "XXH3"}, rows, {3});
+  return 0;
+}
+
+int Status(const Options& o) {
+  auto response = Call(o, "status");
+  if (!response.ok()) return Fail(response.status());
+  if (o.json_output) {
+    PrintJson(*response);
+    return 0;
+  }
+  const json& s = *response;
+  std::cout << RenderTable({"FIELD", "VALUE"},
+                           {{"version", s.at("version").get<std::string>()},
+                            {"pid", std::to_string(s.at("pid").get<int64_t>())},
+                            {"uptime", std::to_string(s.at("uptime_s").get<int64_t>()) + " s"},
+                            {"socket", s.at("socket").get<std::string>()},
+                            {"shm prefix", s.at("shm_prefix").get<std::string>()},
+                            {"checkpoints", std::to_string(s.at("checkpoints").get<uint64_t>())},
+                            {"loading", std::to_string(s.at("loading").get<uint64_t>())},
+                            {"shared memory", HumanBytes(s.at("shm_bytes").get<uint64_t>())},
+                            {"attachments", std::to_string(s.at("attached").get<uint64_t>())},
+                            {"connections", std::to_string(s.at("connections").get<int64_t>())}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"ckptctl: control the node's checkpoint daemon (ckptd)"};
+  app.require_subcommand(1);
+  app.add_option("--socket", o.socket, "ckptd control socket ($CKPTD_SOCKET)")->capture_default_str();
+  app.add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
+
+  std::string path, name;
+  bool force = false;
+  auto* load = app.add_subcommand("load", "load a checkpoint file into shared memory");
+  load->add_option("path", path, "checkpoint file (safetensors)")->required();
+  load->add_option("--name", name, "name to publish it under (default: file name)");
+  auto* evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
+  evict->add_option("name", name, "checkpoint name")->required();
+  evict->add_flag("--force", force, "evict even while processes are attached");
+  auto* list = app.add_subcommand("list", "list loaded checkpoints");
+  auto* info = app.add_subcommand("info", "show a checkpoint's tensors");
+  info->add_option("name", name, "checkpoint name")->required();
+  auto* status = app.add_subcommand("status", "show the daemon's state");
+  for (auto* sub : {load, evict, list, info, status}) {
+    sub->add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*load) return Load(o, path, name);
+    if (*evict) return Evict(o, name, force);
+    if (*list) return List(o);
+    if (*info) return Info(o, name);
+    if (*status) return Status(o);
+  } catch (const json::exception& e) {
+    return Fail(ckpt::Corrupt(std::string("malformed response from ckptd: ") + e.what()));
+  }
+  return 1;
+}

@@ -1,0 +1,178 @@
+#include "daemon/server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <spdlog/spdlog.h>
+
+#include "daemon/request_handler.h"
+#include "protocol/wire.h"
+#include "shm/segment_reader.h"
+#include "shm/shm_object.h"
+
+namespace ckpt::daemon {
+
+namespace {
+Status ValidateOptions(const ServerOptions& o) {
+  if (o.shm_prefix.empty() || o.shm_prefix.size() > 64) return InvalidArgument("shm prefix must be 1 to 64 characters");
+  for (char c : o.shm_prefix) {
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) {
+      return InvalidArgument("shm prefix may hold only letters, digits, '_' and '-': '" + o.shm_prefix + "'");
+    }
+  }
+  if (o.load_threads < 1 || o.load_threads > 256) return InvalidArgument("load threads must be 1 to 256");
+  if (o.max_connections < 1) return InvalidArgument("max connections must be >= 1");
+  return Status::Ok();
+}
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  CKPT_RETURN_IF_ERROR(ValidateOptions(options));
+  std::unique_ptr<Server> server(new Server(options));
+  server->started_unix_s_ = std::chrono::duration_cast<std::chrono::seconds>(
+                                std::chrono::system_clock::now().time_since_epoch()).count();
+  server->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!server->wake_fd_.valid()) return ErrnoError("eventfd", errno);
+  CKPT_ASSIGN_OR_RETURN(server->listen_fd_, protocol::ListenUnix(options.socket_path, options.socket_mode));
+  CKPT_RETURN_IF_ERROR(server->AdoptExistingSegments());
+  return server;
+}
+
+Status Server::AdoptExistingSegments() {
+  std::vector<std::unique_ptr<shm::SegmentReader>> found;
+  for (const std::string& shm_name : shm::ListShmObjects(options_.shm_prefix + ".")) {
+    auto reader = shm::SegmentReader::Open(shm_name);
+    if (!reader.ok()) {
+      spdlog::warn("removing segment {} left by an earlier daemon: {}", shm_name, reader.status().ToString());
+      (void)shm::RemoveShmObject(shm_name);
+      continue;
+    }
+    found.push_back(std::move(reader).value());
+  }
+  // Newest generation first, so an older generation of the same name is the one removed.
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a->generation() > b->generation(); });
+  for (auto& reader : found) {
+    CatalogEntry entry;
+    entry.name = reader->checkpoint_name();
+    entry.generation = reader->generation();
+    entry.shm_name = options_.shm_prefix + "." + entry.name + "." + std::to_string(entry.generation);
+    entry.source_path = reader->source_path();
+    entry.format = "adopted";
+    entry.segment_bytes = reader->segment_bytes();
+    for (const auto& t : reader->tensors()) entry.data_bytes += t.nbytes;
+    entry.load_seconds = reader->header().load_nanos / 1e9;
+    entry.loaded_unix_s = static_cast<int64_t>(reader->header().created_unix_ns / 1000000000ull);
+    entry.tensors = std::make_shared<const std::vector<TensorInfo>>(reader->tensors());
+    const std::string shm_name = entry.shm_name;
+    if (ValidateCheckpointName(entry.name).ok() && catalog_.Adopt(std::move(entry)).ok()) {
+      spdlog::info("adopted segment {}", shm_name);
+    } else {
+      spdlog::warn("removing superseded or misnamed segment {}", shm_name);
+      (void)shm::RemoveShmObject(shm_name);
+    }
+  }
+  return Status::Ok();
+}
+
+Server::~Server() {
+  Stop();
+  std::lock_guard<std::mutex> lock(connections_mu_);
+  for (auto& c : connections_) {
+    if (c->thread.joinable()) c->thread.join();
+  }
+}
+
+void Server::Stop() {
+  stopping_.store(true);
+  if (wake_fd_.valid()) {
+    uint64_t one = 1;
+    (void)!::write(wake_fd_.get(), &one, sizeof(one));
+  }
+}
+
+void Server::ReapFinishedConnections() {
+  std::lock_guard<std::mutex> lock(connections_mu_);
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if ((*it)->done.load()) {
+      (*it)->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Server::Run() {
+  spdlog::info("ckptd {} serving on {} (shm prefix '{}')", CKPT_VERSION, options_.socket_path, options_.shm_prefix);
+  while (!stopping_.load()) {
+    pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+    int n = ::poll(fds, 2, 1000);
+    ReapFinishedConnections();
+    if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
+    UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!client.valid()) continue;
+    if (connection_count_.load() >= options_.max_connections) {
+      (void)protocol::WriteFrame(client.get(), protocol::ErrorResponse(ResourceExhausted(
+                                                   "too many connections to ckptd")));
+      continue;  // closes it
+    }
+    auto connection = std::make_unique<Connection>();
+    connection->fd = std::move(client);
+    Connection* raw = connection.get();
+    ++connection_count_;
+    std::lock_guard<std::mutex> lock(connections_mu_);
+    connections_.push_back(std::move(connection));
+    raw->thread = std::thread([this, raw] { Serve(raw); });
+  }
+
+  // Wake every connection thread (blocked reads return), then wait for all of them.
+  {
+    std::lock_guard<std::mutex> lock(connections_mu_);
+    for (auto& c : connections_) ::shutdown(c->fd.get(), SHUT_RDWR);
+  }
+  {
+    std::lock_guard<std::mutex> lock(connections_mu_);
+    for (auto& c : connections_) {
+      if (c->thread.joinable()) c->thread.join();
+    }
+    connections_.clear();
+  }
+  if (options_.cleanup_on_exit) {
+    for (const CatalogEntry& e : catalog_.TakeAll()) {
+      (void)shm::RemoveShmObject(e.shm_name);
+      spdlog::info("removed segment {}", e.shm_name);
+    }
+  }
+  ::unlink(options_.socket_path.c_str());
+  listen_fd_.reset();
+  spdlog::info("ckptd stopped");
+}
+
+void Server::Serve(Connection* connection) {
+  const int fd = connection->fd.get();
+  {
+    RequestHandler handler(DaemonContext{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_}, fd);
+    while (!stopping_.load()) {
+      auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes);
+      if (!request.ok()) {
+        // A malformed frame loses the framing: answer once, then drop the connection.
+        if (request.status().code() == StatusCode::kCorrupt) {
+          spdlog::warn("dropping a connection: {}", request.status().message());
+          (void)protocol::WriteFrame(fd, protocol::ErrorResponse(request.status()));
+        }
+        break;
+      }
+      if (!protocol::WriteFrame(fd, handler.Handle(*request)).ok()) break;
+    }
+  }  // the handler's destructor releases this connection's attachments
+  --connection_count_;
+  connection->done.store(true);
+}
+
+}  // namespace ckpt::daemon

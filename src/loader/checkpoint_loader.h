@@ -1,0 +1,44 @@
+// Loads the tensors a LoadPlan describes into a new shared-memory segment and publishes
+// it: parallel reads straight into the mapping, a checksum per tensor, then the complete
+// flag. On any error or cancellation the segment is removed and nothing is visible.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ckpt/status.h"
+#include "ckpt/tensor.h"
+#include "format/load_plan.h"
+#include "shm/segment_writer.h"
+
+namespace ckpt::loader {
+
+struct LoadOptions {
+  int threads = 8;                        // reader threads
+  uint64_t chunk_bytes = 16ull << 20;     // largest single read
+  // Called from the calling thread about every 100 ms and once at the end with
+  // (bytes read, bytes in total). May be empty.
+  std::function<void(uint64_t, uint64_t)> progress;
+  // Set by another thread to abandon the load (returns kFailedPrecondition "cancelled").
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+struct LoadedSegment {
+  std::string shm_name;
+  uint64_t segment_bytes = 0;
+  uint64_t data_bytes = 0;  // sum of tensor sizes
+  double seconds = 0;
+  std::vector<TensorInfo> tensors;  // with checksums
+};
+
+// `spec` gives the segment's names, generation and mode; its tensor list is filled from
+// `plan`. Errors: those of the files (NotFound, IoError, Corrupt if a file is shorter than
+// the plan says), of the segment (AlreadyExists, ResourceExhausted), InvalidArgument for
+// duplicate tensor names, FailedPrecondition if cancelled.
+Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::SegmentSpec spec,
+                                      const LoadOptions& options);
+
+}  // namespace ckpt::loader

@@ -1,0 +1,46 @@
+// The control protocol between ckptd and its clients, over a Unix stream socket.
+//
+// Every message is a frame: a 4-byte little-endian length, then that many bytes of JSON
+// (an object). Requests carry {"v": kProtocolVersion, "op": "...", ...}. The daemon answers
+// each request with exactly one response {"v", "ok": true, ...} or
+// {"v", "ok": false, "code": StatusCodeName, "error": "..."}, optionally preceded by event
+// frames {"v", "event": "progress", "done": N, "total": N} when the request asked for them.
+// A connection that sent "attach" holds that attachment until it closes.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "ckpt/status.h"
+#include "common/unique_fd.h"
+
+namespace ckpt::protocol {
+
+inline constexpr int kProtocolVersion = 1;
+inline constexpr uint32_t kMaxRequestBytes = 1u << 20;     // what the daemon accepts
+inline constexpr uint32_t kMaxResponseBytes = 256u << 20;  // what clients accept
+
+// Writes one frame. IoError/Unavailable if the peer is gone.
+Status WriteFrame(int fd, const nlohmann::json& message);
+// Reads one frame holding a JSON object. Unavailable if the peer closed the connection
+// before a frame began; Corrupt for a frame over `max_bytes`, cut short, or not a JSON
+// object.
+Result<nlohmann::json> ReadFrame(int fd, uint32_t max_bytes);
+
+// A success response with the fields of `body` (an object) added.
+nlohmann::json OkResponse(nlohmann::json body = nlohmann::json::object());
+// The error response for `status` (not OK).
+nlohmann::json ErrorResponse(const Status& status);
+// The Status a response carries: OK for "ok": true, else its code and message.
+Status StatusOf(const nlohmann::json& response);
+
+// $CKPTD_SOCKET if set and not empty, else "/run/ckptd/ckptd.sock".
+std::string DefaultSocketPath();
+// Connects to the daemon's socket. Unavailable (naming the path) if nobody listens.
+Result<UniqueFd> ConnectUnix(const std::string& path);
+// Binds and listens on `path` with permission bits `mode`. A stale socket file (nobody
+// listening) is replaced; AlreadyExists if a live daemon listens there.
+Result<UniqueFd> ListenUnix(const std::string& path, uint32_t mode);
+
+}  // namespace ckpt::protocol

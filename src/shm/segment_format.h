@@ -1,0 +1,67 @@
+// The layout of one checkpoint generation in a POSIX shared-memory object.
+//
+//   [SegmentHeader, padded to kHeaderBytes]
+//   [TensorEntry x tensor_count]             at index_offset
+//   [names, concatenated, not terminated]    at strings_offset
+//   [tensor data, each kDataAlignment-aligned] from data_offset
+//
+// The daemon writes everything, then stores state = kComplete with release ordering as
+// its last write. Readers check magic, version and state, then validate every offset
+// against segment_bytes before following it. All offsets are from the segment's start.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace ckpt::shm {
+
+inline constexpr char kSegmentMagic[8] = {'C', 'K', 'P', 'T', 'S', 'E', 'G', '1'};
+inline constexpr uint32_t kSegmentVersion = 1;
+inline constexpr uint64_t kHeaderBytes = 4096;
+inline constexpr uint64_t kDataAlignment = 64;
+inline constexpr uint32_t kMaxDims = 8;
+inline constexpr uint32_t kMaxNameBytes = 1024;
+
+enum class SegmentState : uint32_t {
+  kLoading = 1,   // being written; never attach
+  kComplete = 2,  // immutable from now on
+};
+
+struct SegmentHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t state;             // SegmentState; accessed atomically
+  uint64_t generation;        // unique per daemon state directory, increasing
+  uint64_t segment_bytes;     // total size of the object
+  uint64_t tensor_count;
+  uint64_t index_offset;
+  uint64_t strings_offset;
+  uint64_t strings_bytes;
+  uint64_t data_offset;
+  uint64_t data_bytes;
+  uint64_t created_unix_ns;
+  uint64_t load_nanos;        // wall time the daemon took to load it
+  uint64_t index_checksum;    // XXH3-64 over the index entries and the names
+  char checkpoint_name[128];  // NUL-terminated
+  char source_path[1024];     // NUL-terminated, truncated if longer
+  uint8_t reserved[kHeaderBytes - 8 - 4 - 4 - 11 * 8 - 128 - 1024];
+};
+static_assert(sizeof(SegmentHeader) == kHeaderBytes);
+static_assert(std::is_trivially_copyable_v<SegmentHeader>);
+
+struct TensorEntry {
+  uint64_t name_offset;  // from strings_offset
+  uint32_t name_bytes;
+  uint32_t dtype;        // ckpt::DType
+  uint32_t ndim;         // <= kMaxDims
+  uint32_t flags;        // reserved, 0
+  uint64_t shape[kMaxDims];
+  uint64_t data_offset;  // from the segment start; kDataAlignment-aligned
+  uint64_t nbytes;
+  uint64_t checksum;     // XXH3-64 of the tensor bytes
+  uint64_t reserved[2];
+};
+static_assert(sizeof(TensorEntry) == 128);
+static_assert(std::is_trivially_copyable_v<TensorEntry>);
+
+}  // namespace ckpt::shm

@@ -1,0 +1,114 @@
+#include "shm/segment_reader.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace ckpt::shm {
+
+uint64_t Checksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+Result<std::unique_ptr<SegmentReader>> SegmentReader::Open(const std::string& shm_name) {
+  CKPT_ASSIGN_OR_RETURN(auto mapping, ShmMapping::OpenReadOnly(shm_name));
+  const std::byte* data = mapping->data();
+  uint64_t size = mapping->size();
+  auto reader = FromImage(std::move(mapping), data, size);
+  if (!reader.ok()) return reader.status().WithContext("segment " + shm_name);
+  return reader;
+}
+
+Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<ShmMapping> mapping,
+                                                                const std::byte* data, uint64_t size) {
+  if (size < sizeof(SegmentHeader)) return Corrupt("smaller than a segment header");
+  SegmentHeader h;
+  std::memcpy(&h, data, sizeof(h));
+  if (std::memcmp(h.magic, kSegmentMagic, sizeof(kSegmentMagic)) != 0) return Corrupt("bad magic");
+  if (h.version != kSegmentVersion) {
+    return Unsupported("segment version " + std::to_string(h.version) + ", this build reads " +
+                       std::to_string(kSegmentVersion));
+  }
+  uint32_t state = __atomic_load_n(reinterpret_cast<const uint32_t*>(data + offsetof(SegmentHeader, state)),
+                                   __ATOMIC_ACQUIRE);
+  if (state != static_cast<uint32_t>(SegmentState::kComplete)) {
+    return FailedPrecondition("segment is not complete (still loading or abandoned)");
+  }
+  if (h.segment_bytes != size) return Corrupt("header size does not match the object size");
+  // Each range check is written so that it cannot overflow.
+  if (h.index_offset < sizeof(SegmentHeader) || h.index_offset > size ||
+      h.tensor_count > (size - h.index_offset) / sizeof(TensorEntry) ||
+      h.strings_offset != h.index_offset + h.tensor_count * sizeof(TensorEntry) ||
+      h.strings_bytes > size - h.strings_offset || h.data_offset > size ||
+      h.data_bytes > size - h.data_offset) {
+    return Corrupt("header offsets out of range");
+  }
+  if (Checksum(data + h.index_offset, h.strings_offset + h.strings_bytes - h.index_offset) !=
+      h.index_checksum) {
+    return Corrupt("index checksum mismatch");
+  }
+  if (h.checkpoint_name[sizeof(h.checkpoint_name) - 1] != '\0' ||
+      h.source_path[sizeof(h.source_path) - 1] != '\0') {
+    return Corrupt("unterminated name in header");
+  }
+
+  std::unique_ptr<SegmentReader> r(new SegmentReader());
+  r->mapping_ = std::move(mapping);
+  r->base_ = data;
+  r->size_ = size;
+  r->tensors_.reserve(h.tensor_count);
+  r->offsets_.reserve(h.tensor_count);
+  const auto* entries = reinterpret_cast<const TensorEntry*>(data + h.index_offset);
+  const char* strings = reinterpret_cast<const char*>(data + h.strings_offset);
+  for (uint64_t i = 0; i < h.tensor_count; ++i) {
+    TensorEntry e;
+    std::memcpy(&e, &entries[i], sizeof(e));
+    const std::string where = "tensor entry " + std::to_string(i);
+    if (e.name_bytes == 0 || e.name_bytes > kMaxNameBytes || e.name_offset > h.strings_bytes ||
+        e.name_bytes > h.strings_bytes - e.name_offset) {
+      return Corrupt(where + ": name out of range");
+    }
+    if (!IsValidDType(e.dtype)) return Corrupt(where + ": unknown dtype " + std::to_string(e.dtype));
+    if (e.ndim > kMaxDims) return Corrupt(where + ": too many dims");
+    TensorInfo t;
+    t.name.assign(strings + e.name_offset, e.name_bytes);
+    t.dtype = static_cast<DType>(e.dtype);
+    unsigned __int128 bytes = DTypeSize(t.dtype);
+    for (uint32_t d = 0; d < e.ndim; ++d) {
+      if (e.shape[d] > static_cast<uint64_t>(INT64_MAX)) return Corrupt(where + ": bad shape");
+      t.shape.push_back(static_cast<int64_t>(e.shape[d]));
+      bytes *= e.shape[d];
+      if (bytes > size) return Corrupt(where + ": shape larger than the segment");
+    }
+    if (bytes != e.nbytes) return Corrupt(where + ": byte size does not match shape");
+    if (e.data_offset < h.data_offset || e.data_offset > size || e.nbytes > size - e.data_offset ||
+        e.data_offset % kDataAlignment != 0) {
+      return Corrupt(where + ": data out of range");
+    }
+    t.nbytes = e.nbytes;
+    t.checksum = e.checksum;
+    if (!r->by_name_.emplace(t.name, r->tensors_.size()).second) {
+      return Corrupt(where + ": duplicate name '" + t.name + "'");
+    }
+    r->tensors_.push_back(std::move(t));
+    r->offsets_.push_back(e.data_offset);
+  }
+  return r;
+}
+
+std::string SegmentReader::checkpoint_name() const { return header().checkpoint_name; }
+std::string SegmentReader::source_path() const { return header().source_path; }
+
+int64_t SegmentReader::Find(const std::string& name) const {
+  auto it = by_name_.find(name);
+  return it == by_name_.end() ? -1 : static_cast<int64_t>(it->second);
+}
+
+Status SegmentReader::VerifyChecksums() const {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (Checksum(tensor_data(i), tensors_[i].nbytes) != tensors_[i].checksum) {
+      return Corrupt("checksum mismatch in tensor '" + tensors_[i].name + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ckpt::shm

@@ -1,0 +1,54 @@
+// SegmentReader: a read-only, validated view of a complete checkpoint segment.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ckpt/status.h"
+#include "ckpt/tensor.h"
+#include "shm/segment_format.h"
+#include "shm/shm_object.h"
+
+namespace ckpt::shm {
+
+class SegmentReader {
+ public:
+  // Maps object `shm_name` read-only and validates it (see Validate).
+  static Result<std::unique_ptr<SegmentReader>> Open(const std::string& shm_name);
+  // Validates the segment image [data, data + size): magic, version, complete state,
+  // every offset and length within the image, dtypes, shapes matching byte sizes, names,
+  // the index checksum. Corrupt or FailedPrecondition (still loading) otherwise.
+  // `mapping` (may be null) is kept alive by the reader.
+  static Result<std::unique_ptr<SegmentReader>> FromImage(std::unique_ptr<ShmMapping> mapping,
+                                                          const std::byte* data, uint64_t size);
+
+  const SegmentHeader& header() const { return *reinterpret_cast<const SegmentHeader*>(base_); }
+  std::string checkpoint_name() const;
+  std::string source_path() const;
+  uint64_t generation() const { return header().generation; }
+  uint64_t segment_bytes() const { return size_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  // Index of tensor `name`, or -1.
+  int64_t Find(const std::string& name) const;
+  const std::byte* tensor_data(size_t i) const { return base_ + offsets_[i]; }
+
+  // Recomputes every tensor checksum; Corrupt naming the first tensor that differs.
+  Status VerifyChecksums() const;
+
+ private:
+  SegmentReader() = default;
+  std::unique_ptr<ShmMapping> mapping_;
+  const std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::vector<uint64_t> offsets_;
+  std::unordered_map<std::string, size_t> by_name_;
+};
+
+// XXH3-64 of a byte range; the checksum used for tensors and the index.
+uint64_t Checksum(const void* data, size_t size);
+
+}  // namespace ckpt::shm

@@ -1,0 +1,123 @@
+#include "shm/segment_writer.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "shm/segment_format.h"
+#include "shm/segment_reader.h"
+
+namespace ckpt::shm {
+namespace {
+
+uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+SegmentHeader* HeaderOf(std::byte* base) { return reinterpret_cast<SegmentHeader*>(base); }
+TensorEntry* EntriesOf(std::byte* base) {
+  return reinterpret_cast<TensorEntry*>(base + HeaderOf(base)->index_offset);
+}
+
+void CopyTruncated(char* dst, size_t cap, const std::string& s) {
+  size_t n = std::min(s.size(), cap - 1);
+  std::memcpy(dst, s.data(), n);
+  dst[n] = '\0';
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& spec) {
+  if (spec.checkpoint_name.empty() || spec.checkpoint_name.size() >= sizeof(SegmentHeader::checkpoint_name)) {
+    return InvalidArgument("checkpoint name must be 1 to 127 bytes");
+  }
+  // Layout: header, index, names, then data.
+  uint64_t strings_bytes = 0;
+  for (const TensorInfo& t : spec.tensors) {
+    if (t.name.empty() || t.name.size() > kMaxNameBytes) {
+      return InvalidArgument("tensor name must be 1 to " + std::to_string(kMaxNameBytes) + " bytes");
+    }
+    if (t.shape.size() > kMaxDims) return InvalidArgument("tensor '" + t.name + "' has too many dims");
+    if (t.nbytes != NumElements(t.shape) * DTypeSize(t.dtype)) {
+      return InvalidArgument("tensor '" + t.name + "': byte size does not match shape and dtype");
+    }
+    strings_bytes += t.name.size();
+  }
+  const uint64_t index_offset = kHeaderBytes;
+  const uint64_t strings_offset = index_offset + spec.tensors.size() * sizeof(TensorEntry);
+  const uint64_t data_offset = AlignUp(strings_offset + strings_bytes, 4096);
+  uint64_t cursor = data_offset;
+  std::vector<uint64_t> offsets;
+  offsets.reserve(spec.tensors.size());
+  for (const TensorInfo& t : spec.tensors) {
+    offsets.push_back(cursor);
+    cursor = AlignUp(cursor + t.nbytes, kDataAlignment);
+  }
+  const uint64_t segment_bytes = AlignUp(std::max(cursor, data_offset + 1), 4096);
+
+  CKPT_ASSIGN_OR_RETURN(auto mapping, ShmMapping::Create(spec.shm_name, segment_bytes, spec.mode));
+  std::unique_ptr<SegmentWriter> writer(new SegmentWriter(std::move(mapping)));
+  std::byte* base = writer->mapping_->data();
+
+  SegmentHeader* h = HeaderOf(base);  // pages are zero-filled by the kernel
+  std::memcpy(h->magic, kSegmentMagic, sizeof(kSegmentMagic));
+  h->version = kSegmentVersion;
+  h->state = static_cast<uint32_t>(SegmentState::kLoading);
+  h->generation = spec.generation;
+  h->segment_bytes = segment_bytes;
+  h->tensor_count = spec.tensors.size();
+  h->index_offset = index_offset;
+  h->strings_offset = strings_offset;
+  h->strings_bytes = strings_bytes;
+  h->data_offset = data_offset;
+  h->data_bytes = cursor - data_offset;
+  h->created_unix_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch()).count());
+  CopyTruncated(h->checkpoint_name, sizeof(h->checkpoint_name), spec.checkpoint_name);
+  CopyTruncated(h->source_path, sizeof(h->source_path), spec.source_path);
+
+  TensorEntry* entries = EntriesOf(base);
+  char* strings = reinterpret_cast<char*>(base + strings_offset);
+  uint64_t name_cursor = 0;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorInfo& t = spec.tensors[i];
+    TensorEntry& e = entries[i];
+    e.name_offset = name_cursor;
+    e.name_bytes = static_cast<uint32_t>(t.name.size());
+    std::memcpy(strings + name_cursor, t.name.data(), t.name.size());
+    name_cursor += t.name.size();
+    e.dtype = static_cast<uint32_t>(t.dtype);
+    e.ndim = static_cast<uint32_t>(t.shape.size());
+    for (size_t d = 0; d < t.shape.size(); ++d) e.shape[d] = static_cast<uint64_t>(t.shape[d]);
+    e.data_offset = offsets[i];
+    e.nbytes = t.nbytes;
+  }
+  return writer;
+}
+
+SegmentWriter::~SegmentWriter() {
+  if (!published_ && mapping_) {
+    std::string name = mapping_->name();
+    mapping_.reset();
+    (void)RemoveShmObject(name);
+  }
+}
+
+std::byte* SegmentWriter::tensor_data(size_t i) const {
+  std::byte* base = mapping_->data();
+  return base + EntriesOf(base)[i].data_offset;
+}
+
+Status SegmentWriter::Publish(const std::vector<uint64_t>& checksums, uint64_t load_nanos) {
+  std::byte* base = mapping_->data();
+  SegmentHeader* h = HeaderOf(base);
+  if (checksums.size() != h->tensor_count) return Internal("checksum count does not match tensors");
+  TensorEntry* entries = EntriesOf(base);
+  for (size_t i = 0; i < checksums.size(); ++i) entries[i].checksum = checksums[i];
+  h->load_nanos = load_nanos;
+  h->index_checksum = Checksum(base + h->index_offset,
+                               h->strings_offset + h->strings_bytes - h->index_offset);
+  __atomic_store_n(&h->state, static_cast<uint32_t>(SegmentState::kComplete), __ATOMIC_RELEASE);
+  published_ = true;
+  return Status::Ok();
+}
+
+}  // namespace ckpt::shm

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Writes example checkpoints with real PyTorch tensors, in the safetensors format.
+
+  make_checkpoint.py OUT.safetensors [--mib N] [--layers L] [--seed S]
+      [--slices DIR --world W]
+
+The state dict is GPT-shaped (embeddings, per-layer attention and MLP weights, norms,
+biases) in fp32 with a few other dtypes mixed in, scaled so the data is about N MiB.
+With --slices, it also writes PyTorch's own tensor-parallel slices of every tensor to
+DIR/<tensor>.<dim>.<rank>-of-<world>.bin (raw bytes, via torch.tensor_split), the
+reference that the client library's slices are compared with byte for byte.
+
+Needs Debian's python3-torch (/usr/bin/python3). The writer follows the safetensors
+specification: 8-byte little-endian header size, JSON header, then the data.
+"""
+import argparse
+import json
+import os
+import struct
+
+import torch
+
+DTYPE_NAMES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
+    torch.uint8: "U8", torch.bool: "BOOL",
+}
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.contiguous()
+    # numpy has no bfloat16: reinterpret as int16, same bytes.
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def write_safetensors(path: str, tensors: dict) -> None:
+    header, offset, blobs = {}, 0, []
+    for name, t in tensors.items():
+        data = tensor_bytes(t)
+        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    header["__metadata__"] = {"format": "pt", "writer": "ckpt make_checkpoint.py"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for b in blobs:
+            f.write(b)
+    os.replace(tmp, path)
+
+
+def gpt_state_dict(mib: float, layers: int, seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    # hidden chosen so the total is about `mib` MiB: a layer holds 32 h^2 bytes (fp32 attention, 16-bit MLP).
+    vocab = 1024
+    hidden = 64
+    while 32 * layers * (hidden + 64) ** 2 + 4 * vocab * (hidden + 64) < mib * (1 << 20):
+        hidden += 64
+    sd = {"wte.weight": torch.randn(vocab, hidden, generator=g),
+          "wpe.weight": torch.randn(256, hidden, generator=g)}
+    for i in range(layers):
+        p = f"h.{i}."
+        sd[p + "ln_1.weight"] = torch.randn(hidden, generator=g)
+        sd[p + "attn.qkv.weight"] = torch.randn(3 * hidden, hidden, generator=g)  # fused QKV
+        sd[p + "attn.qkv.bias"] = torch.randn(3 * hidden, generator=g)
+        sd[p + "attn.out_proj.weight"] = torch.randn(hidden, hidden, generator=g)
+        sd[p + "mlp.c_fc.weight"] = torch.randn(4 * hidden, hidden, generator=g).to(torch.bfloat16)
+        sd[p + "mlp.c_proj.weight"] = torch.randn(hidden, 4 * hidden, generator=g).to(torch.float16)
+    sd["ln_f.weight"] = torch.randn(hidden, generator=g).to(torch.float64)
+    sd["attn.masked_bias"] = torch.tensor(-1e4)  # a 0-d tensor
+    sd["position_ids"] = torch.arange(256, dtype=torch.int64).reshape(1, 256)
+    sd["token_type_mask"] = torch.randint(0, 2, (8, 16), generator=g, dtype=torch.int32).to(torch.bool)
+    sd["quant.scale"] = torch.randint(-128, 127, (16, 32), generator=g, dtype=torch.int32).to(torch.int8)
+    return sd
+
+
+def write_slices(tensors: dict, out_dir: str, world: int) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    for name, t in tensors.items():
+        for dim in range(t.dim()):
+            for rank in range(world):
+                part = torch.tensor_split(t, world, dim=dim)[rank]
+                with open(os.path.join(out_dir, f"{name}.{dim}.{rank}-of-{world}.bin"), "wb") as f:
+                    f.write(tensor_bytes(part))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--mib", type=float, default=64)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slices", help="directory for PyTorch's reference slices")
+    ap.add_argument("--world", type=int, default=4)
+    args = ap.parse_args()
+    sd = gpt_state_dict(args.mib, args.layers, args.seed)
+    write_safetensors(args.out, sd)
+    if args.slices:
+        write_slices(sd, args.slices, args.world)
+    total = sum(t.numel() * t.element_size() for t in sd.values())
+    print(f"wrote {args.out}: {len(sd)} tensors, {total} bytes")
+
+
+if __name__ == "__main__":
+    main()
