@@ -7,8 +7,8 @@
 The state dict is GPT-shaped (embeddings, per-layer attention and MLP weights, norms,
 biases) in fp32 with a few other dtypes mixed in, scaled so the data is about N MiB.
 With --slices, it also writes PyTorch's own tensor-parallel slices of every tensor to
-DIR/<tensor>.<dim>.<rank>-of-<world>.bin (raw bytes, via torch.tensor_split), the
-reference that the client library's slices are compared with byte for byte.
+DIR/<tensor>.<dim>.<rank>-of-<world>.bin (raw bytes, via torch.tensor_split) and each
+whole tensor to DIR/<tensor>.full.bin, the reference that the client library's slices are compared with byte for byte.
 
 Needs Debian's python3-torch (/usr/bin/python3). The writer follows the safetensors
 specification: 8-byte little-endian header size, JSON header, then the data.
@@ -83,6 +83,8 @@ def gpt_state_dict(mib: float, layers: int, seed: int) -> dict:
 def write_slices(tensors: dict, out_dir: str, world: int) -> None:
     os.makedirs(out_dir, exist_ok=True)
     for name, t in tensors.items():
+        with open(os.path.join(out_dir, f"{name}.full.bin"), "wb") as f:
+            f.write(tensor_bytes(t))
         for dim in range(t.dim()):
             for rank in range(world):
                 part = torch.tensor_split(t, world, dim=dim)[rank]

@@ -14,9 +14,10 @@ namespace {
 enum class Kind { kSafetensors, kZip, kLegacyPickle, kUnknown };
 
 Kind Sniff(const unsigned char* head, size_t n) {
-  if (n >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return Kind::kZip;
-  if (n >= 2 && head[0] == 0x80 && head[1] <= 5) return Kind::kLegacyPickle;
   if (n >= 9 && head[8] == '{') return Kind::kSafetensors;
+  if (n >= 4 && std::memcmp(head, "PK\x03\x04", 4) == 0) return Kind::kZip;
+  // Legacy torch.save: a pickle (PROTO 2..5) whose first object is the LONG1 magic number.
+  if (n >= 3 && head[0] == 0x80 && head[1] >= 2 && head[1] <= 5 && head[2] == 0x8a) return Kind::kLegacyPickle;
   return Kind::kUnknown;
 }
 

@@ -27,9 +27,10 @@ Status ParallelFor(size_t n, int threads, const std::atomic<bool>* cancel,
   std::mutex mu;
   std::condition_variable cv;
   Status first_error;
-  int running = std::max(1, std::min<int>(threads, static_cast<int>(std::max<size_t>(n, 1))));
+  const int thread_count = std::max(1, std::min<int>(threads, static_cast<int>(std::max<size_t>(n, 1))));
+  int running = thread_count;  // guarded by mu
   std::vector<std::thread> pool;
-  for (int t = 0; t < running; ++t) {
+  for (int t = 0; t < thread_count; ++t) {
     pool.emplace_back([&] {
       for (size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
         if (cancel && cancel->load()) {

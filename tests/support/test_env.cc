@@ -1,0 +1,270 @@
+#include "support/test_env.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "protocol/wire.h"
+#include "shm/shm_object.h"
+
+namespace ckpt::testing {
+
+namespace fs = std::filesystem;
+
+ScratchDir::ScratchDir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/ckpt-test-XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) std::abort();
+  path_ = buf.data();
+}
+
+ScratchDir::~ScratchDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+CommandResult RunCommand(const std::vector<std::string>& argv, const std::string& stdin_data) {
+  int in[2], out[2], err[2];
+  if (::pipe2(in, O_CLOEXEC) || ::pipe2(out, O_CLOEXEC) || ::pipe2(err, O_CLOEXEC)) std::abort();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execvp(args[0], args.data());
+    std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  ::close(err[1]);
+  std::thread writer([&] {
+    size_t off = 0;
+    while (off < stdin_data.size()) {
+      ssize_t n = ::write(in[1], stdin_data.data() + off, stdin_data.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+    ::close(in[1]);
+  });
+  CommandResult result;
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2;
+  char buf[65536];
+  while (open_fds > 0) {
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+      if (n <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      } else {
+        (i == 0 ? result.out : result.err).append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  writer.join();
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+ChildProcess::ChildProcess(const std::vector<std::string>& argv) {
+  int in[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) std::abort();
+  const std::string out = dir_.File("stdout"), err = dir_.File("stderr");
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    ::dup2(in[0], 0);
+    int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  stdin_fd_ = in[1];
+}
+
+ChildProcess::~ChildProcess() { Wait(); }
+
+void ChildProcess::CloseStdin() {
+  if (stdin_fd_ >= 0) ::close(stdin_fd_);
+  stdin_fd_ = -1;
+}
+
+bool ChildProcess::WaitForOutput(const std::string& needle, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (ReadFile(dir_.File("stdout")).find(needle) != std::string::npos) return true;
+    int status;
+    if (!waited_ && ::waitpid(pid_, &status, WNOHANG) == pid_) {
+      waited_ = true;
+      result_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      return ReadFile(dir_.File("stdout")).find(needle) != std::string::npos;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+CommandResult ChildProcess::Wait() {
+  CloseStdin();
+  if (!waited_ && pid_ > 0) {
+    int status = 0;
+    for (int i = 0; i < 1000 && ::waitpid(pid_, &status, WNOHANG) != pid_; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (i == 999) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+      }
+    }
+    waited_ = true;
+    result_.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  result_.out = ReadFile(dir_.File("stdout"));
+  result_.err = ReadFile(dir_.File("stderr"));
+  return result_;
+}
+
+void MakeCheckpoint(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {CKPT_TORCH_PYTHON, std::string(CKPT_TOOLS_DIR) + "/make_checkpoint.py"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  CommandResult r = RunCommand(argv);
+  ASSERT_EQ(r.exit_code, 0) << "make_checkpoint.py failed: " << r.err;
+}
+
+CommandResult RunTorchPython(const std::string& code, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {CKPT_TORCH_PYTHON, "-c", code};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv);
+}
+
+void WriteFile(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(f.good()) << "cannot write " << path;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+namespace {
+std::string UniquePrefix() {
+  static std::atomic<int> counter{0};
+  return "ckpttest-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+}  // namespace
+
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) : extra_args_(std::move(extra_args)) {
+  socket_ = dir_.File("ckptd.sock");
+  prefix_ = UniquePrefix();
+  log_ = dir_.File("ckptd.log");
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (Running()) Stop();
+  for (const auto& name : shm::ListShmObjects(prefix_ + ".")) (void)shm::RemoveShmObject(name);
+}
+
+bool DaemonProcess::Start() {
+  std::vector<std::string> argv = {CKPTD_BIN, "--socket", socket_, "--shm-prefix", prefix_, "--log-level", "debug"};
+  argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (protocol::ConnectUnix(socket_).ok()) return true;
+    int status;
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+bool DaemonProcess::Running() const { return pid_ > 0; }
+
+int DaemonProcess::Stop() {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, SIGTERM);
+  int status = 0;
+  for (int i = 0; i < 1000; ++i) {  // 10 s, then SIGKILL
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  Kill();
+  return -1;
+}
+
+void DaemonProcess::Kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  ::waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+CommandResult DaemonProcess::Ctl(const std::vector<std::string>& args) const {
+  std::vector<std::string> argv = {CKPTCTL_BIN, "--socket", socket_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv);
+}
+
+uint64_t NodeSharedPlusAnonBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t value = 0, total = 0;
+  std::string unit;
+  while (f >> key >> value) {
+    if (key == "Shmem:" || key == "AnonPages:") total += value * 1024;
+    std::getline(f, unit);
+  }
+  return total;
+}
+
+}  // namespace ckpt::testing

@@ -1,0 +1,102 @@
+// Helpers for tests that run the real binaries: a private ckptd per test, ckptctl runs,
+// checkpoints written by PyTorch, scratch directories.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ckpt::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class ScratchDir {
+ public:
+  ScratchDir();
+  ~ScratchDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;  // -1 if it did not exit normally
+  std::string out;     // stdout
+  std::string err;     // stderr
+};
+
+// Runs argv[0] with arguments, waits, and captures its output. `stdin_data` is written to
+// its standard input.
+CommandResult RunCommand(const std::vector<std::string>& argv, const std::string& stdin_data = "");
+
+// A child process whose standard input stays open (so it can hold an attachment) until
+// CloseStdin(); its stdout and stderr go to files. The destructor closes stdin and waits.
+class ChildProcess {
+ public:
+  explicit ChildProcess(const std::vector<std::string>& argv);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // True once `needle` appears in its stdout, false after `timeout_ms` or if it exited.
+  bool WaitForOutput(const std::string& needle, int timeout_ms);
+  void CloseStdin();
+  // Closes stdin and waits for the exit.
+  CommandResult Wait();
+
+ private:
+  ScratchDir dir_;
+  pid_t pid_ = -1;
+  int stdin_fd_ = -1;
+  bool waited_ = false;
+  CommandResult result_;
+};
+
+// Runs tools/make_checkpoint.py (real PyTorch) with `args`; fails the test on error.
+void MakeCheckpoint(const std::vector<std::string>& args);
+// Runs a Python snippet with the torch interpreter; returns its result.
+CommandResult RunTorchPython(const std::string& code, const std::vector<std::string>& args = {});
+
+// Writes `bytes` to `path`.
+void WriteFile(const std::string& path, const std::string& bytes);
+std::string ReadFile(const std::string& path);
+
+// A ckptd child process on a private socket and shm prefix. Start() waits until the
+// daemon answers; the destructor stops it (SIGTERM, then SIGKILL) and removes every
+// shared-memory object of its prefix.
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  ~DaemonProcess();
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+
+  // Starts ckptd and waits up to 10 s for its socket to answer. Returns false on failure.
+  bool Start();
+  // SIGTERM and wait; returns the exit status (-1 if killed by a signal).
+  int Stop();
+  // SIGKILL and wait.
+  void Kill();
+  bool Running() const;
+
+  const std::string& socket() const { return socket_; }
+  const std::string& shm_prefix() const { return prefix_; }
+  const std::string& log_path() const { return log_; }
+  pid_t pid() const { return pid_; }
+  // Runs ckptctl against this daemon.
+  CommandResult Ctl(const std::vector<std::string>& args) const;
+
+ private:
+  ScratchDir dir_;
+  std::vector<std::string> extra_args_;
+  std::string socket_, prefix_, log_;
+  pid_t pid_ = -1;
+};
+
+// Shmem + AnonPages from /proc/meminfo, in bytes: node memory that checkpoints occupy.
+uint64_t NodeSharedPlusAnonBytes();
+
+}  // namespace ckpt::testing

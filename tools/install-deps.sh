@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages that building and testing ckpt needs (as root).
+# Skips apt entirely when everything is already installed.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build pkg-config ccache
+  libboost-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libxxhash-dev liburing-dev libsystemd-dev
+  python3-torch python3-dev pybind11-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
