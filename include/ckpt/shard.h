@@ -18,6 +18,8 @@ struct ShardSpec {
   enum class Kind : uint8_t {
     kReplicate,  // the whole tensor
     kSplit,      // part `rank` of `world` along `dim`
+    kFlatPartition,  // ZeRO-3 / MiCS: part `rank` of `world` of the flattened tensor,
+                     // ceil(numel / world) elements, zero-padded at the end as DeepSpeed does
   };
   Kind kind = Kind::kReplicate;
   int dim = 0;           // may be negative, counted from the last dimension
@@ -32,6 +34,9 @@ struct ShardSpec {
                          bool allow_uneven = false) {
     return {Kind::kSplit, dim, rank, world, fused_chunks, allow_uneven};
   }
+  // For MiCS, pass rank % mics_shard_size and world = mics_shard_size: partitions are
+  // taken within a shard group and replicated across groups.
+  static ShardSpec FlatPartition(int rank, int world) { return {Kind::kFlatPartition, 0, rank, world, 1, true}; }
 };
 
 // One strided copy: `rows` rows of `row_bytes` bytes, row r read at
@@ -47,12 +52,14 @@ struct CopyRegion {
 };
 
 // The shard a ShardSpec selects: its own dense row-major shape and the regions that fill
-// it. The regions write every byte of the shard exactly once.
+// it. The regions write every byte of the shard at most once; bytes no region writes
+// (only the padding of a flat partition) are zero.
 struct ShardLayout {
   DType dtype = DType::kU8;
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;
   std::vector<CopyRegion> regions;
+  uint64_t padding_bytes = 0;  // zero bytes at the end of the shard (flat partitions)
 
   // True if the shard is one contiguous run of the source tensor, so a zero-copy view
   // at source + regions[0].src_offset (or an empty shard) serves it.
@@ -65,7 +72,7 @@ struct ShardLayout {
 Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
                               const ShardSpec& spec);
 
-// Copies the shard out of `tensor` (the whole source tensor) into `dst`.
+// Copies the shard out of `tensor` (the whole source tensor) into `dst`, zeroing padding.
 // Error (InvalidArgument) if dst_size < layout.nbytes; nothing is written then.
 Status GatherShard(const ShardLayout& layout, const void* tensor, void* dst, size_t dst_size);
 

@@ -14,7 +14,7 @@ uint64_t NumElements(const std::vector<int64_t>& shape) {
 }
 
 bool ShardLayout::contiguous() const {
-  return regions.empty() || (regions.size() == 1 && regions[0].rows == 1);
+  return padding_bytes == 0 && (regions.empty() || (regions.size() == 1 && regions[0].rows == 1));
 }
 
 namespace {
@@ -59,6 +59,20 @@ Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
     return InvalidArgument("rank " + std::to_string(spec.rank) + " out of range for world " +
                            std::to_string(spec.world));
   }
+  if (spec.kind == ShardSpec::Kind::kFlatPartition) {
+    // DeepSpeed ZeRO-3: every rank holds ceil(numel / world) elements; the tail of the
+    // flattened tensor is padded with zeros up to world * that.
+    const uint64_t numel = NumElements(shape);
+    const uint64_t part = (numel + spec.world - 1) / spec.world;
+    const uint64_t begin = std::min<uint64_t>(numel, part * spec.rank);
+    const uint64_t taken = std::min<uint64_t>(part, numel - begin);
+    layout.shape = {static_cast<int64_t>(part)};
+    layout.nbytes = part * elem;
+    layout.padding_bytes = (part - taken) * elem;
+    if (taken > 0) layout.regions.push_back({begin * elem, taken * elem, 0, taken * elem, taken * elem, 1});
+    return layout;
+  }
+  if (spec.kind != ShardSpec::Kind::kSplit) return InvalidArgument("unknown shard kind");
   if (spec.fused_chunks < 1) return InvalidArgument("fused_chunks must be >= 1");
   const int ndim = static_cast<int>(shape.size());
   const int dim = spec.dim < 0 ? spec.dim + ndim : spec.dim;
@@ -114,6 +128,7 @@ Status GatherShard(const ShardLayout& layout, const void* tensor, void* dst, siz
   }
   const auto* src = static_cast<const std::byte*>(tensor);
   auto* out = static_cast<std::byte*>(dst);
+  if (layout.padding_bytes > 0) std::memset(out + layout.nbytes - layout.padding_bytes, 0, layout.padding_bytes);
   for (const CopyRegion& r : layout.regions) {
     for (uint64_t row = 0; row < r.rows; ++row) {
       std::memcpy(out + r.dst_offset + row * r.dst_pitch, src + r.src_offset + row * r.src_pitch,

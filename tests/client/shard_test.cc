@@ -20,7 +20,7 @@ struct Matrix {
   std::vector<int32_t> Shard(const ShardSpec& spec, ShardLayout* layout_out = nullptr) const {
     auto layout = PlanShard(DType::kI32, shape, spec);
     EXPECT_TRUE(layout.ok()) << layout.status().ToString();
-    std::vector<int32_t> out(layout->nbytes / 4);
+    std::vector<int32_t> out(layout->nbytes / 4, -7);  // garbage: every byte must be written
     EXPECT_TRUE(GatherShard(*layout, values.data(), out.data(), layout->nbytes).ok());
     if (layout_out) *layout_out = *layout;
     return out;
@@ -78,6 +78,21 @@ TEST(ShardTest, UnevenSplitsFollowTensorSplit) {
   EXPECT_EQ(m.Shard(ShardSpec::Split(0, 1, 2, 1, true)), (std::vector<int32_t>{3, 4}));
   Matrix small({2});
   EXPECT_TRUE(small.Shard(ShardSpec::Split(0, 3, 4, 1, true)).empty());
+}
+
+TEST(ShardTest, FlatPartitionsArePaddedLikeDeepSpeed) {
+  Matrix m({2, 5});  // 10 elements over 4 ranks: 3 each, the last holds 1 and 2 zeros
+  ShardLayout layout;
+  EXPECT_EQ(m.Shard(ShardSpec::FlatPartition(0, 4), &layout), (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(layout.shape, (std::vector<int64_t>{3}));
+  EXPECT_TRUE(layout.contiguous());
+  EXPECT_EQ(m.Shard(ShardSpec::FlatPartition(3, 4), &layout), (std::vector<int32_t>{9, 0, 0}));
+  EXPECT_EQ(layout.padding_bytes, 8u);
+  EXPECT_FALSE(layout.contiguous());
+  Matrix tiny({2});  // 2 elements over 4 ranks: ranks 2 and 3 hold only padding
+  EXPECT_EQ(tiny.Shard(ShardSpec::FlatPartition(3, 4)), (std::vector<int32_t>{0}));
+  EXPECT_EQ(PlanShard(DType::kI32, {4}, ShardSpec::FlatPartition(4, 4)).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(ShardTest, InvalidSpecsAreErrors) {

@@ -1,0 +1,224 @@
+// _ckpt: the pybind11 extension under the `ckpt` Python package (python/ckpt/).
+//
+// It wraps libckptclient without linking libtorch: tensors reach PyTorch as read-only
+// buffers (torch.frombuffer, zero copy) or are gathered into memory that PyTorch owns
+// (a data pointer from tensor.data_ptr()). Status errors become ckpt.CkptError subclasses
+// carrying the daemon's message.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "ckpt/client.h"
+
+namespace py = pybind11;
+
+namespace {
+
+PyObject* g_errors[16] = {};  // indexed by StatusCode
+
+[[noreturn]] void Raise(const ckpt::Status& status) {
+  int code = static_cast<int>(status.code());
+  PyObject* type = (code >= 0 && code < 16 && g_errors[code]) ? g_errors[code] : g_errors[0];
+  PyErr_SetString(type, status.message().c_str());
+  throw py::error_already_set();
+}
+
+template <typename T>
+T Unwrap(ckpt::Result<T> result) {
+  if (!result.ok()) Raise(result.status());
+  return std::move(result).value();
+}
+
+void Check(const ckpt::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+py::dict SummaryDict(const ckpt::CheckpointSummary& s) {
+  py::dict d;
+  d["name"] = s.name;
+  d["generation"] = s.generation;
+  d["source"] = s.source;
+  d["format"] = s.format;
+  d["segment_bytes"] = s.segment_bytes;
+  d["data_bytes"] = s.data_bytes;
+  d["tensor_count"] = s.tensor_count;
+  d["load_seconds"] = s.load_seconds;
+  d["loaded_unix_s"] = s.loaded_unix_s;
+  d["attached"] = s.attached;
+  return d;
+}
+
+py::dict TensorDict(const ckpt::TensorInfo& t) {
+  py::dict d;
+  d["name"] = t.name;
+  d["dtype"] = ckpt::DTypeName(t.dtype);
+  d["shape"] = py::tuple(py::cast(t.shape));
+  d["nbytes"] = t.nbytes;
+  d["checksum"] = t.checksum;
+  return d;
+}
+
+// kind: "replicate", "split" or "partition" (ZeRO-3 flat partition).
+ckpt::ShardSpec MakeSpec(const std::string& kind, int dim, int rank, int world, int fused_chunks,
+                         bool allow_uneven) {
+  if (kind == "replicate") return ckpt::ShardSpec::Replicate();
+  if (kind == "split") return ckpt::ShardSpec::Split(dim, rank, world, fused_chunks, allow_uneven);
+  if (kind == "partition") return ckpt::ShardSpec::FlatPartition(rank, world);
+  Raise(ckpt::InvalidArgument("unknown shard kind '" + kind + "' (replicate, split, partition)"));
+}
+
+// The Python-side owner of an attached checkpoint; buffers handed out keep it alive.
+using CheckpointPtr = std::shared_ptr<ckpt::Checkpoint>;
+
+// Bytes of one tensor in the mapping, exposed read-only through the buffer protocol.
+struct TensorBuffer {
+  CheckpointPtr owner;
+  const std::byte* data;
+  uint64_t size;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_ckpt, m) {
+  m.doc() = "Low-level bindings of libckptclient; use the `ckpt` package instead.";
+
+  static py::exception<std::runtime_error> base(m, "CkptError");
+  g_errors[0] = base.ptr();
+  auto sub = [&](const char* name, ckpt::StatusCode code, PyObject* extra = nullptr) {
+    PyObject* bases = extra ? PyTuple_Pack(2, base.ptr(), extra) : PyTuple_Pack(1, base.ptr());
+    std::string qualified = std::string("ckpt._ckpt.") + name;
+    PyObject* type = PyErr_NewException(qualified.c_str(), bases, nullptr);
+    Py_DECREF(bases);
+    m.add_object(name, py::handle(type));
+    g_errors[static_cast<int>(code)] = type;
+  };
+  sub("InvalidArgument", ckpt::StatusCode::kInvalidArgument, PyExc_ValueError);
+  sub("NotFound", ckpt::StatusCode::kNotFound, PyExc_KeyError);
+  sub("AlreadyExists", ckpt::StatusCode::kAlreadyExists);
+  sub("Corrupt", ckpt::StatusCode::kCorrupt);
+  sub("Unsupported", ckpt::StatusCode::kUnsupported);
+  sub("ResourceExhausted", ckpt::StatusCode::kResourceExhausted, PyExc_MemoryError);
+  sub("FailedPrecondition", ckpt::StatusCode::kFailedPrecondition);
+  sub("Unavailable", ckpt::StatusCode::kUnavailable, PyExc_ConnectionError);
+  sub("IoError", ckpt::StatusCode::kIoError, PyExc_OSError);
+  sub("Internal", ckpt::StatusCode::kInternal);
+  sub("PermissionDenied", ckpt::StatusCode::kPermissionDenied, PyExc_PermissionError);
+
+  m.def("default_socket_path", &ckpt::Client::DefaultSocketPath);
+
+  py::class_<ckpt::Client>(m, "Client")
+      .def_static(
+          "connect",
+          [](const std::string& socket) {
+            return Unwrap(ckpt::Client::Connect(socket.empty() ? ckpt::Client::DefaultSocketPath() : socket));
+          },
+          py::arg("socket") = "")
+      .def(
+          "load",
+          [](ckpt::Client& c, const std::string& path, const std::string& name,
+             std::function<void(uint64_t, uint64_t)> progress) {
+            ckpt::ProgressCallback cb;
+            if (progress) {
+              cb = [&progress](uint64_t done, uint64_t total) {
+                py::gil_scoped_acquire gil;
+                progress(done, total);
+              };
+            }
+            ckpt::Result<ckpt::CheckpointSummary> r = ckpt::Internal("unreached");
+            {
+              py::gil_scoped_release release;
+              r = c.Load(path, name, cb);
+            }
+            return SummaryDict(Unwrap(std::move(r)));
+          },
+          py::arg("path"), py::arg("name") = "", py::arg("progress") = nullptr)
+      .def(
+          "evict", [](ckpt::Client& c, const std::string& name, bool force) { Check(c.Evict(name, force)); },
+          py::arg("name"), py::arg("force") = false)
+      .def("list",
+           [](ckpt::Client& c) {
+             py::list out;
+             for (const auto& s : Unwrap(c.List())) out.append(SummaryDict(s));
+             return out;
+           })
+      .def("info",
+           [](ckpt::Client& c, const std::string& name) {
+             py::list out;
+             for (const auto& t : Unwrap(c.Info(name))) out.append(TensorDict(t));
+             return out;
+           })
+      .def("status",
+           [](ckpt::Client& c) {
+             ckpt::DaemonStatus s = Unwrap(c.GetStatus());
+             py::dict d;
+             d["version"] = s.version;
+             d["protocol"] = s.protocol;
+             d["pid"] = s.pid;
+             d["uptime_s"] = s.uptime_s;
+             d["shm_prefix"] = s.shm_prefix;
+             d["checkpoints"] = s.checkpoints;
+             d["loading"] = s.loading;
+             d["shm_bytes"] = s.shm_bytes;
+             d["attached"] = s.attached;
+             d["connections"] = s.connections;
+             return d;
+           })
+      .def("attach", [](ckpt::Client& c, const std::string& name) {
+        return CheckpointPtr(Unwrap(c.Attach(name)));
+      });
+
+  py::class_<TensorBuffer>(m, "TensorBuffer", py::buffer_protocol())
+      .def_buffer([](TensorBuffer& b) {
+        return py::buffer_info(const_cast<std::byte*>(b.data), 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size)}, {1}, /*readonly=*/true);
+      })
+      .def("__len__", [](const TensorBuffer& b) { return b.size; });
+
+  py::class_<ckpt::Checkpoint, CheckpointPtr>(m, "Checkpoint")
+      .def_property_readonly("name", &ckpt::Checkpoint::name)
+      .def_property_readonly("generation", &ckpt::Checkpoint::generation)
+      .def_property_readonly("mapped_bytes", &ckpt::Checkpoint::mapped_bytes)
+      .def("tensors",
+           [](const ckpt::Checkpoint& c) {
+             py::list out;
+             for (const auto& t : c.tensors()) out.append(TensorDict(t));
+             return out;
+           })
+      .def("verify", [](const ckpt::Checkpoint& c) { Check(c.Verify()); })
+      // A read-only buffer (buffer protocol) over a whole tensor's bytes; it keeps the
+      // mapping alive for as long as it, or anything viewing it, lives.
+      .def("buffer",
+           [](const CheckpointPtr& c, const std::string& name) {
+             ckpt::TensorView view = Unwrap(c->Tensor(name));
+             return TensorBuffer{c, view.data, view.info->nbytes};
+           })
+      // (shape, nbytes, contiguous, source offset of a contiguous shard) of a shard.
+      .def(
+          "shard_info",
+          [](const ckpt::Checkpoint& c, const std::string& name, const std::string& kind, int dim, int rank,
+             int world, int fused_chunks, bool allow_uneven) {
+            ckpt::ShardLayout layout =
+                Unwrap(c.PlanShard(name, MakeSpec(kind, dim, rank, world, fused_chunks, allow_uneven)));
+            uint64_t offset = layout.regions.empty() ? 0 : layout.regions[0].src_offset;
+            return py::make_tuple(py::tuple(py::cast(layout.shape)), layout.nbytes, layout.contiguous(), offset);
+          },
+          py::arg("name"), py::arg("kind") = "replicate", py::arg("dim") = 0, py::arg("rank") = 0,
+          py::arg("world") = 1, py::arg("fused_chunks") = 1, py::arg("allow_uneven") = false)
+      // Gathers a shard into host memory at address `dst` (e.g. a CPU tensor's data_ptr()).
+      .def(
+          "copy_shard",
+          [](const ckpt::Checkpoint& c, const std::string& name, uintptr_t dst, uint64_t dst_size,
+             const std::string& kind, int dim, int rank, int world, int fused_chunks, bool allow_uneven) {
+            ckpt::ShardSpec spec = MakeSpec(kind, dim, rank, world, fused_chunks, allow_uneven);
+            ckpt::Status st;
+            {
+              py::gil_scoped_release release;
+              st = c.CopyShard(name, spec, reinterpret_cast<void*>(dst), dst_size);
+            }
+            Check(st);
+          },
+          py::arg("name"), py::arg("dst"), py::arg("dst_size"), py::arg("kind") = "replicate", py::arg("dim") = 0,
+          py::arg("rank") = 0, py::arg("world") = 1, py::arg("fused_chunks") = 1, py::arg("allow_uneven") = false);
+}

@@ -1,0 +1,213 @@
+"""Tests of the `ckpt` Python module against the real ckptd, on checkpoints written by
+PyTorch. Run by ctest (tests/CMakeLists.txt sets CKPTD_BIN, CKPT_TOOLS_DIR, PYTHONPATH)."""
+import gc
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import torch
+
+import ckpt
+
+CKPTD = os.environ["CKPTD_BIN"]
+TOOLS = os.environ["CKPT_TOOLS_DIR"]
+sys.path.insert(0, TOOLS)
+import make_checkpoint  # noqa: E402  (the same writer the C++ tests use)
+
+
+def ds_partition(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    """DeepSpeed ZeRO-3's partitioning (deepspeed/runtime/zero/partition_parameters.py,
+    _partition_param): pad numel up to a multiple of world, each rank takes one slice."""
+    numel = t.numel()
+    remainder = numel % world
+    padded = numel + ((world - remainder) if remainder else 0)
+    partition_size = padded // world
+    start = partition_size * rank
+    end = start + partition_size
+    flat = t.contiguous().view(-1)
+    out = torch.zeros(partition_size, dtype=t.dtype)
+    if start < numel:
+        n = min(end, numel) - start
+        out[:n] = flat[start:start + n]
+    return out
+
+
+class Daemon:
+    def __init__(self, workdir):
+        self.socket = os.path.join(workdir, "ckptd.sock")
+        self.prefix = f"ckptpy{os.getpid()}x{int(time.time() * 1000) % 100000}"
+        self.log = open(os.path.join(workdir, "ckptd.log"), "ab")
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen([CKPTD, "--socket", self.socket, "--shm-prefix", self.prefix,
+                                      "--cleanup-on-exit"], stdout=self.log, stderr=self.log)
+        for _ in range(500):
+            try:
+                ckpt.connect(self.socket)
+                return
+            except ckpt.Unavailable:
+                time.sleep(0.02)
+        raise RuntimeError("ckptd did not start")
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=20)
+
+    def cleanup(self):
+        self.stop()
+        self.log.close()
+        for name in os.listdir("/dev/shm"):
+            if name.startswith(self.prefix + "."):
+                os.unlink(os.path.join("/dev/shm", name))
+
+
+class CkptModuleTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.sd = make_checkpoint.gpt_state_dict(mib=6, layers=2, seed=3)
+        cls.path = os.path.join(cls.tmp.name, "gpt.safetensors")
+        make_checkpoint.write_safetensors(cls.path, cls.sd)
+        cls.daemon = Daemon(cls.tmp.name)
+        cls.daemon.start()
+        cls.client = ckpt.connect(cls.daemon.socket)
+        events = []
+        cls.summary = cls.client.load(cls.path, "gpt", progress=lambda d, t: events.append((d, t)))
+        cls.events = events
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client = None
+        gc.collect()
+        cls.daemon.cleanup()
+        cls.tmp.cleanup()
+
+    def test_load_summary_and_progress(self):
+        self.assertEqual(self.summary["name"], "gpt")
+        self.assertEqual(self.summary["tensor_count"], len(self.sd))
+        self.assertTrue(self.events, "progress callback never called")
+        done = [d for d, _ in self.events]
+        self.assertEqual(done, sorted(done))
+        self.assertEqual(self.events[-1][0], self.events[-1][1])
+        self.assertEqual(self.events[-1][1], self.summary["data_bytes"])
+
+    def test_views_are_zero_copy_and_equal(self):
+        c = self.client.attach("gpt")
+        for name, ref in self.sd.items():
+            t = c.tensor(name)
+            self.assertEqual(t.dtype, ref.dtype, name)
+            self.assertEqual(tuple(t.shape), tuple(ref.shape), name)
+            self.assertTrue(torch.equal(t, ref), name)
+        a, b = c.tensor("wte.weight"), c.tensor("wte.weight")
+        self.assertEqual(a.data_ptr(), b.data_ptr(), "views of one tensor share memory")
+        c.verify()
+
+    def test_views_keep_the_attachment_alive(self):
+        view = self.client.attach("gpt").tensor("h.1.attn.qkv.weight")
+        gc.collect()
+        self.assertEqual(self.client.list()[0]["attached"], 1)
+        self.assertTrue(torch.equal(view, self.sd["h.1.attn.qkv.weight"]))
+        del view
+        gc.collect()
+        for _ in range(200):
+            if self.client.list()[0]["attached"] == 0:
+                break
+            time.sleep(0.01)
+        self.assertEqual(self.client.list()[0]["attached"], 0)
+
+    def test_tensor_parallel_state_dicts_match_torch_slicing(self):
+        plan = {r"attn\.qkv\.weight$": ckpt.fused(3, 0), r"attn\.qkv\.bias$": ckpt.fused(3, 0),
+                r"out_proj\.weight$": ckpt.row(), r"c_fc\.weight$": ckpt.column(), r"c_proj\.weight$": ckpt.row(),
+                r"^wte\.weight$": ckpt.column()}
+        world = 4
+        for rank in range(world):
+            sd = self.client.state_dict("gpt", rank, world, plan)
+            self.assertEqual(set(sd), set(self.sd))
+            for name, ref in self.sd.items():
+                if "qkv" in name:
+                    want = torch.cat([torch.chunk(c, world, 0)[rank] for c in torch.chunk(ref, 3, 0)], 0)
+                elif name.endswith("out_proj.weight") or name.endswith("c_proj.weight"):
+                    want = torch.chunk(ref, world, -1)[rank]
+                elif name.endswith("c_fc.weight") or name == "wte.weight":
+                    want = torch.chunk(ref, world, 0)[rank]
+                else:
+                    want = ref
+                self.assertEqual(sd[name].dtype, want.dtype, name)
+                self.assertTrue(torch.equal(sd[name], want), f"{name} rank {rank}")
+
+    def test_dtype_conversion_only_touches_floats(self):
+        sd = self.client.state_dict("gpt", dtype=torch.bfloat16, copy=True)
+        self.assertEqual(sd["wte.weight"].dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(sd["wte.weight"], self.sd["wte.weight"].to(torch.bfloat16)))
+        self.assertEqual(sd["position_ids"].dtype, torch.int64)
+        self.assertEqual(sd["token_type_mask"].dtype, torch.bool)
+
+    def test_zero3_partitions_match_deepspeed(self):
+        c = self.client.attach("gpt")
+        for world in (1, 3, 4, 7):
+            for rank in range(world):
+                parts = c.partitions(rank, world)
+                for name, ref in self.sd.items():
+                    self.assertTrue(torch.equal(parts[name], ds_partition(ref, rank, world)),
+                                    f"{name} rank {rank}/{world}")
+        # The partitions of all ranks put back together are the tensor.
+        ref = self.sd["h.0.attn.qkv.bias"]
+        whole = torch.cat([c.partition("h.0.attn.qkv.bias", r, 5) for r in range(5)])[:ref.numel()]
+        self.assertTrue(torch.equal(whole, ref))
+
+    def test_mics_partitions_repeat_across_shard_groups(self):
+        c = self.client.attach("gpt")
+        world, group = 8, 4
+        for rank in range(world):
+            got = c.partition("h.1.mlp.c_fc.weight", rank, world, group_size=group)
+            want = ds_partition(self.sd["h.1.mlp.c_fc.weight"], rank % group, group)
+            self.assertTrue(torch.equal(got, want), rank)
+
+    def test_bad_arguments_raise_clear_errors(self):
+        c = self.client.attach("gpt")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "rank 4 out of range"):
+            c.shard("wte.weight", ckpt.column(), 4, 4)
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "cannot split"):
+            c.shard("wte.weight", ckpt.column(), 0, 3)
+        with self.assertRaises(ValueError):  # InvalidArgument is a ValueError
+            c.partition("wte.weight", 0, 8, group_size=3)
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "out of range"):
+            c.partition("wte.weight", -1, 8)
+        with self.assertRaisesRegex(ckpt.NotFound, "no checkpoint named 'nope'"):
+            self.client.attach("nope")
+        with self.assertRaises(KeyError):
+            c.tensor("no.such.tensor")
+        with self.assertRaisesRegex(ckpt.AlreadyExists, "already loaded"):
+            self.client.load(self.path, "gpt")
+        with self.assertRaisesRegex(ckpt.NotFound, "no such file"):
+            self.client.load(self.path + ".missing", "x")
+
+    def test_no_daemon_and_daemon_restart(self):
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaisesRegex(ckpt.Unavailable, "is the daemon running"):
+                ckpt.connect(os.path.join(d, "none.sock"))
+            daemon = Daemon(d)
+            daemon.start()
+            try:
+                client = ckpt.connect(daemon.socket)
+                client.load(self.path, "r")
+                view = client.attach("r").tensor("wte.weight")
+                daemon.stop(signal.SIGKILL)
+                with self.assertRaises(ckpt.Unavailable):
+                    client.list()
+                self.assertTrue(torch.equal(view, self.sd["wte.weight"]), "mapping outlives the daemon")
+                daemon.start()
+                client = ckpt.connect(daemon.socket)
+                self.assertEqual([c["name"] for c in client.list()], ["r"], "re-adopted after restart")
+            finally:
+                daemon.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main()
