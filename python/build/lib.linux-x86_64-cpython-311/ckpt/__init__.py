@@ -1,0 +1,235 @@
+"""ckpt: PyTorch front end of ckptd, the per-node shared-memory checkpoint daemon.
+
+    import ckpt
+    client = ckpt.connect()                       # $CKPTD_SOCKET or /run/ckptd/ckptd.sock
+    client.load("/models/gpt-neo/model.safetensors", name="gpt-neo")
+    sd = client.state_dict("gpt-neo", rank=rank, world=world, plan=ckpt.plans.GPT_NEO,
+                           device=f"cuda:{rank}", dtype=torch.float16)
+    model.load_state_dict(sd, strict=False)
+
+Every rank attaches the daemon's one copy read-only; tensors are zero-copy views of it
+(read-only CPU tensors) until a shard is gathered or moved to a device. Errors raise
+ckpt.CkptError subclasses that carry the daemon's message.
+"""
+import re
+import warnings
+from typing import Callable, Dict, Mapping, Optional, Tuple, Union
+
+import torch
+
+from . import _ckpt
+from ._ckpt import (AlreadyExists, CkptError, Corrupt, FailedPrecondition, Internal, InvalidArgument, IoError,
+                    NotFound, PermissionDenied, ResourceExhausted, Unavailable, Unsupported)
+
+__all__ = [
+    "connect", "Client", "Checkpoint", "Rule", "REPLICATE", "column", "row", "fused", "partition_rule",
+    "CkptError", "InvalidArgument", "NotFound", "AlreadyExists", "Corrupt", "Unsupported", "ResourceExhausted",
+    "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "ds_partition_size",
+]
+
+DTYPES = {
+    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
+    "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+    "C64": torch.complex64, "C128": torch.complex128,
+}
+for _name, _attr in (("F8_E4M3", "float8_e4m3fn"), ("F8_E5M2", "float8_e5m2")):
+    if hasattr(torch, _attr):  # torch >= 2.1
+        DTYPES[_name] = getattr(torch, _attr)
+
+
+class Rule(tuple):
+    """How a tensor is sharded: (kind, dim, fused_chunks, allow_uneven).
+
+    kind is "replicate", "split" (along dim, each of fused_chunks chunks split) or
+    "partition" (ZeRO-3 / MiCS flat partition, padded like DeepSpeed)."""
+
+    def __new__(cls, kind: str, dim: int = 0, fused_chunks: int = 1, allow_uneven: bool = False):
+        return super().__new__(cls, (kind, dim, fused_chunks, allow_uneven))
+
+
+REPLICATE = Rule("replicate")
+
+
+def column(dim: int = 0, allow_uneven: bool = False) -> Rule:
+    """Column parallel for an nn.Linear weight [out, in]: split the output dim (0)."""
+    return Rule("split", dim, 1, allow_uneven)
+
+
+def row(dim: int = -1, allow_uneven: bool = False) -> Rule:
+    """Row parallel for an nn.Linear weight [out, in]: split the input dim (-1)."""
+    return Rule("split", dim, 1, allow_uneven)
+
+
+def fused(chunks: int = 3, dim: int = 0) -> Rule:
+    """A fused tensor (QKV: 3 chunks) split chunk by chunk along dim."""
+    return Rule("split", dim, chunks, False)
+
+
+def partition_rule() -> Rule:
+    return Rule("partition")
+
+
+# A plan: {regex: Rule} (the first pattern that re.search-matches a name wins, tensors
+# that match none are replicated), or a callable (name, info dict) -> Rule.
+Plan = Union[None, Mapping[str, Rule], Callable[[str, dict], Rule]]
+
+
+def _rule_for(plan: Plan, name: str, info: dict) -> Rule:
+    if plan is None:
+        return REPLICATE
+    if callable(plan):
+        return plan(name, info)
+    for pattern, rule in plan.items():
+        if re.search(pattern, name):
+            return rule
+    return REPLICATE
+
+
+def ds_partition_size(numel: int, world: int) -> int:
+    """Elements each rank holds under DeepSpeed ZeRO-3 partitioning (padded)."""
+    return -(-numel // world)
+
+
+class Checkpoint:
+    """An attached checkpoint generation. Tensors it returns may view its shared memory;
+    the mapping lives as long as any of them (or this object) does."""
+
+    def __init__(self, handle: "_ckpt.Checkpoint"):
+        self._h = handle
+        self._infos = {t["name"]: t for t in handle.tensors()}
+
+    @property
+    def name(self) -> str:
+        return self._h.name
+
+    @property
+    def generation(self) -> int:
+        return self._h.generation
+
+    def keys(self):
+        return list(self._infos)
+
+    def info(self, name: str) -> dict:
+        try:
+            return self._infos[name]
+        except KeyError:
+            raise NotFound(f"checkpoint '{self.name}' has no tensor '{name}'") from None
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """The whole tensor as a read-only, zero-copy CPU tensor (do not write to it)."""
+        info = self.info(name)
+        dtype = _torch_dtype(info["dtype"])
+        if info["nbytes"] == 0:
+            return torch.empty(info["shape"], dtype=dtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "buffer is not writable": it is shared memory
+            flat = torch.frombuffer(self._h.buffer(name), dtype=dtype)
+        return flat.view(info["shape"])
+
+    def shard(self, name: str, rule: Rule = REPLICATE, rank: int = 0, world: int = 1, *,
+              device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
+              copy: bool = False) -> torch.Tensor:
+        """This rank's part of tensor `name` under `rule`. On the CPU, a contiguous part
+        with copy=False is a zero-copy view; otherwise the part is gathered into a new
+        tensor (pinned when it is bound for a GPU) and moved/converted there."""
+        kind, dim, chunks, uneven = rule
+        shape, nbytes, contiguous, offset = self._h.shard_info(name, kind, dim, rank, world, chunks, uneven)
+        src_dtype = _torch_dtype(self.info(name)["dtype"])
+        device = torch.device(device)
+        if contiguous and not copy and device.type == "cpu" and nbytes > 0:
+            whole = self.tensor(name).reshape(-1).view(torch.uint8)
+            out = whole[offset:offset + nbytes].view(src_dtype).view(shape)
+        else:
+            pin = device.type == "cuda" and torch.cuda.is_available()
+            out = torch.empty(shape, dtype=src_dtype, pin_memory=pin)
+            if nbytes > 0:
+                self._h.copy_shard(name, out.data_ptr(), nbytes, kind, dim, rank, world, chunks, uneven)
+        if device.type != "cpu":
+            out = out.to(device, non_blocking=True)
+        if dtype is not None and dtype != out.dtype:
+            out = out.to(dtype)
+        return out
+
+    def partition(self, name: str, rank: int, world: int, *, group_size: Optional[int] = None,
+                  device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+        """The ZeRO-3 partition of tensor `name` for global `rank` of `world`: 1/N of the
+        flattened tensor, zero-padded like DeepSpeed. With MiCS, group_size is
+        mics_shard_size: partitions are taken within the rank's shard group."""
+        part_rank, parts = _partition_coords(rank, world, group_size)
+        return self.shard(name, partition_rule(), part_rank, parts, device=device, dtype=dtype, copy=True)
+
+    def state_dict(self, rank: int = 0, world: int = 1, plan: Plan = None, *,
+                   device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
+                   copy: bool = False, names=None) -> Dict[str, torch.Tensor]:
+        """{name: this rank's shard} for every tensor (or `names`), sharded by `plan`.
+        dtype converts floating-point tensors only (on the device when there is one)."""
+        out = {}
+        for name in (names if names is not None else self._infos):
+            info = self.info(name)
+            rule = _rule_for(plan, name, info)
+            want = dtype if (dtype is not None and _torch_dtype(info["dtype"]).is_floating_point) else None
+            out[name] = self.shard(name, rule, rank, world, device=device, dtype=want, copy=copy)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+
+    def partitions(self, rank: int, world: int, *, group_size: Optional[int] = None,
+                   device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
+                   names=None) -> Dict[str, torch.Tensor]:
+        """{name: ZeRO-3 / MiCS partition} for every tensor (or `names`)."""
+        return {name: self.partition(name, rank, world, group_size=group_size, device=device, dtype=dtype)
+                for name in (names if names is not None else self._infos)}
+
+    def verify(self) -> None:
+        """Recomputes every checksum; raises Corrupt on a mismatch."""
+        self._h.verify()
+
+
+class Client:
+    """A connection to ckptd."""
+
+    def __init__(self, socket: Optional[str] = None):
+        self._c = _ckpt.Client.connect(socket or "")
+
+    def load(self, path: str, name: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None) -> dict:
+        return self._c.load(str(path), name or "", progress)
+
+    def evict(self, name: str, force: bool = False) -> None:
+        self._c.evict(name, force)
+
+    def list(self):
+        return self._c.list()
+
+    def info(self, name: str):
+        return self._c.info(name)
+
+    def status(self) -> dict:
+        return self._c.status()
+
+    def attach(self, name: str) -> Checkpoint:
+        return Checkpoint(self._c.attach(name))
+
+    def state_dict(self, name: str, rank: int = 0, world: int = 1, plan: Plan = None, **kwargs) -> Dict[str, torch.Tensor]:
+        return self.attach(name).state_dict(rank, world, plan, **kwargs)
+
+
+def connect(socket: Optional[str] = None) -> Client:
+    """Connects to ckptd at `socket` ($CKPTD_SOCKET or /run/ckptd/ckptd.sock by default)."""
+    return Client(socket)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise Unsupported(f"dtype {name} has no torch equivalent in torch {torch.__version__}") from None
+
+
+def _partition_coords(rank: int, world: int, group_size: Optional[int]) -> Tuple[int, int]:
+    if world < 1 or not 0 <= rank < world:
+        raise InvalidArgument(f"rank {rank} out of range for world {world}")
+    if group_size is None:
+        return rank, world
+    if group_size < 1 or world % group_size != 0:
+        raise InvalidArgument(f"MiCS shard group size {group_size} must divide world {world}")
+    return rank % group_size, group_size
