@@ -130,22 +130,22 @@ class Checkpoint:
               device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
               copy: bool = False) -> torch.Tensor:
         """This rank's part of tensor `name` under `rule`. On the CPU, a contiguous part
-        with copy=False is a zero-copy view; otherwise the part is gathered into a new
-        tensor (pinned when it is bound for a GPU) and moved/converted there."""
+        with copy=False is a zero-copy (read-only) view; otherwise the part is gathered
+        into a new tensor. For a device, the part is copied there from shared memory
+        and converted to `dtype` on the device."""
         kind, dim, chunks, uneven = rule
         shape, nbytes, contiguous, offset = self._h.shard_info(name, kind, dim, rank, world, chunks, uneven)
         src_dtype = _torch_dtype(self.info(name)["dtype"])
         device = torch.device(device)
-        if contiguous and not copy and device.type == "cpu" and nbytes > 0:
+        if contiguous and nbytes > 0 and (device.type != "cpu" or not copy):
             whole = self.tensor(name).reshape(-1).view(torch.uint8)
-            out = whole[offset:offset + nbytes].view(src_dtype).view(shape)
+            out = whole[offset:offset + nbytes].view(src_dtype).view(shape)  # zero copy
         else:
-            pin = device.type == "cuda" and torch.cuda.is_available()
-            out = torch.empty(shape, dtype=src_dtype, pin_memory=pin)
+            out = torch.empty(shape, dtype=src_dtype)
             if nbytes > 0:
                 self._h.copy_shard(name, out.data_ptr(), nbytes, kind, dim, rank, world, chunks, uneven)
         if device.type != "cpu":
-            out = out.to(device, non_blocking=True)
+            out = out.to(device)
         if dtype is not None and dtype != out.dtype:
             out = out.to(dtype)
         return out
