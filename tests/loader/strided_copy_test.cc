@@ -1,0 +1,45 @@
+#include "loader/strided_copy.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace ckpt::loader {
+namespace {
+
+TEST(StridedCopyTest, TransposeSliceAndBroadcast) {
+  std::vector<int32_t> src(24);
+  std::iota(src.begin(), src.end(), 0);  // a 4x6 row-major matrix
+  auto run = [&](size_t first, std::vector<int64_t> shape, std::vector<int64_t> strides) {
+    size_t n = 1;
+    for (auto s : shape) n *= static_cast<size_t>(s);
+    std::vector<int32_t> dst(n, -1);
+    StridedCopy(reinterpret_cast<const std::byte*>(src.data() + first), reinterpret_cast<std::byte*>(dst.data()),
+                shape, strides, sizeof(int32_t));
+    return dst;
+  };
+  EXPECT_EQ(run(0, {6, 4}, {1, 6}), (std::vector<int32_t>{0, 6, 12, 18, 1, 7, 13, 19, 2, 8, 14, 20,
+                                                           3, 9, 15, 21, 4, 10, 16, 22, 5, 11, 17, 23}));
+  EXPECT_EQ(run(1, {4, 2}, {6, 1}), (std::vector<int32_t>{1, 2, 7, 8, 13, 14, 19, 20}));
+  EXPECT_EQ(run(0, {2, 3}, {12, 2}), (std::vector<int32_t>{0, 2, 4, 12, 14, 16}));
+  EXPECT_EQ(run(2, {3, 2}, {0, 1}), (std::vector<int32_t>{2, 3, 2, 3, 2, 3}));
+  EXPECT_EQ(run(5, {}, {}), (std::vector<int32_t>{5}));
+  EXPECT_EQ(run(0, {2, 2, 2}, {12, 1, 6}), (std::vector<int32_t>{0, 6, 1, 7, 12, 18, 13, 19}));
+  EXPECT_EQ(run(0, {3, 0}, {1, 1}), (std::vector<int32_t>{}));
+}
+
+TEST(StridedCopyTest, ReadStridedRefusesAViewBeyondItsSource) {
+  format::PlannedTensor t;
+  t.name = "w";
+  t.dtype = DType::kF32;
+  t.shape = {4, 4};
+  t.strides = {1, 4};
+  t.nbytes = 64;
+  t.source_bytes = 60;  // one element short
+  std::vector<std::byte> dst(64);
+  Status st = ReadStridedTensor(-1, "x", t, dst.data());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+}
+
+}  // namespace
+}  // namespace ckpt::loader
