@@ -93,7 +93,7 @@ class Machine {
     return Status::Ok();
   }
   Status ReadUint(size_t n, uint64_t* v) {
-    const char* b;
+    const char* b = nullptr;
     CKPT_RETURN_IF_ERROR(Read(n, &b));
     *v = 0;
     for (size_t k = n; k-- > 0;) *v = (*v << 8) | static_cast<unsigned char>(b[k]);
@@ -140,7 +140,7 @@ class Machine {
     if (len > limits_.max_string_bytes) return ResourceExhausted("pickle string of " + std::to_string(len) + " bytes exceeds the limit");
     total_string_bytes_ += len;
     if (total_string_bytes_ > limits_.max_total_string_bytes) return ResourceExhausted("pickle strings exceed the limit");
-    const char* b;
+    const char* b = nullptr;
     CKPT_RETURN_IF_ERROR(Read(len, &b));
     strings_.emplace_back(b, len);
     Value v;
@@ -249,7 +249,7 @@ Status Machine::ResolveGlobal(const std::string& module, const std::string& name
 }
 
 Status Machine::PersistentLoad() {
-  uint32_t pid;
+  uint32_t pid = 0;
   CKPT_RETURN_IF_ERROR(Pop(&pid));
   const Value& t = values_[pid];
   if (t.kind != Kind::kTuple) return Unsupported("pickle has a persistent id that is a " + std::string(KindName(t.kind)) + ", not a storage tuple");
@@ -290,7 +290,7 @@ Status Machine::PersistentLoad() {
 }
 
 Status Machine::Reduce() {
-  uint32_t args_id, fn_id;
+  uint32_t args_id = 0, fn_id = 0;
   CKPT_RETURN_IF_ERROR(Pop(&args_id));
   CKPT_RETURN_IF_ERROR(Pop(&fn_id));
   const Value fn = values_[fn_id];
@@ -348,8 +348,8 @@ Status Machine::SetItems(uint32_t dict, const std::vector<uint32_t>& kv) {
 }
 
 Status Machine::Step(uint8_t op, bool* stop) {
-  uint64_t n;
-  uint32_t a, b;
+  uint64_t n = 0;
+  uint32_t a = 0, b = 0;
   std::vector<uint32_t> list;
   switch (op) {
     case 0x80:  // PROTO

@@ -51,7 +51,9 @@ class FormatsTest : public ::testing::Test {
     auto list = client_->List();
     ASSERT_TRUE(list.ok());
     for (const auto& c : *list) {
-      if (c.name == name) EXPECT_EQ(c.format, format);
+      if (c.name == name) {
+        EXPECT_EQ(c.format, format);
+      }
     }
   }
 
