@@ -106,7 +106,7 @@ Result<LoadPlan> PlanCheckpoint(const std::string& path) {
     }
     looked += looked.empty() ? name : std::string(", ") + name;
   }
-  return NotFound(path + " is a folder without a checkpoint: looked for " + looked);
+  return NotFound(path + " is a directory without a checkpoint: looked for " + looked);
 }
 
 }  // namespace ckpt::format

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <map>
 
@@ -130,6 +131,12 @@ TEST_P(PyTorchZipRefusalTest, RefusedClearly) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/PWNED")) << "the pickle ran something";
 }
 
+std::string RefusalName(const ::testing::TestParamInfo<Refusal>& info) {
+  std::string n = info.param.file;
+  for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return n;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Files, PyTorchZipRefusalTest,
     ::testing::Values(Refusal{"legacy.pt", StatusCode::kUnsupported, "legacy (non-zip) torch.save"},
@@ -138,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Refusal{"nested.pt", StatusCode::kUnsupported, "nested dicts"},
                       Refusal{"list.pt", StatusCode::kUnsupported, "holds a list"},
                       Refusal{"compressed.pt", StatusCode::kUnsupported, "compressed"},
-                      Refusal{"bigendian.pt", StatusCode::kUnsupported, "byte order 'big'"}));
+                      Refusal{"bigendian.pt", StatusCode::kUnsupported, "byte order 'big'"}),
+    RefusalName);
 
 }  // namespace
 }  // namespace ckpt::format

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
+
 #include "format/checkpoint_formats.h"
 #include "support/test_env.h"
 
@@ -78,7 +80,12 @@ INSTANTIATE_TEST_SUITE_P(
         ShardCase{"missing", {"a"}, {"c"}, R"({"weight_map":{"a":"s1.safetensors","b":"s1.safetensors","c":"s2.safetensors"}})", "'b' is not in its shard"},
         ShardCase{"wrong shard", {"a", "c"}, {"b"}, R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors","c":"s2.safetensors"}})", "mapped to s2.safetensors"},
         ShardCase{"unlisted", {"a", "x"}, {"c"}, R"({"weight_map":{"a":"s1.safetensors","c":"s2.safetensors"}})", "'x' of s1.safetensors is not in the weight_map"},
-        ShardCase{"escape", {"a"}, {"c"}, R"({"weight_map":{"a":"../s1.safetensors"}})", "not a file beside the index"}));
+        ShardCase{"escape", {"a"}, {"c"}, R"({"weight_map":{"a":"../s1.safetensors"}})", "not a file beside the index"}),
+    [](const ::testing::TestParamInfo<ShardCase>& info) {
+      std::string n = info.param.what;
+      for (char& c : n) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+      return n;
+    });
 
 TEST(ShardedCheckpointTest2, MissingShardFileIsNotFound) {
   ScratchDir dir;
