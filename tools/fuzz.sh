@@ -24,7 +24,7 @@ for t in "${targets[@]}"; do
   artifacts="$build/artifacts/$t/"
   mkdir -p "$work" "$artifacts"
   echo "== fuzzing $t for ${seconds}s"
-  if ! "$build/tests/fuzz/fuzz_$t" "$work" "$root/tests/fuzz/corpus/$t" \
+  if ! "$build/bin/fuzz_$t" "$work" "$root/tests/fuzz/corpus/$t" \
       -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
       -artifact_prefix="$artifacts" -print_final_stats=1 2>"$build/fuzz_$t.log"; then
     tail -n 40 "$build/fuzz_$t.log"

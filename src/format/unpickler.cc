@@ -236,6 +236,13 @@ Status Machine::ResolveGlobal(const std::string& module, const std::string& name
         }
       }
     }
+    static const char* const kNoDtype[] = {"ComplexHalfStorage", "QInt8Storage", "QUInt8Storage", "QInt32Storage",
+                                           "QUInt4x2Storage", "QUInt2x4Storage"};
+    for (const char* s : kNoDtype) {
+      if (!found && module == "torch" && name == s) {
+        return Unsupported("tensors stored as torch." + name + " are not supported (no matching checkpoint dtype)");
+      }
+    }
     if (!found) {
       std::string shown = full.size() > 120 ? full.substr(0, 120) + "..." : full;
       for (char& c : shown) {
