@@ -66,7 +66,7 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Create(const ReadAt& read, uint64_
   if (count > dir_size / kCentralBytes) return bad("central directory too small for its entry count");
 
   std::vector<unsigned char> dir(dir_size);
-  CKPT_RETURN_IF_ERROR(read(dir.data(), dir.size(), dir_offset));
+  if (dir_size > 0) CKPT_RETURN_IF_ERROR(read(dir.data(), dir.size(), dir_offset));
   std::unique_ptr<ZipReader> zip(new ZipReader());
   zip->entries_.reserve(count);
   size_t pos = 0;

@@ -8,7 +8,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto read = [&](void* buf, size_t n, uint64_t off) -> ckpt::Status {
     if (off > size || n > size - off) return ckpt::Corrupt("past the end");
-    std::memcpy(buf, data + off, n);
+    if (n > 0) std::memcpy(buf, data + off, n);
     return ckpt::Status::Ok();
   };
   auto zip = ckpt::format::ZipReader::Create(read, size, "fuzz.zip");
