@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cctype>
+#include <cstring>
 #include <filesystem>
 #include <map>
 
@@ -112,6 +113,20 @@ TEST(PyTorchZipTest, FoldersAndShards) {
                                          "pytorch_model.bin.index.json"),
             std::string::npos)
       << none.status().message();
+}
+
+TEST(PyTorchZipTest, Zip64ArchiveWithManyEntries) {
+  const std::string path = TorchCasesDir() + "/many.pt";
+  auto plan = PlanCheckpoint(path);
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  ASSERT_EQ(plan->tensors.size(), 65600u);
+  const PlannedTensor* last = Find(*plan, "t65599");
+  ASSERT_NE(last, nullptr);
+  ASSERT_EQ(last->nbytes, 4u);
+  const std::string file = testing::ReadFile(path);
+  float v = 0;
+  std::memcpy(&v, file.data() + last->file_offset, 4);
+  EXPECT_EQ(v, 65599.0f);
 }
 
 struct Refusal {

@@ -125,6 +125,10 @@ def main() -> None:
     os.makedirs(d, exist_ok=True)
     torch.save(full, os.path.join(d, "pytorch_model.bin"))
 
+    # More than 65535 zip entries: torch writes ZIP64 end-of-directory records.
+    many = {f"t{i}": torch.full((1,), float(i)) for i in range(65600)}
+    torch.save(many, os.path.join(out, "many.pt"))
+
     # Refused cases.
     torch.save(all_dtypes(g), os.path.join(out, "legacy.pt"), _use_new_zipfile_serialization=False)
     torch.save({"state_dict": {"w": torch.ones(2)}, "epoch": 3}, os.path.join(out, "nested.pt"))
