@@ -1,11 +1,64 @@
 #include "loader/strided_copy.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "common/io.h"
 
 namespace ckpt::loader {
+namespace {
+
+// One strided row of `n` elements of ES bytes (a constant, so each copy is one move).
+template <size_t ES>
+void GatherRow(const std::byte* from, int64_t stride, int64_t n, std::byte* dst) {
+  for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * ES, from + i * stride * static_cast<int64_t>(ES), ES);
+}
+
+void GatherRowAny(const std::byte* from, int64_t stride, int64_t n, std::byte* dst, size_t es) {
+  switch (es) {
+    case 1: return GatherRow<1>(from, stride, n, dst);
+    case 2: return GatherRow<2>(from, stride, n, dst);
+    case 4: return GatherRow<4>(from, stride, n, dst);
+    case 8: return GatherRow<8>(from, stride, n, dst);
+    case 16: return GatherRow<16>(from, stride, n, dst);
+    default:
+      for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * es, from + static_cast<size_t>(i * stride) * es, es);
+  }
+}
+
+// The 2-D transpose case (dst[r][c] = src[c * 1 + r * rs]... with unit stride on the
+// outer dimension): copied in square tiles so both sides stay in cache.
+template <size_t ES>
+void TransposeTiles(const std::byte* src, std::byte* dst, int64_t rows, int64_t cols, int64_t row_stride,
+                    int64_t col_stride) {
+  constexpr int64_t kTile = 64;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t r1 = std::min(rows, r0 + kTile);
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t c1 = std::min(cols, c0 + kTile);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          std::memcpy(dst + (r * cols + c) * static_cast<int64_t>(ES),
+                      src + (r * row_stride + c * col_stride) * static_cast<int64_t>(ES), ES);
+        }
+      }
+    }
+  }
+}
+
+bool TryTranspose(const std::byte* src, std::byte* dst, int64_t rows, int64_t cols, int64_t rs, int64_t cs, size_t es) {
+  switch (es) {
+    case 1: TransposeTiles<1>(src, dst, rows, cols, rs, cs); return true;
+    case 2: TransposeTiles<2>(src, dst, rows, cols, rs, cs); return true;
+    case 4: TransposeTiles<4>(src, dst, rows, cols, rs, cs); return true;
+    case 8: TransposeTiles<8>(src, dst, rows, cols, rs, cs); return true;
+    case 16: TransposeTiles<16>(src, dst, rows, cols, rs, cs); return true;
+    default: return false;
+  }
+}
+
+}  // namespace
 
 void StridedCopy(const std::byte* src, std::byte* dst, const std::vector<int64_t>& shape,
                  const std::vector<int64_t>& strides, size_t elem_size) {
@@ -15,6 +68,11 @@ void StridedCopy(const std::byte* src, std::byte* dst, const std::vector<int64_t
   }
   if (ndim == 0) {
     std::memcpy(dst, src, elem_size);
+    return;
+  }
+  // A 2-D view whose rows are not contiguous but whose columns are (a transpose): tiles.
+  if (ndim == 2 && strides[1] != 1 && strides[0] == 1 && shape[0] > 1 &&
+      TryTranspose(src, dst, shape[0], shape[1], strides[0], strides[1], elem_size)) {
     return;
   }
   // The innermost dimension is copied in one run when it is contiguous, else per element.
@@ -30,10 +88,8 @@ void StridedCopy(const std::byte* src, std::byte* dst, const std::vector<int64_t
       std::memcpy(dst, from, run_bytes);
       dst += run_bytes;
     } else {
-      for (int64_t i = 0; i < inner; ++i) {
-        std::memcpy(dst, from + static_cast<size_t>(i * inner_stride) * elem_size, elem_size);
-        dst += elem_size;
-      }
+      GatherRowAny(from, inner_stride, inner, dst, elem_size);
+      dst += run_bytes;
     }
     // Next index over the outer dimensions, last fastest.
     size_t d = ndim - 1;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 namespace ckpt::loader {
@@ -26,6 +27,21 @@ TEST(StridedCopyTest, TransposeSliceAndBroadcast) {
   EXPECT_EQ(run(5, {}, {}), (std::vector<int32_t>{5}));
   EXPECT_EQ(run(0, {2, 2, 2}, {12, 1, 6}), (std::vector<int32_t>{0, 6, 1, 7, 12, 18, 13, 19}));
   EXPECT_EQ(run(0, {3, 0}, {1, 1}), (std::vector<int32_t>{}));
+}
+
+TEST(StridedCopyTest, LargeTransposesAcrossTilesForEveryElementSize) {
+  const int64_t rows = 130, cols = 70;  // view of a cols x rows row-major source, transposed
+  for (size_t es : {1, 2, 4, 8, 16, 3}) {
+    std::vector<std::byte> src(static_cast<size_t>(rows * cols) * es);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = std::byte(i * 7 + i / 251);
+    std::vector<std::byte> dst(src.size());
+    StridedCopy(src.data(), dst.data(), {rows, cols}, {1, rows}, es);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(std::memcmp(&dst[(r * cols + c) * es], &src[(c * rows + r) * es], es), 0) << es << " " << r << "," << c;
+      }
+    }
+  }
 }
 
 TEST(StridedCopyTest, ReadStridedRefusesAViewBeyondItsSource) {
