@@ -85,6 +85,18 @@ TEST_F(FormatsTest, ShardedFoldersAndFolderWithOneBin) {
   LoadAndCompare(dir_ + "/bin_folder", "binfolder", "sharded_st", "pytorch");
 }
 
+TEST_F(FormatsTest, CtlLoadsFoldersAndNamesThemAfterTheFolder) {
+  testing::CommandResult r = daemon_.Ctl({"load", dir_ + "/sharded_bin/"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("loaded 'sharded_bin'"), std::string::npos) << r.out;
+  r = daemon_.Ctl({"load", dir_ + "/sharded_st/model.safetensors.index.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("loaded 'sharded_st'"), std::string::npos) << r.out;
+  r = daemon_.Ctl({"load", dir_ + "/views.bin"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("loaded 'views'"), std::string::npos) << r.out;
+}
+
 TEST_F(FormatsTest, RefusedFilesLeaveTheDaemonServing) {
   ASSERT_TRUE(client_->Load(dir_ + "/module.pt", "good").ok());
   for (const char* file : {"legacy.pt", "evil.pt", "eval.pt", "nested.pt", "compressed.pt", "bigendian.pt"}) {
