@@ -14,7 +14,7 @@
 namespace ckpt::format {
 
 // Largest data.pkl read (the pickle holds only metadata).
-inline constexpr uint64_t kMaxPickleBytes = 512ull << 20;
+inline constexpr uint64_t kMaxPickleBytes = 256ull << 20;
 
 // Reads the PyTorch zip checkpoint at `path` and appends its tensors to `plan` (and the
 // file to plan->files) only if the whole checkpoint is valid; `plan` is unchanged on error.

@@ -148,7 +148,14 @@ class Machine {
     v.ref = static_cast<uint32_t>(strings_.size() - 1);
     return PushNew(v);
   }
+  // Counts `n` more elements put into containers against the limit.
+  Status AddItems(uint64_t n) {
+    total_items_ += n;
+    if (total_items_ > limits_.max_items) return ResourceExhausted("pickle containers hold more than " + std::to_string(limits_.max_items) + " elements");
+    return Status::Ok();
+  }
   Status PushContainer(Kind kind, std::vector<uint32_t> items) {
+    CKPT_RETURN_IF_ERROR(AddItems(items.size()));
     items_.push_back(std::move(items));
     Value v;
     v.kind = kind;
@@ -206,6 +213,7 @@ class Machine {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, uint32_t> memo_;
   uint64_t total_string_bytes_ = 0;
+  uint64_t total_items_ = 0;
 };
 
 Status Machine::ResolveGlobal(const std::string& module, const std::string& name) {
@@ -349,6 +357,7 @@ Status Machine::Reduce() {
 Status Machine::SetItems(uint32_t dict, const std::vector<uint32_t>& kv) {
   if (values_[dict].kind != Kind::kDict) return Fail("SETITEM on a " + std::string(KindName(values_[dict].kind)));
   if (kv.size() % 2 != 0) return Fail("SETITEMS with an odd number of items");
+  CKPT_RETURN_IF_ERROR(AddItems(kv.size()));
   auto& its = items_[values_[dict].ref];
   its.insert(its.end(), kv.begin(), kv.end());
   return Status::Ok();
@@ -452,6 +461,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
       CKPT_RETURN_IF_ERROR(Pop(&a));
       CKPT_RETURN_IF_ERROR(Pop(&b));
       if (values_[b].kind != Kind::kList) return Fail("APPEND to a " + std::string(KindName(values_[b].kind)));
+      CKPT_RETURN_IF_ERROR(AddItems(1));
       items_[values_[b].ref].push_back(a);
       return Push(b);
     case 'e':  // APPENDS
@@ -459,6 +469,7 @@ Status Machine::Step(uint8_t op, bool* stop) {
       if (stack_.empty()) return Fail("APPENDS without a list");
       b = stack_.back();
       if (values_[b].kind != Kind::kList) return Fail("APPENDS to a " + std::string(KindName(values_[b].kind)));
+      CKPT_RETURN_IF_ERROR(AddItems(list.size()));
       items_[values_[b].ref].insert(items_[values_[b].ref].end(), list.begin(), list.end());
       return Status::Ok();
     case 's':  // SETITEM

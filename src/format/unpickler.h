@@ -33,7 +33,8 @@ struct UnpicklerLimits {
   uint64_t max_memo = 1u << 20;        // memo entries
   uint64_t max_stack = 1u << 20;       // stack depth plus marks
   uint64_t max_string_bytes = 1u << 20;
-  uint64_t max_total_string_bytes = 256ull << 20;
+  uint64_t max_total_string_bytes = 128ull << 20;
+  uint64_t max_items = 16u << 20;      // elements put into tuples, lists and dicts, in total
   uint32_t max_dims = 8;
 };
 

@@ -110,6 +110,17 @@ TEST(UnpicklerTest, HostileSizesHitLimitsNotMemory) {
   EXPECT_EQ(StateDictUnpickler::Parse(marks, small).status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(StateDictUnpickler::Parse("\x80\x02Nr\xff\xff\xff\x7f.", small).status().code(),
             StatusCode::kResourceExhausted);
+  // The same memo entry appended again and again creates no objects but fills containers.
+  UnpicklerLimits items;
+  items.max_items = 5000;
+  std::string appends = "\x80\x02]q\x00"s;
+  for (int round = 0; round < 10; ++round) {
+    appends += "(";
+    for (int i = 0; i < 1000; ++i) appends += "h\x00"s;  // BINGET 0
+    appends += "e";                                      // APPENDS
+  }
+  appends += ".";
+  EXPECT_EQ(StateDictUnpickler::Parse(appends, items).status().code(), StatusCode::kResourceExhausted);
   // A list that contains itself: no recursion, no hang.
   auto cyc = StateDictUnpickler::Parse("\x80\x02]q\x00h\x00" "a."s);
   EXPECT_EQ(cyc.status().code(), StatusCode::kUnsupported);
