@@ -27,8 +27,9 @@ void GatherRowAny(const std::byte* from, int64_t stride, int64_t n, std::byte* d
   }
 }
 
-// The 2-D transpose case (dst[r][c] = src[c * 1 + r * rs]... with unit stride on the
-// outer dimension): copied in square tiles so both sides stay in cache.
+// A 2-D view with unit stride on its outer dimension (a transpose: dst[r][c] =
+// src[r * row_stride + c * col_stride]), copied in square tiles so that both the reads and
+// the writes stay in cache.
 template <size_t ES>
 void TransposeTiles(const std::byte* src, std::byte* dst, int64_t rows, int64_t cols, int64_t row_stride,
                     int64_t col_stride) {
