@@ -10,6 +10,14 @@
 namespace ckpt::format {
 namespace {
 
+// Unsupported unless `e` holds its content as is (torch.save writes every entry STORED).
+Status RequireStored(const std::string& path, const ZipEntry& e) {
+  if (e.stored()) return Status::Ok();
+  if (e.encrypted) return Unsupported(path + ": zip entry '" + e.name + "' is encrypted");
+  return Unsupported(path + ": zip entry '" + e.name + "' is compressed (method " + std::to_string(e.method) +
+                     "); only STORED entries, as torch.save writes them, are supported");
+}
+
 // Plans one tensor view; `storage_start` is the storage record's first byte in the file.
 Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage_bytes, PlannedTensor* out) {
   const std::string where = "tensor '" + t.name + "'";
@@ -74,11 +82,16 @@ Status PlanPyTorchZipFile(const std::string& path, LoadPlan* plan) {
     return Unsupported(path + ": a zip archive without <archive>/data.pkl: not a PyTorch checkpoint");
   }
   const std::string prefix = pkl->name.substr(0, pkl->name.size() - 8);  // keeps the '/'
+  if (zip->Find(prefix + "constants.pkl")) {
+    return Unsupported(path + ": a TorchScript archive (torch.jit.save), not a state dict saved by torch.save");
+  }
   if (const ZipEntry* bo = zip->Find(prefix + "byteorder")) {
+    CKPT_RETURN_IF_ERROR(RequireStored(path, *bo));
     std::string order(std::min<uint64_t>(bo->size, 16), '\0');
     CKPT_RETURN_IF_ERROR(read(order.data(), order.size(), bo->data_offset));
     if (order != "little") return Unsupported(path + ": byte order '" + order + "'; only little-endian checkpoints are supported");
   }
+  CKPT_RETURN_IF_ERROR(RequireStored(path, *pkl));
   if (pkl->size > kMaxPickleBytes) return Corrupt(path + ": data.pkl is larger than the limit");
   std::string pickle(pkl->size, '\0');
   CKPT_RETURN_IF_ERROR(read(pickle.data(), pickle.size(), pkl->data_offset));
@@ -94,6 +107,7 @@ Status PlanPyTorchZipFile(const std::string& path, LoadPlan* plan) {
   for (const PickledTensor& t : *tensors) {
     const ZipEntry* rec = zip->Find(prefix + "data/" + t.storage_key);
     if (!rec) return Corrupt(path + ": tensor '" + t.name + "' uses storage '" + t.storage_key + "', which has no record");
+    CKPT_RETURN_IF_ERROR(RequireStored(path, *rec));
     PlannedTensor p;
     Status st = PlanView(t, rec->data_offset, rec->size, &p);
     if (!st.ok()) return st.WithContext(path);

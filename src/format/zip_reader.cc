@@ -106,23 +106,20 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Create(const ReadAt& read, uint64_
       }
       xp += 4 + len;
     }
-    if (flags & 0x1) return Unsupported(label + ": zip entry '" + name + "' is encrypted");
-    if (method != 0) {
-      return Unsupported(label + ": zip entry '" + name + "' is compressed (method " + std::to_string(method) +
-                         "); only STORED entries, as torch.save writes them, are supported");
+    if (method == 0 && csize != usize) {
+      return bad("stored entry '" + name + "' has different compressed and uncompressed sizes");
     }
-    if (csize != usize) return bad("stored entry '" + name + "' has different compressed and uncompressed sizes");
     if (disk != 0 && disk != 0xffff) return Unsupported(label + ": multi-disk zip archives are not supported");
     if (local > archive_bytes || archive_bytes - local < kLocalBytes) return bad("entry '" + name + "' out of range");
     unsigned char lh[kLocalBytes];
     CKPT_RETURN_IF_ERROR(read(lh, sizeof(lh), local));
     if (U32(lh) != kLocalSig) return bad("entry '" + name + "' has no local header");
     const uint64_t data = local + kLocalBytes + U16(lh + 26) + U16(lh + 28);
-    if (data > archive_bytes || usize > archive_bytes - data) {
+    if (data > archive_bytes || csize > archive_bytes - data) {
       return bad("entry '" + name + "' data runs past the end of the archive");
     }
     if (!zip->by_name_.emplace(name, zip->entries_.size()).second) return bad("duplicate entry '" + name + "'");
-    zip->entries_.push_back({std::move(name), data, usize});
+    zip->entries_.push_back({std::move(name), data, csize, method, (flags & 0x1) != 0});
     pos += kCentralBytes + name_len + extra_len + comment_len;
   }
   // Stored data ranges must not overlap one another (a crafted archive could alias them).

@@ -160,7 +160,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Refusal{"nested.pt", StatusCode::kUnsupported, "nested dicts"},
                       Refusal{"list.pt", StatusCode::kUnsupported, "holds a list"},
                       Refusal{"compressed.pt", StatusCode::kUnsupported, "compressed"},
-                      Refusal{"bigendian.pt", StatusCode::kUnsupported, "byte order 'big'"}),
+                      Refusal{"bigendian.pt", StatusCode::kUnsupported, "byte order 'big'"},
+                      Refusal{"scripted.pt", StatusCode::kUnsupported, "TorchScript archive"}),
     RefusalName);
 
 }  // namespace

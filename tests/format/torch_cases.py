@@ -134,6 +134,8 @@ def main() -> None:
     torch.save({"state_dict": {"w": torch.ones(2)}, "epoch": 3}, os.path.join(out, "nested.pt"))
     torch.save([torch.ones(2)], os.path.join(out, "list.pt"))
 
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), os.path.join(out, "scripted.pt"))
+
     marker = os.path.join(out, "PWNED")
 
     class Evil:

@@ -46,6 +46,13 @@ TEST(UnpicklerTest, StorageTypesMapToDTypes) {
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_EQ((*r)[0].dtype, DType::kBF16);
   EXPECT_EQ(DTypeFromTorchStorage("ComplexDoubleStorage"), DType::kC128);
+  // Storages of newer PyTorch versions (not writable by the 1.13 used in these tests).
+  EXPECT_EQ(DTypeFromTorchStorage("Float8_e4m3fnStorage"), DType::kF8E4M3);
+  EXPECT_EQ(DTypeFromTorchStorage("Float8_e5m2Storage"), DType::kF8E5M2);
+  EXPECT_EQ(DTypeFromTorchStorage("Float8_e8m0fnuStorage"), DType::kF8E8M0);
+  EXPECT_EQ(DTypeFromTorchStorage("UInt16Storage"), DType::kU16);
+  EXPECT_EQ(DTypeFromTorchStorage("UInt32Storage"), DType::kU32);
+  EXPECT_EQ(DTypeFromTorchStorage("UInt64Storage"), DType::kU64);
   EXPECT_EQ(DTypeFromTorchStorage("QInt8Storage"), std::nullopt);
   auto q = StateDictUnpickler::Parse(OneTensor("w", "torch\nQInt8Storage\n"));
   ASSERT_FALSE(q.ok());
