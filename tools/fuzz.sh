@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Short libFuzzer runs of the parsers that read untrusted files: the safetensors header,
-# the restricted unpickler and the zip directory reader. Builds with clang (ASan + UBSan)
-# in ${FUZZ_BUILD_DIR:-build-fuzz}, starts from the committed seeds in
-# tests/fuzz/corpus/<target>/, and runs each target for ${FUZZ_SECONDS:-40} seconds.
+# the restricted unpickler, the zip directory reader and a whole PyTorch zip checkpoint.
+# Builds with clang (ASan + UBSan) in ${FUZZ_BUILD_DIR:-build-fuzz}, starts from the
+# committed seeds in
+# tests/fuzz/corpus/<target>/, and runs each target for ${FUZZ_SECONDS:-35} seconds.
 # Exits non-zero if any target crashes, leaks, hangs or runs out of memory; the input that
 # did it is left in <build>/artifacts/<target>/.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
-seconds=${FUZZ_SECONDS:-40}
-targets=(safetensors_header unpickler zip_reader)
+seconds=${FUZZ_SECONDS:-35}
+targets=(safetensors_header unpickler zip_reader pytorch_zip)
 
 "$root/tools/install-deps.sh"
 launcher=()
