@@ -2,8 +2,8 @@
 # Short libFuzzer runs of the parsers that read untrusted files: the safetensors header,
 # the restricted unpickler, the zip directory reader and a whole PyTorch zip checkpoint.
 # Builds with clang (ASan + UBSan) in ${FUZZ_BUILD_DIR:-build-fuzz}, starts from the
-# committed seeds in
-# tests/fuzz/corpus/<target>/, and runs each target for ${FUZZ_SECONDS:-35} seconds.
+# committed seeds in tests/fuzz/corpus/<target>/, and runs each target for
+# ${FUZZ_SECONDS:-35} seconds.
 # Exits non-zero if any target crashes, leaks, hangs or runs out of memory; the input that
 # did it is left in <build>/artifacts/<target>/.
 set -euo pipefail
