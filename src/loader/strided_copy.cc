@@ -104,9 +104,12 @@ void StridedCopy(const std::byte* src, std::byte* dst, const std::vector<int64_t
   }
 }
 
-Status ReadStridedTensor(int fd, const std::string& path, const format::PlannedTensor& t, std::byte* dst) {
-  const size_t es = DTypeSize(t.dtype);
-  if (t.strides.size() != t.shape.size() || es == 0) return InvalidArgument("tensor '" + t.name + "': bad strides");
+Status ReadStridedTensor(int fd, const std::string& path, const format::PlannedTensor& t, std::byte* dst,
+                         uint64_t window_bytes) {
+  const uint64_t es = DTypeSize(t.dtype);
+  if (t.strides.empty() || t.strides.size() != t.shape.size() || es == 0) {
+    return InvalidArgument("tensor '" + t.name + "': bad strides");
+  }
   if (t.nbytes == 0) return Status::Ok();
   unsigned __int128 last = 0;
   for (size_t d = 0; d < t.shape.size(); ++d) {
@@ -116,10 +119,28 @@ Status ReadStridedTensor(int fd, const std::string& path, const format::PlannedT
   if ((last + 1) * es > t.source_bytes) {
     return InvalidArgument("tensor '" + t.name + "': view reaches beyond its source bytes");
   }
-  std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[t.source_bytes]);
+  // Windows of whole rows of dim 0, each reading at most about window_bytes of source
+  // (at least one row), so a narrow view of a large storage needs little memory.
+  const uint64_t rows = static_cast<uint64_t>(t.shape[0]);
+  const uint64_t row_stride = static_cast<uint64_t>(t.strides[0]);
+  const uint64_t row_span = static_cast<uint64_t>(last) - (rows - 1) * row_stride + 1;  // elements of one row
+  const uint64_t row_out = t.nbytes / rows;
+  uint64_t per = rows;
+  if (row_stride > 0) {
+    const uint64_t budget = window_bytes / es;
+    per = budget > row_span ? std::min<uint64_t>(rows, (budget - row_span) / row_stride + 1) : 1;
+  }
+  const uint64_t buf_bytes = ((per - 1) * row_stride + row_span) * es;
+  std::unique_ptr<std::byte[]> buf(new (std::nothrow) std::byte[buf_bytes]);
   if (!buf) return ResourceExhausted("tensor '" + t.name + "': no memory to gather a strided view");
-  CKPT_RETURN_IF_ERROR(PreadFull(fd, buf.get(), t.source_bytes, t.file_offset, path));
-  StridedCopy(buf.get(), dst, t.shape, t.strides, es);
+  std::vector<int64_t> shape = t.shape;
+  for (uint64_t r0 = 0; r0 < rows; r0 += per) {
+    const uint64_t n = std::min(per, rows - r0);
+    const uint64_t bytes = ((n - 1) * row_stride + row_span) * es;
+    CKPT_RETURN_IF_ERROR(PreadFull(fd, buf.get(), bytes, t.file_offset + r0 * row_stride * es, path));
+    shape[0] = static_cast<int64_t>(n);
+    StridedCopy(buf.get(), dst + r0 * row_out, shape, t.strides, es);
+  }
   return Status::Ok();
 }
 

@@ -18,10 +18,13 @@ namespace ckpt::loader {
 void StridedCopy(const std::byte* src, std::byte* dst, const std::vector<int64_t>& shape,
                  const std::vector<int64_t>& strides, size_t elem_size);
 
-// Reads the source bytes of a strided planned tensor (t.source_bytes at t.file_offset of
-// `fd`) into a temporary buffer and gathers them into `dst` (t.nbytes). Errors: those of
-// the read (Corrupt if the file is short), InvalidArgument if the plan's strides reach
-// beyond source_bytes or do not match its shape.
-Status ReadStridedTensor(int fd, const std::string& path, const format::PlannedTensor& t, std::byte* dst);
+// Reads the source bytes of a strided planned tensor (within t.source_bytes at
+// t.file_offset of `fd`) into a temporary buffer, in windows of whole rows of dim 0 of
+// about `window_bytes` (at least one row), and gathers them into `dst` (t.nbytes).
+// Errors: those of the read (Corrupt if the file is short), InvalidArgument if the plan's
+// strides reach beyond source_bytes or do not match its shape, ResourceExhausted if the
+// buffer cannot be allocated. Thread-safe.
+Status ReadStridedTensor(int fd, const std::string& path, const format::PlannedTensor& t, std::byte* dst,
+                         uint64_t window_bytes = 64ull << 20);
 
 }  // namespace ckpt::loader

@@ -5,6 +5,10 @@
 #include <cstring>
 #include <numeric>
 
+#include "ckpt/tensor.h"
+#include "common/io.h"
+#include "support/test_env.h"
+
 namespace ckpt::loader {
 namespace {
 
@@ -40,6 +44,42 @@ TEST(StridedCopyTest, LargeTransposesAcrossTilesForEveryElementSize) {
       for (int64_t c = 0; c < cols; ++c) {
         ASSERT_EQ(std::memcmp(&dst[(r * cols + c) * es], &src[(c * rows + r) * es], es), 0) << es << " " << r << "," << c;
       }
+    }
+  }
+}
+
+TEST(StridedCopyTest, ReadStridedInWindowsOfRows) {
+  // A 40 x 10 int32 matrix in a file after a 12-byte prefix; views of it read in small windows.
+  testing::ScratchDir dir;
+  std::vector<int32_t> m(400);
+  std::iota(m.begin(), m.end(), 0);
+  std::string bytes(12, 'p');
+  bytes.append(reinterpret_cast<const char*>(m.data()), m.size() * 4);
+  testing::WriteFile(dir.File("m"), bytes);
+  auto fd = OpenForRead(dir.File("m"));
+  ASSERT_TRUE(fd.ok());
+  struct View {
+    int64_t first;
+    std::vector<int64_t> shape, strides;
+  };
+  for (const View& v : {View{3, {40, 2}, {10, 1}}, View{0, {10, 40}, {1, 10}}, View{5, {20, 3}, {20, 2}},
+                        View{7, {5, 4}, {0, 1}}}) {
+    format::PlannedTensor t;
+    t.name = "v";
+    t.dtype = DType::kI32;
+    t.shape = v.shape;
+    t.strides = v.strides;
+    t.file_offset = 12 + 4 * static_cast<uint64_t>(v.first);
+    t.nbytes = 4 * NumElements(v.shape);
+    t.source_bytes = 4 * (400 - static_cast<uint64_t>(v.first));
+    std::vector<int32_t> want(NumElements(v.shape));
+    StridedCopy(reinterpret_cast<const std::byte*>(m.data() + v.first), reinterpret_cast<std::byte*>(want.data()),
+                v.shape, v.strides, 4);
+    for (uint64_t window : {uint64_t{1}, uint64_t{64}, uint64_t{1000}, uint64_t{1} << 20}) {
+      std::vector<int32_t> got(want.size(), -1);
+      Status st = ReadStridedTensor(fd->get(), "m", t, reinterpret_cast<std::byte*>(got.data()), window);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      EXPECT_EQ(got, want) << "window " << window << " first " << v.first;
     }
   }
 }
