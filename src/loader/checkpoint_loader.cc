@@ -72,6 +72,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   const auto start = std::chrono::steady_clock::now();
   std::unordered_set<std::string> names;
   spec.tensors.clear();
+  spec.alias_of.clear();
   for (const auto& t : plan.tensors) {
     if (!names.insert(t.name).second) return InvalidArgument("duplicate tensor name '" + t.name + "'");
     if (t.file_index >= plan.files.size()) return Internal("plan names a file it does not list");
@@ -96,7 +97,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   const uint64_t chunk_bytes = std::max<uint64_t>(options.chunk_bytes, 1 << 20);
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
     if (plan.tensors[i].alias_of >= 0) continue;  // shares an earlier tensor's bytes
-    if (!plan.tensors[i].strides.empty()) {       // a view: one read, then a gather
+    if (!plan.tensors[i].strides.empty()) {       // a view: read and gathered as one job
       chunks.push_back({i, 0, plan.tensors[i].nbytes});
       continue;
     }
