@@ -7,3 +7,5 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/build.sh"
 cd "${BUILD_DIR:-$root/build}"
 ctest -j "$(nproc)" --output-on-failure --timeout 300
+# Short fuzz runs of the file parsers (about 2 minutes; exits non-zero on a crash).
+"$root/tools/fuzz.sh"

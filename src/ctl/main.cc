@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
   std::string path, name;
   bool force = false;
   auto* load = app.add_subcommand("load", "load a checkpoint file into shared memory");
-  load->add_option("path", path, "checkpoint file (safetensors)")->required();
+  load->add_option("path", path, "checkpoint file or model folder (safetensors, sharded *.index.json, PyTorch .bin/.pt)")->required();
   load->add_option("--name", name, "name to publish it under (default: file name)");
   auto* evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
   evict->add_option("name", name, "checkpoint name")->required();

@@ -1,9 +1,11 @@
 #include "daemon/request_handler.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <spdlog/spdlog.h>
 
 #include "format/checkpoint_formats.h"
@@ -68,8 +70,21 @@ Status ValidateCheckpointName(const std::string& name) {
 std::string DefaultCheckpointName(const std::string& path) {
   std::string base = path;
   while (!base.empty() && base.back() == '/') base.pop_back();
+  struct stat st;
+  bool folder = ::stat(base.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  auto ends_with = [&](const char* suffix) {
+    const size_t n = std::strlen(suffix);
+    return base.size() >= n && base.compare(base.size() - n, n, suffix) == 0;
+  };
+  // A model folder's own files (an index, model.safetensors, ...) name the folder.
+  if (ends_with(".index.json") || ends_with("/model.safetensors") || ends_with("/pytorch_model.bin")) {
+    if (auto slash = base.rfind('/'); slash != std::string::npos && slash > 0) {
+      base.resize(slash);
+      folder = true;
+    }
+  }
   if (auto slash = base.rfind('/'); slash != std::string::npos) base = base.substr(slash + 1);
-  if (auto dot = base.rfind('.'); dot != std::string::npos && dot > 0) base = base.substr(0, dot);
+  if (auto dot = base.rfind('.'); !folder && dot != std::string::npos && dot > 0) base = base.substr(0, dot);
   for (char& c : base) {
     if (!NameChar(c)) c = '_';
   }

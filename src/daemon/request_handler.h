@@ -51,8 +51,10 @@ class RequestHandler {
 
 // Checks a checkpoint name: 1 to 100 bytes of [A-Za-z0-9_.-], not starting with '.'.
 Status ValidateCheckpointName(const std::string& name);
-// The default name for a checkpoint at `path`: its file name without the extension,
-// with characters outside the allowed set replaced by '_'.
+// The default name for a checkpoint at `path`: its file name without the extension, or
+// the folder's name for a model folder or a file that names one (*.index.json,
+// model.safetensors, pytorch_model.bin), with characters outside the allowed set
+// replaced by '_'.
 std::string DefaultCheckpointName(const std::string& path);
 // The JSON summary of a catalog entry, as list, load and status report it.
 nlohmann::json EntryToJson(const CatalogEntry& entry);

@@ -8,9 +8,14 @@
 
 namespace ckpt::format {
 
-// Plans the load of the checkpoint at `path` (a file). Detected by content:
-// safetensors; anything else is Unsupported with the format named where it is known
-// (PyTorch zip, legacy torch.save, ...). NotFound for a missing path.
+// Plans the load of the checkpoint at `path`, a file or a model folder.
+// A file is detected by content: safetensors, PyTorch zip (torch.save), or a sharded
+// checkpoint's `*.index.json` (shards beside it, each parsed by its own content). A folder
+// is looked up in this order: model.safetensors, model.safetensors.index.json,
+// pytorch_model.bin, pytorch_model.bin.index.json; NotFound listing those if none exists.
+// plan.format is "safetensors", "safetensors-sharded", "pytorch" or "pytorch-sharded".
+// Unsupported names the format when it is known but not handled (legacy non-zip
+// torch.save, a zip that is not a PyTorch checkpoint, ...). NotFound for a missing path.
 Result<LoadPlan> PlanCheckpoint(const std::string& path);
 
 }  // namespace ckpt::format

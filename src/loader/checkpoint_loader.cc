@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "common/io.h"
+#include "loader/strided_copy.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt::loader {
@@ -71,6 +72,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   const auto start = std::chrono::steady_clock::now();
   std::unordered_set<std::string> names;
   spec.tensors.clear();
+  spec.alias_of.clear();
   for (const auto& t : plan.tensors) {
     if (!names.insert(t.name).second) return InvalidArgument("duplicate tensor name '" + t.name + "'");
     if (t.file_index >= plan.files.size()) return Internal("plan names a file it does not list");
@@ -80,6 +82,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     info.shape = t.shape;
     info.nbytes = t.nbytes;
     spec.tensors.push_back(std::move(info));
+    spec.alias_of.push_back(t.alias_of);
   }
 
   std::vector<UniqueFd> files;
@@ -93,6 +96,11 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   std::vector<ReadChunk> chunks;
   const uint64_t chunk_bytes = std::max<uint64_t>(options.chunk_bytes, 1 << 20);
   for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    if (plan.tensors[i].alias_of >= 0) continue;  // shares an earlier tensor's bytes
+    if (!plan.tensors[i].strides.empty()) {       // a view: read and gathered as one job
+      chunks.push_back({i, 0, plan.tensors[i].nbytes});
+      continue;
+    }
     for (uint64_t off = 0; off < plan.tensors[i].nbytes; off += chunk_bytes) {
       chunks.push_back({i, off, std::min(chunk_bytes, plan.tensors[i].nbytes - off)});
     }
@@ -108,6 +116,12 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
       [&](size_t c) {
         const ReadChunk& chunk = chunks[c];
         const format::PlannedTensor& t = plan.tensors[chunk.tensor];
+        if (!t.strides.empty()) {
+          CKPT_RETURN_IF_ERROR(ReadStridedTensor(files[t.file_index].get(), plan.files[t.file_index], t,
+                                                 writer->tensor_data(chunk.tensor)));
+          done.fetch_add(chunk.length);
+          return Status::Ok();
+        }
         CKPT_RETURN_IF_ERROR(PreadFull(files[t.file_index].get(),
                                        writer->tensor_data(chunk.tensor) + chunk.offset, chunk.length,
                                        t.file_offset + chunk.offset, plan.files[t.file_index]));
@@ -121,10 +135,13 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   CKPT_RETURN_IF_ERROR(ParallelFor(
       spec.tensors.size(), options.threads, options.cancel,
       [&](size_t i) {
-        checksums[i] = shm::Checksum(writer->tensor_data(i), spec.tensors[i].nbytes);
+        if (spec.alias_of[i] < 0) checksums[i] = shm::Checksum(writer->tensor_data(i), spec.tensors[i].nbytes);
         return Status::Ok();
       },
       nullptr));
+  for (size_t i = 0; i < checksums.size(); ++i) {
+    if (spec.alias_of[i] >= 0) checksums[i] = checksums[spec.alias_of[i]];
+  }
   report();
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

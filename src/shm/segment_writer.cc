@@ -43,12 +43,23 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   const uint64_t index_offset = kHeaderBytes;
   const uint64_t strings_offset = index_offset + spec.tensors.size() * sizeof(TensorEntry);
   const uint64_t data_offset = AlignUp(strings_offset + strings_bytes, 4096);
+  if (!spec.alias_of.empty() && spec.alias_of.size() != spec.tensors.size()) {
+    return InvalidArgument("alias_of must be empty or have one entry per tensor");
+  }
   uint64_t cursor = data_offset;
   std::vector<uint64_t> offsets;
   offsets.reserve(spec.tensors.size());
-  for (const TensorInfo& t : spec.tensors) {
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const int64_t alias = spec.alias_of.empty() ? -1 : spec.alias_of[i];
+    if (alias >= 0) {
+      if (static_cast<size_t>(alias) >= i || spec.tensors[alias].nbytes != spec.tensors[i].nbytes) {
+        return InvalidArgument("tensor '" + spec.tensors[i].name + "' aliases a tensor that is not an earlier one of its size");
+      }
+      offsets.push_back(offsets[alias]);
+      continue;
+    }
     offsets.push_back(cursor);
-    cursor = AlignUp(cursor + t.nbytes, kDataAlignment);
+    cursor = AlignUp(cursor + spec.tensors[i].nbytes, kDataAlignment);
   }
   const uint64_t segment_bytes = AlignUp(std::max(cursor, data_offset + 1), 4096);
 

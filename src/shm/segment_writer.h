@@ -21,6 +21,9 @@ struct SegmentSpec {
   uint64_t generation = 0;
   uint32_t mode = 0644;                 // permission bits of the object
   std::vector<TensorInfo> tensors;      // checksums ignored here; nbytes must be right
+  // Empty, or one per tensor: the index of an earlier tensor with the same nbytes whose
+  // data this one shares (its index entry gets the same data offset; tied weights), or -1.
+  std::vector<int64_t> alias_of;
 };
 
 class SegmentWriter {

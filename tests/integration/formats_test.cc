@@ -1,0 +1,117 @@
+// Every format through the real ckptd and libckptclient: checkpoints written by real
+// PyTorch (tests/format/torch_cases.py) must read back bit for bit; refused files get a
+// clear error, run nothing, leave nothing behind, and the daemon keeps serving.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "ckpt/client.h"
+#include "format/torch_cases.h"
+#include "shm/shm_object.h"
+#include "support/test_env.h"
+
+namespace ckpt {
+namespace {
+
+using nlohmann::json;
+using testing::DaemonProcess;
+using testing::ReadFile;
+
+class FormatsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::TorchCasesDir();
+    ASSERT_TRUE(daemon_.Start()) << ReadFile(daemon_.log_path());
+    auto client = Client::Connect(daemon_.socket());
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::move(client).value();
+  }
+
+  // Loads `path` as `name` and compares every tensor with ref/<ref_case>.
+  void LoadAndCompare(const std::string& path, const std::string& name, const std::string& ref_case,
+                      const std::string& format) {
+    auto summary = client_->Load(path, name);
+    ASSERT_TRUE(summary.ok()) << path << ": " << summary.status().ToString();
+    auto ckpt = client_->Attach(name);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    EXPECT_TRUE((*ckpt)->Verify().ok());
+    const json manifest = json::parse(ReadFile(dir_ + "/ref/" + ref_case + "/manifest.json"));
+    EXPECT_EQ((*ckpt)->tensors().size(), manifest.size());
+    for (auto it = manifest.begin(); it != manifest.end(); ++it) {
+      auto view = (*ckpt)->Tensor(it.key());
+      ASSERT_TRUE(view.ok()) << it.key() << ": " << view.status().ToString();
+      EXPECT_STREQ(DTypeName(view->info->dtype), it.value()["dtype"].get<std::string>().c_str()) << it.key();
+      EXPECT_EQ(view->info->shape, it.value()["shape"].get<std::vector<int64_t>>()) << it.key();
+      const std::string want = ReadFile(dir_ + "/ref/" + ref_case + "/" + it.key() + ".bin");
+      ASSERT_EQ(view->info->nbytes, want.size()) << it.key();
+      EXPECT_EQ(std::memcmp(view->data, want.data(), want.size()), 0) << it.key() << " differs from PyTorch's bytes";
+    }
+    auto list = client_->List();
+    ASSERT_TRUE(list.ok());
+    for (const auto& c : *list) {
+      if (c.name == name) {
+        EXPECT_EQ(c.format, format);
+      }
+    }
+  }
+
+  std::string dir_;
+  DaemonProcess daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(FormatsTest, EveryDtypeBitForBit) { LoadAndCompare(dir_ + "/all_dtypes.pt", "dtypes", "all_dtypes", "pytorch"); }
+
+TEST_F(FormatsTest, ViewsAreStoredContiguousAndTiedWeightsOnce) {
+  LoadAndCompare(dir_ + "/views.bin", "views", "views", "pytorch");
+  auto ckpt = client_->Attach("views");
+  ASSERT_TRUE(ckpt.ok());
+  auto embed = (*ckpt)->Tensor("embed.weight");
+  auto head = (*ckpt)->Tensor("lm_head.weight");
+  ASSERT_TRUE(embed.ok() && head.ok());
+  EXPECT_EQ(embed->data, head->data) << "tied weights must share one copy";
+}
+
+TEST_F(FormatsTest, ModuleStateDictAndParameters) {
+  LoadAndCompare(dir_ + "/module.pt", "module", "module", "pytorch");
+  LoadAndCompare(dir_ + "/params.pt", "params", "params", "pytorch");
+}
+
+TEST_F(FormatsTest, ShardedFoldersAndFolderWithOneBin) {
+  LoadAndCompare(dir_ + "/sharded_st", "st", "sharded_st", "safetensors-sharded");
+  LoadAndCompare(dir_ + "/sharded_bin/pytorch_model.bin.index.json", "bin", "sharded_bin", "pytorch-sharded");
+  LoadAndCompare(dir_ + "/bin_folder", "binfolder", "sharded_st", "pytorch");
+}
+
+TEST_F(FormatsTest, CtlLoadsFoldersAndNamesThemAfterTheFolder) {
+  testing::CommandResult r = daemon_.Ctl({"load", dir_ + "/sharded_bin/"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("loaded 'sharded_bin'"), std::string::npos) << r.out;
+  r = daemon_.Ctl({"load", dir_ + "/sharded_st/model.safetensors.index.json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("loaded 'sharded_st'"), std::string::npos) << r.out;
+  r = daemon_.Ctl({"load", dir_ + "/views.bin"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("loaded 'views'"), std::string::npos) << r.out;
+}
+
+TEST_F(FormatsTest, RefusedFilesLeaveTheDaemonServing) {
+  ASSERT_TRUE(client_->Load(dir_ + "/module.pt", "good").ok());
+  for (const char* file : {"legacy.pt", "evil.pt", "eval.pt", "nested.pt", "compressed.pt", "bigendian.pt"}) {
+    auto r = client_->Load(dir_ + "/" + file, "bad");
+    ASSERT_FALSE(r.ok()) << file;
+    EXPECT_EQ(r.status().code(), StatusCode::kUnsupported) << file << ": " << r.status().ToString();
+    EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status().message();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/PWNED")) << "a pickle ran a command";
+  auto list = client_->List();
+  ASSERT_TRUE(list.ok()) << "daemon stopped serving";
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].name, "good");
+  EXPECT_TRUE(shm::ListShmObjects(daemon_.shm_prefix() + ".bad").empty());
+}
+
+}  // namespace
+}  // namespace ckpt
