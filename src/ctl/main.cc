@@ -195,7 +195,7 @@ int Verify(const Options& o, const std::string& name) {
   auto response = Call(o, "verify", json{{"name", name}});
   if (!response.ok()) return Fail(response.status());
   const json& r = *response;
-  const bool ok = r.at("ok").get<bool>();
+  const bool ok = r.at("passed").get<bool>();
   if (o.json_output) {
     PrintJson(r);
     return ok ? 0 : 1;

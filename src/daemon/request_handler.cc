@@ -234,7 +234,7 @@ Result<json> RequestHandler::Verify(const json& request) {
   }
   return json{{"name", name},
               {"generation", entry.generation},
-              {"ok", report.ok()},
+              {"passed", report.ok()},
               {"tensors", report.tensors},
               {"bytes", report.bytes},
               {"seconds", report.seconds},
