@@ -79,6 +79,24 @@ TEST_F(VerifyTest, ProgressIsMonotonicAndEndsAtTheTotal) {
   EXPECT_NE(ReadFile(daemon_.log_path()).find("read with "), std::string::npos) << ReadFile(daemon_.log_path());
 }
 
+TEST_F(VerifyTest, CtlLoadDrawsABarWithBytesRateAndEtaOnATerminal) {
+  if (::access("/usr/bin/script", X_OK) != 0) GTEST_SKIP() << "no script(1) to give ckptctl a terminal";
+  int fd = ::open(files_.File("gpt.safetensors").c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+  // script(1) runs ckptctl on a pseudo-terminal, so stderr is a TTY and the bar is drawn.
+  const std::string cmd = std::string(CKPTCTL_BIN) + " --socket " + daemon_.socket() + " load " +
+                          files_.File("gpt.safetensors") + " --name bar";
+  CommandResult r = testing::RunCommand({"/usr/bin/script", "-qec", cmd, "/dev/null"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("100.0%"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("ETA"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("/ 96."), std::string::npos) << r.out;  // bytes done / total
+  EXPECT_NE(r.out.find("loaded 'bar'"), std::string::npos) << r.out;
+}
+
 TEST_F(VerifyTest, CtlVerifyPassesCleanAndFailsOnAFlippedByte) {
   CommandResult load = daemon_.Ctl({"load", files_.File("gpt.safetensors"), "--name", "gpt"});
   ASSERT_EQ(load.exit_code, 0) << load.err;
