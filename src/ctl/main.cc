@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <utility>
+#include <vector>
 
 #include "protocol/daemon_connection.h"
 #include "protocol/wire.h"
@@ -42,18 +44,43 @@ std::string LocalTime(int64_t unix_s) {
   return buf;
 }
 
-// A one-line progress bar on stderr, redrawn in place.
+// "1:05" / "12 s" / "--" for an unknown ETA.
+std::string Eta(double seconds) {
+  if (!(seconds >= 0) || seconds > 360000) return "--";
+  char buf[32];
+  const long s = static_cast<long>(seconds + 0.5);
+  if (s < 60) {
+    std::snprintf(buf, sizeof(buf), "%ld s", s);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%ld:%02ld", s / 60, s % 60);
+  }
+  return buf;
+}
+
+// A one-line progress bar on stderr, redrawn in place on every update (the daemon sends
+// one about every 100 ms): bytes done and total, rate over the last second or so, ETA.
 class ProgressBar {
  public:
   void Update(uint64_t done, uint64_t total) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    const double fraction = total ? static_cast<double>(done) / total : 1.0;
+    const auto now = std::chrono::steady_clock::now();
+    // Rate over a sliding window of about one second, so the ETA follows the disk.
+    samples_.push_back({now, done});
+    while (samples_.size() > 2 && now - samples_[1].first >= std::chrono::seconds(1)) samples_.erase(samples_.begin());
+    const double window = std::chrono::duration<double>(now - samples_.front().first).count();
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    double rate = 0;
+    if (window > 0.05 && done >= samples_.front().second) {
+      rate = (done - samples_.front().second) / window;
+    } else if (elapsed > 0) {
+      rate = done / elapsed;
+    }
+    const double fraction = total ? std::min(1.0, static_cast<double>(done) / total) : 1.0;
     const int filled = static_cast<int>(fraction * 30);
-    const double rate = elapsed > 0 ? done / elapsed : 0;
-    const double eta = rate > 0 ? (total - done) / rate : 0;
-    std::fprintf(stderr, "\r[%s%s] %5.1f%%  %s / %s  %s/s  ETA %.0f s ", std::string(filled, '#').c_str(),
+    const double eta = done >= total ? 0 : (rate > 0 ? (total - done) / rate : -1);
+    std::fprintf(stderr, "\r[%s%s] %5.1f%%  %s / %s  %s/s  ETA %s   ", std::string(filled, '#').c_str(),
                  std::string(30 - filled, '.').c_str(), fraction * 100, HumanBytes(done).c_str(),
-                 HumanBytes(total).c_str(), HumanBytes(static_cast<uint64_t>(rate)).c_str(), eta);
+                 HumanBytes(total).c_str(), HumanBytes(static_cast<uint64_t>(rate)).c_str(), Eta(eta).c_str());
+    std::fflush(stderr);
     drawn_ = true;
   }
   ~ProgressBar() {
@@ -62,6 +89,7 @@ class ProgressBar {
 
  private:
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::vector<std::pair<std::chrono::steady_clock::time_point, uint64_t>> samples_;
   bool drawn_ = false;
 };
 
@@ -162,6 +190,32 @@ int Info(const Options& o, const std::string& name) {
   return 0;
 }
 
+// Exit status 0 when every tensor matches its checksum, 1 on a mismatch or an error.
+int Verify(const Options& o, const std::string& name) {
+  auto response = Call(o, "verify", json{{"name", name}});
+  if (!response.ok()) return Fail(response.status());
+  const json& r = *response;
+  const bool ok = r.at("passed").get<bool>();
+  if (o.json_output) {
+    PrintJson(r);
+    return ok ? 0 : 1;
+  }
+  if (ok) {
+    std::printf("OK: '%s' (generation %llu): %llu tensors, %s match their checksums (%s)\n", name.c_str(),
+                static_cast<unsigned long long>(r.at("generation").get<uint64_t>()),
+                static_cast<unsigned long long>(r.at("tensors").get<uint64_t>()),
+                HumanBytes(r.at("bytes").get<uint64_t>()).c_str(), Seconds(r.at("seconds").get<double>()).c_str());
+    return 0;
+  }
+  std::printf("MISMATCH: '%s' (generation %llu): %llu of %llu tensors differ from their checksums:\n", name.c_str(),
+              static_cast<unsigned long long>(r.at("generation").get<uint64_t>()),
+              static_cast<unsigned long long>(r.at("mismatch_count").get<uint64_t>()),
+              static_cast<unsigned long long>(r.at("tensors").get<uint64_t>()));
+  for (const json& t : r.at("mismatched")) std::printf("  %s\n", t.get<std::string>().c_str());
+  if (r.at("mismatch_count").get<uint64_t>() > r.at("mismatched").size()) std::printf("  ...\n");
+  return 1;
+}
+
 int Status(const Options& o) {
   auto response = Call(o, "status");
   if (!response.ok()) return Fail(response.status());
@@ -205,7 +259,9 @@ int main(int argc, char** argv) {
   auto* info = app.add_subcommand("info", "show a checkpoint's tensors");
   info->add_option("name", name, "checkpoint name")->required();
   auto* status = app.add_subcommand("status", "show the daemon's state");
-  for (auto* sub : {load, evict, list, info, status}) {
+  auto* verify = app.add_subcommand("verify", "re-check a checkpoint's shared memory against its checksums");
+  verify->add_option("name", name, "checkpoint name")->required();
+  for (auto* sub : {load, evict, list, info, status, verify}) {
     sub->add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
   }
 
@@ -220,6 +276,7 @@ int main(int argc, char** argv) {
     if (*list) return List(o);
     if (*info) return Info(o, name);
     if (*status) return Status(o);
+    if (*verify) return Verify(o, name);
   } catch (const json::exception& e) {
     return Fail(ckpt::Corrupt(std::string("malformed response from ckptd: ") + e.what()));
   }

@@ -10,7 +10,9 @@
 
 #include "format/checkpoint_formats.h"
 #include "loader/checkpoint_loader.h"
+#include "loader/segment_verifier.h"
 #include "protocol/wire.h"
+#include "shm/segment_reader.h"
 #include "shm/shm_object.h"
 
 namespace ckpt::daemon {
@@ -138,6 +140,7 @@ Result<json> RequestHandler::Dispatch(const json& request) {
   if (op == "load") return Load(request);
   if (op == "evict") return Evict(request);
   if (op == "attach") return Attach(request);
+  if (op == "verify") return Verify(request);
   return InvalidArgument("unknown op '" + op + "'");
 }
 
@@ -205,9 +208,10 @@ Result<json> RequestHandler::Load(const json& request) {
   json summary = EntryToJson(entry);
   ctx_.catalog->Publish(std::move(entry));
   reservation.held = false;
-  spdlog::info("loaded '{}' generation {}: {} tensors, {} bytes in {:.3f} s ({:.2f} GiB/s)", name,
+  spdlog::info("loaded '{}' generation {}: {} tensors, {} bytes in {:.3f} s ({:.2f} GiB/s), read with {}", name,
                generation, summary["tensor_count"].get<uint64_t>(), loaded->data_bytes,
-               loaded->seconds, loaded->data_bytes / std::max(loaded->seconds, 1e-9) / (1 << 30));
+               loaded->seconds, loaded->data_bytes / std::max(loaded->seconds, 1e-9) / (1 << 30),
+               loaded->io_summary);
   return json{{"checkpoint", summary}};
 }
 
@@ -227,6 +231,30 @@ Result<json> RequestHandler::Attach(const json& request) {
   attachments_.emplace_back(name, entry.generation);
   spdlog::debug("attached '{}' generation {}", name, entry.generation);
   return json{{"checkpoint", EntryToJson(entry)}};
+}
+
+Result<json> RequestHandler::Verify(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(std::string name, StringField(request, "name"));
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Get(name));
+  // Our own read-only mapping: stays valid even if the checkpoint is evicted meanwhile.
+  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::Open(entry.shm_name));
+  CKPT_ASSIGN_OR_RETURN(loader::VerifyReport report,
+                        loader::VerifySegment(*segment, std::max(1, ctx_.options->load_threads), ctx_.stopping));
+  if (report.ok()) {
+    spdlog::info("verified '{}' generation {}: {} tensors, {} bytes OK in {:.3f} s", name, entry.generation,
+                 report.tensors, report.bytes, report.seconds);
+  } else {
+    spdlog::warn("verify of '{}' generation {}: {} of {} tensors do not match their checksums (first: '{}')", name,
+                 entry.generation, report.mismatch_count, report.tensors, report.mismatched.front());
+  }
+  return json{{"name", name},
+              {"generation", entry.generation},
+              {"passed", report.ok()},
+              {"tensors", report.tensors},
+              {"bytes", report.bytes},
+              {"seconds", report.seconds},
+              {"mismatch_count", report.mismatch_count},
+              {"mismatched", report.mismatched}};
 }
 
 Result<json> RequestHandler::Info(const json& request) {

@@ -41,6 +41,9 @@ class RequestHandler {
   Result<nlohmann::json> Evict(const nlohmann::json& request);
   Result<nlohmann::json> Attach(const nlohmann::json& request);
   Result<nlohmann::json> Info(const nlohmann::json& request);
+  // Re-hashes a published checkpoint's tensors against its index checksums. OK with
+  // "passed": false and the first mismatching tensors when bytes differ; NotFound if unknown.
+  Result<nlohmann::json> Verify(const nlohmann::json& request);
   nlohmann::json List() const;
   nlohmann::json DaemonStatus() const;
 

@@ -1,68 +1,31 @@
 #include "loader/checkpoint_loader.h"
 
+#include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
+#include <map>
+#include <memory>
+#include <tuple>
 #include <unordered_set>
 
-#include "common/io.h"
 #include "loader/strided_copy.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt::loader {
 namespace {
 
-struct ReadChunk {
-  size_t tensor;
-  uint64_t offset;  // within the tensor
-  uint64_t length;
-};
-
-// Runs `work(i)` for i in [0, n) on `threads` threads; stops handing out work after the
-// first error and returns it.
-Status ParallelFor(size_t n, int threads, const std::atomic<bool>* cancel,
-                   const std::function<Status(size_t)>& work, const std::function<void()>& tick) {
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  Status first_error;
-  const int thread_count = std::max(1, std::min<int>(threads, static_cast<int>(std::max<size_t>(n, 1))));
-  int running = thread_count;  // guarded by mu
-  std::vector<std::thread> pool;
-  for (int t = 0; t < thread_count; ++t) {
-    pool.emplace_back([&] {
-      for (size_t i; !failed.load() && (i = next.fetch_add(1)) < n;) {
-        if (cancel && cancel->load()) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!failed.exchange(true)) first_error = FailedPrecondition("load cancelled");
-          break;
-        }
-        Status st = work(i);
-        if (!st.ok()) {
-          std::lock_guard<std::mutex> lock(mu);
-          if (!failed.exchange(true)) first_error = st;
-        }
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      --running;
-      cv.notify_all();
-    });
+// "O_DIRECT" / "buffered (why)" per file, joined, with counts when several files agree.
+std::string DescribeIo(const std::vector<SourceFile>& files, const FileReader& reader) {
+  std::map<std::string, int> modes;
+  for (const SourceFile& f : files) {
+    ++modes[f.direct.valid() ? std::string("O_DIRECT") : "buffered (" + f.buffered_reason + ")"];
   }
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (running > 0) {
-      cv.wait_for(lock, std::chrono::milliseconds(100));
-      if (tick) {
-        lock.unlock();
-        tick();
-        lock.lock();
-      }
-    }
+  std::string out;
+  for (const auto& [mode, count] : modes) {
+    if (!out.empty()) out += "; ";
+    out += mode;
+    if (files.size() > 1) out += " for " + std::to_string(count) + " of " + std::to_string(files.size()) + " files";
   }
-  for (auto& th : pool) th.join();
-  return first_error;
+  return out + ", " + reader.Describe();
 }
 
 }  // namespace
@@ -85,62 +48,86 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     spec.alias_of.push_back(t.alias_of);
   }
 
-  std::vector<UniqueFd> files;
+  ReaderOptions reader_options;
+  reader_options.threads = options.threads;
+  reader_options.queue_depth = options.queue_depth;
+  reader_options.chunk_bytes = (std::max<uint64_t>(options.chunk_bytes, 1 << 20) + 4095) / 4096 * 4096;
+  reader_options.cancel = options.cancel;
+  CKPT_ASSIGN_OR_RETURN(auto reader, FileReader::Create(options.engine, reader_options));
+
+  std::vector<SourceFile> files;
   for (const auto& path : plan.files) {
-    CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenForRead(path));
-    files.push_back(std::move(fd));
+    CKPT_ASSIGN_OR_RETURN(SourceFile f, OpenSourceFile(path, options.direct_io));
+    files.push_back(std::move(f));
+  }
+  for (const auto& t : plan.tensors) {
+    const uint64_t size = files[t.file_index].size;
+    const uint64_t span = t.strides.empty() ? t.nbytes : t.source_bytes;  // bytes read from the file
+    if (t.file_offset > size || span > size - t.file_offset) {
+      return Corrupt(plan.files[t.file_index] + " ends at byte " + std::to_string(size) + ", before tensor '" +
+                     t.name + "' does");
+    }
   }
 
   CKPT_ASSIGN_OR_RETURN(auto writer, shm::SegmentWriter::Create(spec));
 
-  std::vector<ReadChunk> chunks;
-  const uint64_t chunk_bytes = std::max<uint64_t>(options.chunk_bytes, 1 << 20);
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    if (plan.tensors[i].alias_of >= 0) continue;  // shares an earlier tensor's bytes
-    if (!plan.tensors[i].strides.empty()) {       // a view: read and gathered as one job
-      chunks.push_back({i, 0, plan.tensors[i].nbytes});
+  // Reads in file order (sequential for the disk); a tensor's ops are contiguous.
+  // Aliases (tied weights) share an earlier tensor's bytes and are not read; strided
+  // views (non-contiguous PyTorch tensors) are read and gathered after the bulk reads.
+  std::vector<size_t> order(plan.tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto& x = plan.tensors[a];
+    const auto& y = plan.tensors[b];
+    return std::tie(x.file_index, x.file_offset) < std::tie(y.file_index, y.file_offset);
+  });
+  std::vector<ReadOp> ops;
+  std::vector<size_t> strided;
+  const size_t n = plan.tensors.size();
+  std::unique_ptr<std::atomic<uint32_t>[]> remaining(new std::atomic<uint32_t>[n]);
+  std::vector<uint64_t> checksums(n);
+  for (size_t i : order) {
+    const format::PlannedTensor& t = plan.tensors[i];
+    remaining[i].store(0);
+    if (t.alias_of >= 0) continue;
+    if (!t.strides.empty()) {
+      strided.push_back(i);
       continue;
     }
-    for (uint64_t off = 0; off < plan.tensors[i].nbytes; off += chunk_bytes) {
-      chunks.push_back({i, off, std::min(chunk_bytes, plan.tensors[i].nbytes - off)});
-    }
+    const size_t before = ops.size();
+    PlanReads(files[t.file_index], t.file_index, static_cast<uint32_t>(i), t.file_offset, t.nbytes,
+              writer->tensor_data(i), reader_options.chunk_bytes, &ops);
+    remaining[i].store(static_cast<uint32_t>(ops.size() - before));
+    if (ops.size() == before) checksums[i] = shm::Checksum(writer->tensor_data(i), 0);
   }
+  }
+
   const uint64_t total = plan.TotalBytes();
   std::atomic<uint64_t> done{0};
   auto report = [&] {
     if (options.progress) options.progress(done.load(), total);
   };
-
-  Status st = ParallelFor(
-      chunks.size(), options.threads, options.cancel,
-      [&](size_t c) {
-        const ReadChunk& chunk = chunks[c];
-        const format::PlannedTensor& t = plan.tensors[chunk.tensor];
-        if (!t.strides.empty()) {
-          CKPT_RETURN_IF_ERROR(ReadStridedTensor(files[t.file_index].get(), plan.files[t.file_index], t,
-                                                 writer->tensor_data(chunk.tensor)));
-          done.fetch_add(chunk.length);
-          return Status::Ok();
-        }
-        CKPT_RETURN_IF_ERROR(PreadFull(files[t.file_index].get(),
-                                       writer->tensor_data(chunk.tensor) + chunk.offset, chunk.length,
-                                       t.file_offset + chunk.offset, plan.files[t.file_index]));
-        done.fetch_add(chunk.length);
-        return Status::Ok();
-      },
-      report);
-  CKPT_RETURN_IF_ERROR(st);
-
-  std::vector<uint64_t> checksums(spec.tensors.size());
-  CKPT_RETURN_IF_ERROR(ParallelFor(
-      spec.tensors.size(), options.threads, options.cancel,
+  CKPT_RETURN_IF_ERROR(reader->ReadAll(
+      files, ops,
       [&](size_t i) {
-        if (spec.alias_of[i] < 0) checksums[i] = shm::Checksum(writer->tensor_data(i), spec.tensors[i].nbytes);
-        return Status::Ok();
+        const ReadOp& op = ops[i];
+        // The thread that lands a tensor's last bytes checksums it while other reads go on.
+        if (remaining[op.tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+          checksums[op.tensor] = shm::Checksum(writer->tensor_data(op.tensor), plan.tensors[op.tensor].nbytes);
+        }
+        done.fetch_add(op.length, std::memory_order_relaxed);
       },
-      nullptr));
-  for (size_t i = 0; i < checksums.size(); ++i) {
-    if (spec.alias_of[i] >= 0) checksums[i] = checksums[spec.alias_of[i]];
+      report));
+  for (size_t i : strided) {
+    if (options.cancel && options.cancel->load()) return FailedPrecondition("load cancelled");
+    const format::PlannedTensor& t = plan.tensors[i];
+    CKPT_RETURN_IF_ERROR(ReadStridedTensor(files[t.file_index].buffered.get(), plan.files[t.file_index], t,
+                                           writer->tensor_data(i)));
+    checksums[i] = shm::Checksum(writer->tensor_data(i), t.nbytes);
+    done.fetch_add(t.nbytes, std::memory_order_relaxed);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (plan.tensors[i].alias_of >= 0) checksums[i] = checksums[plan.tensors[i].alias_of];
   }
   report();
 
@@ -154,6 +141,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   out.seconds = seconds;
   out.tensors = std::move(spec.tensors);
   for (size_t i = 0; i < checksums.size(); ++i) out.tensors[i].checksum = checksums[i];
+  out.io_summary = DescribeIo(files, *reader);
   return out;
 }
 

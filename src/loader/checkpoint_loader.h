@@ -1,6 +1,8 @@
 // Loads the tensors a LoadPlan describes into a new shared-memory segment and publishes
-// it: parallel reads straight into the mapping, a checksum per tensor, then the complete
-// flag. On any error or cancellation the segment is removed and nothing is visible.
+// it: parallel reads into the mapping (O_DIRECT where the file system allows it, see
+// read_op.h; pread threads or io_uring, see file_reader.h), a checksum per tensor computed
+// by the thread that completes the tensor's last read, then the complete flag. On any
+// error or cancellation the segment is removed and nothing is visible.
 #pragma once
 
 #include <atomic>
@@ -12,13 +14,18 @@
 #include "ckpt/status.h"
 #include "ckpt/tensor.h"
 #include "format/load_plan.h"
+#include "loader/file_reader.h"
+#include "loader/read_op.h"
 #include "shm/segment_writer.h"
 
 namespace ckpt::loader {
 
 struct LoadOptions {
   int threads = 8;                        // reader threads
-  uint64_t chunk_bytes = 16ull << 20;     // largest single read
+  uint64_t chunk_bytes = 16ull << 20;     // largest single read (rounded up to 4096)
+  ReadEngine engine = ReadEngine::kPread; // measured faster on our machines: docs/benchmarks.md
+  int queue_depth = 4;                    // io_uring: reads in flight per thread
+  DirectIo direct_io = DirectIo::kAuto;
   // Called from the calling thread about every 100 ms and once at the end with
   // (bytes read, bytes in total). May be empty.
   std::function<void(uint64_t, uint64_t)> progress;
@@ -32,6 +39,9 @@ struct LoadedSegment {
   uint64_t data_bytes = 0;  // sum of tensor sizes
   double seconds = 0;
   std::vector<TensorInfo> tensors;  // with checksums
+  // How the files were read, for logs: "O_DIRECT, pread x8" or
+  // "buffered (file in page cache), pread x8"; several clauses for mixed files.
+  std::string io_summary;
 };
 
 // `spec` gives the segment's names, generation and mode; its tensor list is filled from

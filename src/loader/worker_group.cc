@@ -1,0 +1,50 @@
+#include "loader/worker_group.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace ckpt::loader {
+
+Status RunWorkers(int threads, const std::function<Status(int, const std::atomic<bool>&)>& worker,
+                  const std::function<void()>& tick) {
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  Status first_error;  // guarded by mu
+  int running = std::max(1, threads);
+  std::vector<std::thread> pool;
+  for (int id = 0, n = running; id < n; ++id) {
+    pool.emplace_back([&, id] {
+      Status st;
+      try {
+        st = worker(id, stop);
+      } catch (const std::exception& e) {
+        st = Internal(std::string("reader thread failed: ") + e.what());
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.ok() && first_error.ok()) first_error = st;
+      if (!st.ok()) stop.store(true);
+      --running;
+      cv.notify_all();
+    });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (running > 0) {
+      cv.wait_for(lock, std::chrono::milliseconds(100));
+      if (tick && running > 0) {
+        lock.unlock();
+        tick();
+        lock.lock();
+      }
+    }
+  }
+  for (auto& t : pool) t.join();
+  return first_error;
+}
+
+}  // namespace ckpt::loader
