@@ -100,7 +100,6 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     remaining[i].store(static_cast<uint32_t>(ops.size() - before));
     if (ops.size() == before) checksums[i] = shm::Checksum(writer->tensor_data(i), 0);
   }
-  }
 
   const uint64_t total = plan.TotalBytes();
   std::atomic<uint64_t> done{0};

@@ -268,3 +268,16 @@ uint64_t NodeSharedPlusAnonBytes() {
 }
 
 }  // namespace ckpt::testing
+
+namespace ckpt::testing {
+
+uint64_t ProcessPssBytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/smaps_rollup");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("Pss:", 0) == 0) return std::stoull(line.substr(4)) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace ckpt::testing

@@ -46,6 +46,7 @@ class ChildProcess {
   void CloseStdin();
   // Closes stdin and waits for the exit.
   CommandResult Wait();
+  pid_t pid() const { return pid_; }
 
  private:
   ScratchDir dir_;
@@ -98,5 +99,8 @@ class DaemonProcess {
 
 // Shmem + AnonPages from /proc/meminfo, in bytes: node memory that checkpoints occupy.
 uint64_t NodeSharedPlusAnonBytes();
+// Proportional set size of process `pid` (/proc/PID/smaps_rollup), in bytes: pages it
+// shares with k processes count 1/k. Summed over processes, shared memory counts once.
+uint64_t ProcessPssBytes(pid_t pid);
 
 }  // namespace ckpt::testing
