@@ -91,6 +91,8 @@ class Checkpoint {
 };
 
 // A connection to ckptd. Thread-safe: calls are serialised on the connection.
+// If the daemon restarted since the last call (the connection broke), a call reconnects
+// once and is retried, except Load, which reports Unavailable (it may have run).
 class Client {
  public:
   // $CKPTD_SOCKET if set, else "/run/ckptd/ckptd.sock".
@@ -113,7 +115,10 @@ class Client {
   Result<std::vector<TensorInfo>> Info(const std::string& name);
   Result<DaemonStatus> GetStatus();
   // Attaches to the current generation of `name` over a connection of its own, which
-  // stays open as the attachment's lease. NotFound if it is not loaded.
+  // stays open as the attachment's lease. The daemon passes a read-only descriptor of the
+  // segment over the socket (SCM_RIGHTS), which is mapped PROT_READ: the process needs no
+  // access to /dev/shm and cannot write into the checkpoint. NotFound if it is not loaded,
+  // PermissionDenied if this user may not read checkpoints.
   Result<std::unique_ptr<Checkpoint>> Attach(const std::string& name);
 
  private:

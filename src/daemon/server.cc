@@ -3,11 +3,13 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <spdlog/spdlog.h>
 
 #include "daemon/request_handler.h"
@@ -31,6 +33,13 @@ Status ValidateOptions(const ServerOptions& o) {
 }
 }  // namespace
 
+void SetSegmentOwnership(int fd, const AccessPolicy& access, uint32_t mode) {
+  if (access.reader_gid() && ::fchown(fd, static_cast<uid_t>(-1), *access.reader_gid()) != 0) {
+    spdlog::warn("cannot give a segment to the reader group: {}", std::strerror(errno));
+  }
+  if (::fchmod(fd, mode) != 0) spdlog::warn("cannot chmod a segment: {}", std::strerror(errno));
+}
+
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateOptions(options));
   std::unique_ptr<Server> server(new Server(options));
@@ -38,7 +47,14 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
                                 std::chrono::system_clock::now().time_since_epoch()).count();
   server->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!server->wake_fd_.valid()) return ErrnoError("eventfd", errno);
+  CKPT_ASSIGN_OR_RETURN(server->access_, AccessPolicy::Create(options.admin_group, options.reader_group));
+  CKPT_ASSIGN_OR_RETURN(server->roots_, ModelRoots::Create(options.model_roots));
+  if (!server->roots_->restricted()) spdlog::warn("no model roots configured: loads from any path are allowed");
   CKPT_ASSIGN_OR_RETURN(server->listen_fd_, protocol::ListenUnix(options.socket_path, options.socket_mode));
+  if (server->access_->reader_gid() &&
+      ::chown(options.socket_path.c_str(), static_cast<uid_t>(-1), *server->access_->reader_gid()) != 0) {
+    spdlog::warn("cannot give the socket to the reader group: {}", std::strerror(errno));
+  }
   CKPT_RETURN_IF_ERROR(server->AdoptExistingSegments());
   return server;
 }
@@ -69,8 +85,13 @@ Status Server::AdoptExistingSegments() {
     entry.load_seconds = reader->header().load_nanos / 1e9;
     entry.loaded_unix_s = static_cast<int64_t>(reader->header().created_unix_ns / 1000000000ull);
     entry.tensors = std::make_shared<const std::vector<TensorInfo>>(reader->tensors());
+    auto fd = shm::OpenShmReadOnlyFd(entry.shm_name);
+    if (fd.ok()) {
+      entry.fd = std::make_shared<const UniqueFd>(std::move(fd).value());
+      SetSegmentOwnership(entry.fd->get(), *access_, options_.shm_mode);
+    }
     const std::string shm_name = entry.shm_name;
-    if (ValidateCheckpointName(entry.name).ok() && catalog_.Adopt(std::move(entry)).ok()) {
+    if (entry.fd && ValidateCheckpointName(entry.name).ok() && catalog_.Adopt(std::move(entry)).ok()) {
       spdlog::info("adopted segment {}", shm_name);
     } else {
       spdlog::warn("removing superseded or misnamed segment {}", shm_name);
@@ -117,7 +138,9 @@ void Server::Run() {
     if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
     UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!client.valid()) continue;
+    ++counters_.connections_total;
     if (connection_count_.load() >= options_.max_connections) {
+      ++counters_.connections_refused;
       (void)protocol::WriteFrame(client.get(), protocol::ErrorResponse(ResourceExhausted(
                                                    "too many connections to ckptd")));
       continue;  // closes it
@@ -157,18 +180,33 @@ void Server::Run() {
 void Server::Serve(Connection* connection) {
   const int fd = connection->fd.get();
   {
-    RequestHandler handler(DaemonContext{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_}, fd);
+    auto peer = PeerOf(fd);
+    PeerCredentials cred = peer.ok() ? *peer : PeerCredentials{0, 65534, 65534};  // unknown: nobody
+    const Role role = peer.ok() ? access_->RoleOf(cred) : Role::kNone;
+    DaemonContext context{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
+                          access_.get(), roots_.get(), &counters_};
+    RequestHandler handler(context, fd, cred, role);
+    // A connection that sends nothing for 10 minutes is dropped (it holds a thread).
+    timeval idle{600, 0};
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &idle, sizeof(idle));
+    timeval send_limit{30, 0};
+    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof(send_limit));
     while (!stopping_.load()) {
       auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes);
       if (!request.ok()) {
         // A malformed frame loses the framing: answer once, then drop the connection.
         if (request.status().code() == StatusCode::kCorrupt) {
+          ++counters_.bad_frames;
           spdlog::warn("dropping a connection: {}", request.status().message());
           (void)protocol::WriteFrame(fd, protocol::ErrorResponse(request.status()));
         }
         break;
       }
-      if (!protocol::WriteFrame(fd, handler.Handle(*request)).ok()) break;
+      nlohmann::json response = handler.Handle(*request);
+      UniqueFd pass = handler.TakeResponseFd();
+      Status sent = pass.valid() ? protocol::WriteFrameWithFd(fd, response, pass.get())
+                                 : protocol::WriteFrame(fd, response);
+      if (!sent.ok()) break;
     }
   }  // the handler's destructor releases this connection's attachments
   --connection_count_;
