@@ -45,6 +45,8 @@ class RequestHandler {
   // The descriptor to pass with the response Handle() just returned (an attach's
   // read-only segment), or an invalid one.
   UniqueFd TakeResponseFd() { return std::move(response_fd_); }
+  // True while this connection holds an attachment (its lease must not time out).
+  bool holds_attachments() const { return !attachments_.empty(); }
 
  private:
   Result<nlohmann::json> Dispatch(const nlohmann::json& request);

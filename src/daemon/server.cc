@@ -186,12 +186,25 @@ void Server::Serve(Connection* connection) {
     DaemonContext context{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
                           access_.get(), roots_.get(), &counters_};
     RequestHandler handler(context, fd, cred, role);
-    // A connection that sends nothing for 10 minutes is dropped (it holds a thread).
-    timeval idle{600, 0};
-    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &idle, sizeof(idle));
-    timeval send_limit{30, 0};
-    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof(send_limit));
+    // A frame must arrive whole within 30 s once it began, and a response must be taken
+    // within 30 s; a connection idle for 10 minutes is dropped unless it holds an
+    // attachment (a lease is idle by design).
+    timeval stall{30, 0};
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &stall, sizeof(stall));
+    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof(stall));
+    auto idle_since = std::chrono::steady_clock::now();
     while (!stopping_.load()) {
+      pollfd p{fd, POLLIN, 0};
+      const int ready = ::poll(&p, 1, 1000);
+      if (ready < 0 && errno != EINTR) break;
+      if (ready <= 0) {
+        if (!handler.holds_attachments() && std::chrono::steady_clock::now() - idle_since > std::chrono::minutes(10)) {
+          spdlog::debug("dropping a connection idle for 10 minutes");
+          break;
+        }
+        continue;
+      }
+      idle_since = std::chrono::steady_clock::now();
       auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes);
       if (!request.ok()) {
         // A malformed frame loses the framing: answer once, then drop the connection.

@@ -82,6 +82,7 @@ TEST_F(OpsTest, ALoadOverBudgetEvictsTheLeastRecentlyUsedUnattachedOrFails) {
 
   // Once "a" is detached it may go too: then the big one fits.
   a->reset();
+  ASSERT_TRUE(testing::WaitFor([&] { return CtlJson(daemon, {"status"})["attached"] == 0; }, 5000));
   json big_ok = CtlJson(daemon, {"load", files_.File("big"), "--name", "big"});
   EXPECT_EQ(big_ok["evicted"].size(), 2u) << big_ok.dump();
   EXPECT_EQ(testing::SegmentCount(daemon.shm_prefix()), 1u);
