@@ -143,7 +143,7 @@ Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
   if (segment->checkpoint_name() != name) {
     return Corrupt("segment " + *shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
   }
-  return std::unique_ptr<Checkpoint>(new Checkpoint(name, std::move(lease), std::move(segment)));
+  return std::unique_ptr<Checkpoint>(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
 }
 
 }  // namespace ckpt

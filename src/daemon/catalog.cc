@@ -123,12 +123,16 @@ Status Catalog::Adopt(CatalogEntry entry) {
   return Status::Ok();
 }
 
-Result<CatalogEntry> Catalog::Attach(const std::string& name, int32_t pid) {
+Result<CatalogEntry> Catalog::Attach(const std::string& name, int32_t pid, uint64_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     if (loading_.count(name)) return NotFound("checkpoint '" + name + "' is still loading");
     return NotFound("no checkpoint named '" + name + "'");
+  }
+  if (generation != 0 && it->second.generation != generation) {
+    return NotFound("checkpoint '" + name + "' is at generation " + std::to_string(it->second.generation) +
+                    ", not " + std::to_string(generation));
   }
   ++it->second.attached;
   it->second.attached_pids.push_back(pid);

@@ -75,8 +75,9 @@ class Catalog {
   // keeps the newer generation); raises the next generation above it.
   Status Adopt(CatalogEntry entry);
 
-  // Counts one attachment by process `pid` and returns the entry. NotFound if not published.
-  Result<CatalogEntry> Attach(const std::string& name, int32_t pid = 0);
+  // Counts one attachment by process `pid` and returns the entry. NotFound if not
+  // published, or if `generation` (when not 0) is not the current generation.
+  Result<CatalogEntry> Attach(const std::string& name, int32_t pid = 0, uint64_t generation = 0);
   // Ends an attachment made by Attach. Works for the current generation and for retired
   // ones (the last detach unlinks a retired generation); a no-op otherwise.
   void Detach(const std::string& name, uint64_t generation, int32_t pid = 0);

@@ -276,7 +276,12 @@ Result<json> RequestHandler::Evict(const json& request) {
 
 Result<json> RequestHandler::Attach(const json& request) {
   CKPT_ASSIGN_OR_RETURN(std::string name, StringField(request, "name"));
-  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Attach(name, peer_.pid));
+  uint64_t want_generation = 0;  // set by a client re-registering after a daemon restart
+  if (auto g = request.find("generation"); g != request.end()) {
+    if (!g->is_number_unsigned()) return InvalidArgument("'generation' must be a positive integer");
+    want_generation = g->get<uint64_t>();
+  }
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Attach(name, peer_.pid, want_generation));
   attachments_.emplace_back(name, entry.generation);
   ++ctx_.counters->attaches;
   // The client maps this read-only descriptor: it needs no access to /dev/shm by name.

@@ -30,6 +30,11 @@ class DaemonConnection {
   // requests that are safe to repeat.
   Result<nlohmann::json> CallRetrying(const std::string& op, nlohmann::json fields = nlohmann::json::object(),
                                       UniqueFd* received_fd = nullptr);
+  // The socket, for poll() only; -1 once closed. Owned by this connection.
+  int native_handle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fd_.get();
+  }
   // True once the connection broke (a later Call returns Unavailable at once).
   bool broken();
 

@@ -86,6 +86,16 @@ TEST(RecoveryTest, KillDuringAndAfterALoadThenRestart) {
   EXPECT_EQ(Checksums(**client, "other"), other_sums);
   EXPECT_EQ(WrongFloats(**attached), 0u);
   EXPECT_NE(ReadFile(daemon.log_path()).find("removing segment " + big_prefix), std::string::npos);
+  // Both attachments of "small" (this process and the child rank) re-register their lease.
+  auto attached_count = [&](const std::string& name) {
+    auto l = (*client)->List();
+    if (!l.ok()) return -1;
+    for (const auto& c : *l) {
+      if (c.name == name) return static_cast<int>(c.attached);
+    }
+    return -1;
+  };
+  EXPECT_TRUE(testing::WaitFor([&] { return attached_count("small") == 2; }, 10000)) << attached_count("small");
 
   // 2. kill -9 with everything complete: all of it comes back, new generations go on.
   auto again = (*client)->Attach("other");
@@ -94,6 +104,10 @@ TEST(RecoveryTest, KillDuringAndAfterALoadThenRestart) {
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
   EXPECT_EQ(Checksums(**client, "small"), small_sums);
   EXPECT_EQ(Checksums(**client, "other"), other_sums);
+  EXPECT_TRUE(testing::WaitFor([&] { return attached_count("small") == 2 && attached_count("other") == 1; }, 10000))
+      << attached_count("small") << " " << attached_count("other");
+  CommandResult refused = daemon.Ctl({"evict", "small"});
+  EXPECT_NE(refused.exit_code, 0) << "the re-registered leases protect 'small'";
   auto fresh = (*client)->Attach("small");
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(WrongFloats(**fresh), 0u);
