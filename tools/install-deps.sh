@@ -7,6 +7,7 @@ packages=(
   libboost-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev liburing-dev libsystemd-dev
   python3-torch python3-dev pybind11-dev
+  systemd passwd util-linux  # systemd-analyze (unit test), useradd, setpriv (access tests)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -256,5 +256,19 @@ TEST_F(OpsTest, TheConfigFileIsReadAndFlagsWin) {
   EXPECT_NE(ReadFile(bad.log_path()).find("memory-budget"), std::string::npos) << ReadFile(bad.log_path());
 }
 
+TEST_F(OpsTest, TheShippedConfigFileIsValid) {
+  // The shipped file names groups and a model root this machine may not have: the flags
+  // given here win over them; everything else comes from the file.
+  ScratchDir models;
+  testing::TempGroup admins, readers;
+  DaemonProcess daemon({"--config", std::string(CKPT_TOOLS_DIR) + "/systemd/ckptd.conf", "--admin-group",
+                        admins.name(), "--reader-group", readers.name(), "--model-root", models.path()});
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  json status = CtlJson(daemon, {"status"});
+  EXPECT_EQ(status["memory_budget_bytes"], 64ull << 30);
+  EXPECT_EQ(status["model_roots"], json::array({models.path()}));
+  EXPECT_EQ(status["max_connections"], 1024);
+}
+
 }  // namespace
 }  // namespace ckpt
