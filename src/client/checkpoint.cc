@@ -62,7 +62,8 @@ class Checkpoint::LeaseKeeper {
           lease_ = std::move(connection).value();
           break;
         }
-        if (r.status().code() != StatusCode::kUnavailable) return;  // generation gone
+        const StatusCode code = r.status().code();
+        if (code != StatusCode::kUnavailable && code != StatusCode::kResourceExhausted) return;  // generation gone
       }
     }
   }

@@ -70,7 +70,8 @@ Result<std::string> ModelRoots::Check(const std::string& path) const {
     const std::string relative = real.substr(root.size() + 1);
     UniqueFd file(static_cast<int>(::syscall(SYS_openat2, dir.get(), relative.c_str(), &how, sizeof(how))));
     if (!file.valid()) {
-      if (errno == ENOSYS) return real;  // kernel before 5.6: realpath's answer stands
+      // Kernel before 5.6, or a seccomp filter that refuses openat2: realpath's answer stands.
+      if (errno == ENOSYS || errno == EPERM) return real;
       return PermissionDenied("'" + path + "' cannot be opened beneath model root " + root + ": " +
                               std::string(std::strerror(errno)));
     }
