@@ -65,6 +65,10 @@ int main(int argc, char** argv) {
   app.add_option("--admin-group", options.admin_group, "group allowed to load and evict (besides root)");
   app.add_option("--reader-group", options.reader_group,
                  "group allowed to attach, list, info, status (default: anyone who can connect)");
+  app.add_option("--metrics-file", options.metrics_file,
+                 "write metrics (Prometheus text) to this file periodically, e.g. for node-exporter's textfile collector");
+  app.add_option("--metrics-interval", options.metrics_interval_s, "seconds between metrics-file writes")
+      ->capture_default_str();
   app.set_config("--config", "/etc/ckptd/ckptd.conf",
                  "configuration file (TOML/INI: key = value with the long option names); "
                  "command-line flags win over it");

@@ -45,6 +45,8 @@ class RequestHandler {
   // The descriptor to pass with the response Handle() just returned (an attach's
   // read-only segment), or an invalid one.
   UniqueFd TakeResponseFd() { return std::move(response_fd_); }
+  // {"text": metrics in the Prometheus text format}, as the "metrics" op answers.
+  nlohmann::json Metrics() const;
   // True while this connection holds an attachment (its lease must not time out).
   bool holds_attachments() const { return !attachments_.empty(); }
 
@@ -56,7 +58,6 @@ class RequestHandler {
   Result<nlohmann::json> Info(const nlohmann::json& request);
   nlohmann::json List() const;
   nlohmann::json DaemonStatus() const;
-  nlohmann::json Metrics() const;
   Status Require(Role needed, const std::string& op) const;
 
   DaemonContext ctx_;

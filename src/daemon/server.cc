@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <spdlog/spdlog.h>
 
@@ -29,6 +30,7 @@ Status ValidateOptions(const ServerOptions& o) {
   }
   if (o.load_threads < 1 || o.load_threads > 256) return InvalidArgument("load threads must be 1 to 256");
   if (o.max_connections < 1) return InvalidArgument("max connections must be >= 1");
+  if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
   return Status::Ok();
 }
 }  // namespace
@@ -129,9 +131,33 @@ void Server::ReapFinishedConnections() {
   }
 }
 
+void Server::WriteMetricsFile() {
+  // The daemon's own view, rendered as for an admin's "metrics" request.
+  RequestHandler handler(DaemonContext{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
+                                       access_.get(), roots_.get(), &counters_},
+                         -1, PeerCredentials{static_cast<int32_t>(::getpid()), 0, 0}, Role::kAdmin);
+  const std::string text = handler.Metrics().value("text", "");
+  const std::string tmp = options_.metrics_file + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "we");
+  if (f == nullptr) {
+    spdlog::warn("cannot write metrics to {}: {}", tmp, std::strerror(errno));
+    return;
+  }
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), options_.metrics_file.c_str()) != 0) {
+    spdlog::warn("cannot write metrics to {}: {}", options_.metrics_file, std::strerror(errno));
+    std::remove(tmp.c_str());
+  }
+}
+
 void Server::Run() {
   spdlog::info("ckptd {} serving on {} (shm prefix '{}')", CKPT_VERSION, options_.socket_path, options_.shm_prefix);
+  auto next_metrics = std::chrono::steady_clock::now();
   while (!stopping_.load()) {
+    if (!options_.metrics_file.empty() && std::chrono::steady_clock::now() >= next_metrics) {
+      WriteMetricsFile();
+      next_metrics = std::chrono::steady_clock::now() + std::chrono::seconds(options_.metrics_interval_s);
+    }
     pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
     int n = ::poll(fds, 2, 1000);
     ReapFinishedConnections();

@@ -32,6 +32,8 @@ struct ServerOptions {
   std::vector<std::string> model_roots;  // empty: loads from any absolute path
   std::string admin_group;               // may load and evict (besides root)
   std::string reader_group;              // may attach, list, ...; empty: anyone connecting
+  std::string metrics_file;              // Prometheus text written here periodically (if set)
+  int metrics_interval_s = 15;
 };
 
 // Counters for metrics, updated by request handlers.
@@ -78,6 +80,8 @@ class Server {
   Status AdoptExistingSegments();
   void Serve(Connection* connection);
   void ReapFinishedConnections();
+  // Writes the metrics to options_.metrics_file (a temporary file, then rename).
+  void WriteMetricsFile();
 
   ServerOptions options_;
   Catalog catalog_;

@@ -184,6 +184,17 @@ TEST_F(OpsTest, StatusShowsAttachedPidsAndMetricsArePrometheusText) {
   }
 }
 
+TEST_F(OpsTest, MetricsFileIsWrittenPeriodically) {
+  testing::WritePatternCheckpoint(files_.File("m"), 4, 1, 64);
+  const std::string path = files_.File("ckptd.prom");
+  DaemonProcess daemon({"--metrics-file", path, "--metrics-interval", "1"});
+  ASSERT_TRUE(daemon.Start());
+  EXPECT_TRUE(testing::WaitFor([&] { return ReadFile(path).find("ckptd_up 1\n") != std::string::npos; }, 5000));
+  ASSERT_EQ(daemon.Ctl({"load", files_.File("m"), "--name", "m"}).exit_code, 0);
+  EXPECT_TRUE(testing::WaitFor([&] { return ReadFile(path).find("ckptd_loads_total 1\n") != std::string::npos; }, 5000))
+      << ReadFile(path);
+}
+
 TEST_F(OpsTest, ReadinessIsSentToTheNotifySocket) {
   const std::string path = files_.File("notify.sock");
   UniqueFd sock(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
