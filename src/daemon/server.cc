@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <spdlog/spdlog.h>
+#include <systemd/sd-daemon.h>
 
 #include "daemon/request_handler.h"
 #include "protocol/wire.h"
@@ -150,6 +151,21 @@ void Server::WriteMetricsFile() {
   }
 }
 
+void Server::NotifyStatus() {
+  const auto entries = catalog_.List();
+  uint32_t attached = 0;
+  for (const auto& e : entries) attached += e.attached;
+  char status[256];
+  std::snprintf(status, sizeof(status), "STATUS=%zu checkpoints, %zu loading, %.1f GiB in use%s, %u attached, %d connections",
+                entries.size(), catalog_.Loading().size(), catalog_.UsedBytes() / 1073741824.0,
+                catalog_.budget_bytes() ? (" of " + std::to_string(catalog_.budget_bytes() >> 30) + " GiB").c_str() : "",
+                attached, connection_count_.load());
+  if (last_status_ != status) {
+    last_status_ = status;
+    sd_notify(0, status);
+  }
+}
+
 void Server::Run() {
   spdlog::info("ckptd {} serving on {} (shm prefix '{}')", CKPT_VERSION, options_.socket_path, options_.shm_prefix);
   auto next_metrics = std::chrono::steady_clock::now();
@@ -158,6 +174,7 @@ void Server::Run() {
       WriteMetricsFile();
       next_metrics = std::chrono::steady_clock::now() + std::chrono::seconds(options_.metrics_interval_s);
     }
+    NotifyStatus();
     pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
     int n = ::poll(fds, 2, 1000);
     ReapFinishedConnections();

@@ -82,6 +82,9 @@ class Server {
   void ReapFinishedConnections();
   // Writes the metrics to options_.metrics_file (a temporary file, then rename).
   void WriteMetricsFile();
+  // Sends systemd a STATUS= line (checkpoints, memory, connections) when it changed.
+  void NotifyStatus();
+  std::string last_status_;
 
   ServerOptions options_;
   Catalog catalog_;

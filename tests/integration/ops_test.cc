@@ -217,10 +217,23 @@ TEST_F(OpsTest, ReadinessIsSentToTheNotifySocket) {
   EXPECT_NE(message.find("READY=1"), std::string::npos) << message;
   EXPECT_NE(message.find("STATUS=serving on " + daemon.socket()), std::string::npos) << message;
   EXPECT_NE(message.find("MAINPID=" + std::to_string(daemon.pid())), std::string::npos) << message;
+  // Then STATUS= lines as the state changes, and STOPPING=1 at the end.
+  testing::WritePatternCheckpoint(files_.File("m"), 4, 1, 64);
+  ASSERT_EQ(daemon.Ctl({"load", files_.File("m"), "--name", "m"}).exit_code, 0);
+  auto receive_until = [&](const std::string& needle) {
+    std::string got;
+    ssize_t r;
+    while ((r = ::recv(sock.get(), buf, sizeof(buf) - 1, 0)) > 0) {
+      got += std::string(buf, static_cast<size_t>(r)) + "\n";
+      if (got.find(needle) != std::string::npos) break;
+    }
+    return got;
+  };
+  std::string got = receive_until("STATUS=1 checkpoints");
+  EXPECT_NE(got.find("STATUS=1 checkpoints"), std::string::npos) << got;
   EXPECT_EQ(daemon.Stop(), 0);
-  n = ::recv(sock.get(), buf, sizeof(buf) - 1, 0);
-  ASSERT_GT(n, 0);
-  EXPECT_NE(std::string(buf, static_cast<size_t>(n)).find("STOPPING=1"), std::string::npos);
+  got = receive_until("STOPPING=1");
+  EXPECT_NE(got.find("STOPPING=1"), std::string::npos) << got;
 }
 
 TEST_F(OpsTest, TheUnitFilePassesSystemdAnalyzeVerify) {
