@@ -8,6 +8,7 @@ packages=(
   nlohmann-json3-dev libxxhash-dev liburing-dev libsystemd-dev
   python3-torch python3-dev pybind11-dev
   clang-14 libclang-rt-14-dev
+  systemd passwd util-linux  # systemd-analyze (unit test), useradd, setpriv (access tests)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -57,6 +57,9 @@ using ProgressCallback = std::function<void(uint64_t, uint64_t)>;
 
 // A checkpoint generation mapped read-only into this process. While it lives, the daemon
 // counts it as attached and its bytes stay valid, even if the checkpoint is evicted.
+// If the daemon restarts meanwhile, a background thread re-registers the attachment with
+// the new daemon as soon as it answers (if that generation is still current there); the
+// mapping stays valid either way.
 // Thread-safe: all methods are const and the mapping is immutable.
 class Checkpoint {
  public:
@@ -83,14 +86,17 @@ class Checkpoint {
 
  private:
   friend class Client;
-  Checkpoint(std::string name, std::unique_ptr<protocol::DaemonConnection> lease,
+  class LeaseKeeper;
+  Checkpoint(std::string name, std::string socket_path, std::unique_ptr<protocol::DaemonConnection> lease,
              std::unique_ptr<shm::SegmentReader> segment);
   std::string name_;
-  std::unique_ptr<protocol::DaemonConnection> lease_;  // open while attached
   std::unique_ptr<shm::SegmentReader> segment_;
+  std::unique_ptr<LeaseKeeper> keeper_;  // holds the lease (connection) open while attached
 };
 
 // A connection to ckptd. Thread-safe: calls are serialised on the connection.
+// If the daemon restarted since the last call (the connection broke), a call reconnects
+// once and is retried, except Load, which reports Unavailable (it may have run).
 class Client {
  public:
   // $CKPTD_SOCKET if set, else "/run/ckptd/ckptd.sock".
@@ -113,7 +119,10 @@ class Client {
   Result<std::vector<TensorInfo>> Info(const std::string& name);
   Result<DaemonStatus> GetStatus();
   // Attaches to the current generation of `name` over a connection of its own, which
-  // stays open as the attachment's lease. NotFound if it is not loaded.
+  // stays open as the attachment's lease. The daemon passes a read-only descriptor of the
+  // segment over the socket (SCM_RIGHTS), which is mapped PROT_READ: the process needs no
+  // access to /dev/shm and cannot write into the checkpoint. NotFound if it is not loaded,
+  // PermissionDenied if this user may not read checkpoints.
   Result<std::unique_ptr<Checkpoint>> Attach(const std::string& name);
 
  private:

@@ -1,17 +1,91 @@
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <thread>
+
 #include "ckpt/client.h"
+#include "common/unique_fd.h"
 #include "protocol/daemon_connection.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt {
 
-Checkpoint::Checkpoint(std::string name, std::unique_ptr<protocol::DaemonConnection> lease,
+// Keeps the attachment's lease: watches the connection and, when the daemon went away,
+// reconnects every 0.5 s and attaches to the same generation again. Gives up (keeping
+// the mapping) if the new daemon no longer has that generation.
+class Checkpoint::LeaseKeeper {
+ public:
+  LeaseKeeper(std::string socket_path, std::string name, uint64_t generation,
+              std::unique_ptr<protocol::DaemonConnection> lease)
+      : socket_path_(std::move(socket_path)), name_(std::move(name)), generation_(generation),
+        lease_(std::move(lease)), stop_(::eventfd(0, EFD_CLOEXEC)), owner_pid_(::getpid()) {
+    if (stop_.valid()) thread_ = std::make_unique<std::thread>([this] { Run(); });
+  }
+  ~LeaseKeeper() {
+    if (!thread_) return;
+    if (::getpid() != owner_pid_) {
+      // A forked child: the thread exists only in the parent, and the eventfd is shared
+      // with it. Leave both alone (the std::thread object is leaked on purpose).
+      (void)thread_.release();
+      (void)stop_.release();
+      (void)lease_.release();
+      return;
+    }
+    uint64_t one = 1;
+    (void)!::write(stop_.get(), &one, sizeof(one));
+    thread_->join();
+  }
+
+ private:
+  // Waits up to `timeout_ms` for the stop signal; true if it came.
+  bool Stopped(int timeout_ms) {
+    pollfd p{stop_.get(), POLLIN, 0};
+    return ::poll(&p, 1, timeout_ms) > 0;
+  }
+
+  void Run() {
+    for (;;) {
+      pollfd fds[2] = {{lease_->native_handle(), POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+      if (::poll(fds, 2, -1) < 0) continue;
+      if (fds[1].revents != 0) return;
+      if (fds[0].revents == 0) continue;
+      // The daemon closed the lease (it died or restarted): register again.
+      for (;;) {
+        if (Stopped(500)) return;
+        auto connection = protocol::DaemonConnection::Open(socket_path_);
+        if (!connection.ok()) continue;
+        UniqueFd unused;  // the descriptor of the segment, already mapped
+        auto r = (*connection)->Call("attach", nlohmann::json{{"name", name_}, {"generation", generation_}},
+                                     nullptr, &unused);
+        if (r.ok()) {
+          lease_ = std::move(connection).value();
+          break;
+        }
+        const StatusCode code = r.status().code();
+        if (code != StatusCode::kUnavailable && code != StatusCode::kResourceExhausted) return;  // generation gone
+      }
+    }
+  }
+
+  std::string socket_path_, name_;
+  uint64_t generation_;
+  std::unique_ptr<protocol::DaemonConnection> lease_;
+  UniqueFd stop_;
+  pid_t owner_pid_;
+  std::unique_ptr<std::thread> thread_;
+};
+
+Checkpoint::Checkpoint(std::string name, std::string socket_path, std::unique_ptr<protocol::DaemonConnection> lease,
                        std::unique_ptr<shm::SegmentReader> segment)
-    : name_(std::move(name)), lease_(std::move(lease)), segment_(std::move(segment)) {}
+    : name_(std::move(name)), segment_(std::move(segment)) {
+  keeper_ = std::make_unique<LeaseKeeper>(std::move(socket_path), name_, segment_->generation(), std::move(lease));
+}
 
 // Unmaps first, then closes the lease, so the daemon never sees a detach while mapped.
 Checkpoint::~Checkpoint() {
   segment_.reset();
-  lease_.reset();
+  keeper_.reset();
 }
 
 const std::string& Checkpoint::name() const { return name_; }

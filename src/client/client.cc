@@ -7,6 +7,7 @@
 #include "protocol/daemon_connection.h"
 #include "protocol/wire.h"
 #include "shm/segment_reader.h"
+#include "shm/shm_object.h"
 
 namespace ckpt {
 
@@ -74,11 +75,11 @@ Result<CheckpointSummary> Client::Load(const std::string& path, const std::strin
 }
 
 Status Client::Evict(const std::string& name, bool force) {
-  return connection_->Call("evict", json{{"name", name}, {"force", force}}).status();
+  return connection_->CallRetrying("evict", json{{"name", name}, {"force", force}}).status();
 }
 
 Result<std::vector<CheckpointSummary>> Client::List() {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->Call("list"));
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("list"));
   return Decode("list", [&] {
     std::vector<CheckpointSummary> out;
     for (const json& j : response.at("checkpoints")) out.push_back(SummaryFromJson(j));
@@ -87,7 +88,7 @@ Result<std::vector<CheckpointSummary>> Client::List() {
 }
 
 Result<std::vector<TensorInfo>> Client::Info(const std::string& name) {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->Call("info", json{{"name", name}}));
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("info", json{{"name", name}}));
   return Decode("info", [&] {
     std::vector<TensorInfo> out;
     for (const json& j : response.at("tensors")) {
@@ -105,7 +106,7 @@ Result<std::vector<TensorInfo>> Client::Info(const std::string& name) {
 }
 
 Result<DaemonStatus> Client::GetStatus() {
-  CKPT_ASSIGN_OR_RETURN(json r, connection_->Call("status"));
+  CKPT_ASSIGN_OR_RETURN(json r, connection_->CallRetrying("status"));
   return Decode("status", [&] {
     DaemonStatus s;
     s.version = r.at("version").get<std::string>();
@@ -124,14 +125,25 @@ Result<DaemonStatus> Client::GetStatus() {
 
 Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
   CKPT_ASSIGN_OR_RETURN(auto lease, DaemonConnection::Open(socket_path_));
-  CKPT_ASSIGN_OR_RETURN(json response, lease->Call("attach", json{{"name", name}}));
+  UniqueFd segment_fd;
+  CKPT_ASSIGN_OR_RETURN(json response, lease->Call("attach", json{{"name", name}}, nullptr, &segment_fd));
   auto shm_name = Decode("attach", [&] { return response.at("checkpoint").at("shm_name").get<std::string>(); });
   if (!shm_name.ok()) return shm_name.status();
-  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::Open(*shm_name));
+  std::unique_ptr<shm::SegmentReader> segment;
+  if (segment_fd.valid()) {
+    // The daemon's read-only descriptor: map it, then validate the image as usual.
+    CKPT_ASSIGN_OR_RETURN(auto mapping, shm::ShmMapping::FromFd(segment_fd.get(), *shm_name));
+    const std::byte* data = mapping->data();
+    const uint64_t size = mapping->size();
+    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::FromImage(std::move(mapping), data, size));
+  } else {
+    // A daemon that passes no descriptor (older protocol): open the object by name.
+    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::Open(*shm_name));
+  }
   if (segment->checkpoint_name() != name) {
     return Corrupt("segment " + *shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
   }
-  return std::unique_ptr<Checkpoint>(new Checkpoint(name, std::move(lease), std::move(segment)));
+  return std::unique_ptr<Checkpoint>(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
 }
 
 }  // namespace ckpt

@@ -114,7 +114,7 @@ std::vector<std::string> CheckpointRow(const json& c) {
 const std::vector<std::string> kCheckpointHeader = {"NAME", "GEN", "TENSORS", "SIZE", "ATTACHED",
                                                     "LOAD TIME", "LOADED", "SOURCE"};
 
-int Load(const Options& o, const std::string& path, const std::string& name) {
+int Load(const Options& o, const std::string& path, const std::string& name, bool replace) {
   std::string absolute = path;
   if (!path.empty() && path[0] != '/') {
     char cwd[4096];
@@ -123,6 +123,7 @@ int Load(const Options& o, const std::string& path, const std::string& name) {
   const bool show_progress = !o.json_output && ::isatty(STDERR_FILENO);
   json fields{{"path", absolute}, {"progress", show_progress}};
   if (!name.empty()) fields["name"] = name;
+  if (replace) fields["replace"] = true;
   ckpt::Result<json> response = ckpt::Internal("unreached");
   {
     ProgressBar bar;
@@ -146,8 +147,10 @@ int Load(const Options& o, const std::string& path, const std::string& name) {
   return 0;
 }
 
-int Evict(const Options& o, const std::string& name, bool force) {
-  auto response = Call(o, "evict", json{{"name", name}, {"force", force}});
+int Evict(const Options& o, const std::string& name, bool force, double wait_s) {
+  json fields{{"name", name}, {"force", force}};
+  if (wait_s > 0) fields["wait_s"] = wait_s;
+  auto response = Call(o, "evict", fields);
   if (!response.ok()) return Fail(response.status());
   if (o.json_output) {
     PrintJson(*response);
@@ -234,7 +237,42 @@ int Status(const Options& o) {
                             {"loading", std::to_string(s.at("loading").get<uint64_t>())},
                             {"shared memory", HumanBytes(s.at("shm_bytes").get<uint64_t>())},
                             {"attachments", std::to_string(s.at("attached").get<uint64_t>())},
-                            {"connections", std::to_string(s.at("connections").get<int64_t>())}});
+                            {"connections", std::to_string(s.at("connections").get<int64_t>())},
+                            {"memory budget", s.value("memory_budget_bytes", uint64_t{0}) == 0
+                                                  ? std::string("none")
+                                                  : HumanBytes(s.value("memory_budget_bytes", uint64_t{0}))},
+                            {"memory used", HumanBytes(s.value("memory_used_bytes", uint64_t{0}))},
+                            {"your role", s.value("your_role", std::string("?"))}});
+  // Per generation: current ones, then retired ones still attached.
+  std::vector<std::vector<std::string>> rows;
+  auto add = [&](const json& c, const char* state) {
+    std::string pids;
+    for (const json& p : c.value("attached_pids", json::array())) {
+      pids += (pids.empty() ? "" : ",") + std::to_string(p.get<int64_t>());
+    }
+    rows.push_back({c.at("name").get<std::string>(), std::to_string(c.at("generation").get<uint64_t>()), state,
+                    HumanBytes(c.at("segment_bytes").get<uint64_t>()), std::to_string(c.at("attached").get<uint32_t>()),
+                    pids.empty() ? "-" : pids, Seconds(c.at("load_seconds").get<double>()),
+                    LocalTime(c.at("loaded_unix_s").get<int64_t>())});
+  };
+  for (const json& c : s.value("checkpoint_list", json::array())) add(c, "current");
+  for (const json& c : s.value("retired", json::array())) add(c, "retired");
+  if (!rows.empty()) {
+    std::cout << "\n"
+              << RenderTable({"NAME", "GEN", "STATE", "SIZE", "ATTACHED", "PIDS", "LOAD TIME", "LOADED"}, rows,
+                             {1, 3, 4});
+  }
+  return 0;
+}
+
+int Metrics(const Options& o) {
+  auto response = Call(o, "metrics");
+  if (!response.ok()) return Fail(response.status());
+  if (o.json_output) {
+    PrintJson(*response);
+  } else {
+    std::cout << response->at("text").get<std::string>();
+  }
   return 0;
 }
 
@@ -248,20 +286,26 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
 
   std::string path, name;
-  bool force = false;
+  bool force = false, replace = false;
+  double wait_s = 0;
   auto* load = app.add_subcommand("load", "load a checkpoint file into shared memory");
   load->add_option("path", path, "checkpoint file or model folder (safetensors, sharded *.index.json, PyTorch .bin/.pt)")->required();
   load->add_option("--name", name, "name to publish it under (default: file name)");
+  load->add_flag("--replace", replace,
+                 "publish a new generation under an existing name; clients attached to the old "
+                 "one keep it until they detach");
   auto* evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
   evict->add_option("name", name, "checkpoint name")->required();
-  evict->add_flag("--force", force, "evict even while processes are attached");
+  evict->add_flag("--force", force, "evict even while processes are attached (they keep their mapping)");
+  evict->add_option("--wait", wait_s, "wait up to this many seconds for attached processes to detach");
   auto* list = app.add_subcommand("list", "list loaded checkpoints");
   auto* info = app.add_subcommand("info", "show a checkpoint's tensors");
   info->add_option("name", name, "checkpoint name")->required();
-  auto* status = app.add_subcommand("status", "show the daemon's state");
+  auto* status = app.add_subcommand("status", "show the daemon's state, budget and attachments");
+  auto* metrics = app.add_subcommand("metrics", "print metrics in the Prometheus text format");
   auto* verify = app.add_subcommand("verify", "re-check a checkpoint's shared memory against its checksums");
   verify->add_option("name", name, "checkpoint name")->required();
-  for (auto* sub : {load, evict, list, info, status, verify}) {
+  for (auto* sub : {load, evict, list, info, status, metrics, verify}) {
     sub->add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
   }
 
@@ -271,11 +315,12 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    if (*load) return Load(o, path, name);
-    if (*evict) return Evict(o, name, force);
+    if (*load) return Load(o, path, name, replace);
+    if (*evict) return Evict(o, name, force, wait_s);
     if (*list) return List(o);
     if (*info) return Info(o, name);
     if (*status) return Status(o);
+    if (*metrics) return Metrics(o);
     if (*verify) return Verify(o, name);
   } catch (const json::exception& e) {
     return Fail(ckpt::Corrupt(std::string("malformed response from ckptd: ") + e.what()));

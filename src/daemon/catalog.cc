@@ -1,13 +1,82 @@
 #include "daemon/catalog.h"
 
 #include <algorithm>
+#include <spdlog/spdlog.h>
+
+#include "shm/shm_object.h"
 
 namespace ckpt::daemon {
 
-Result<uint64_t> Catalog::BeginLoad(const std::string& name) {
+namespace {
+void Unlink(const CatalogEntry& e) {
+  Status st = shm::RemoveShmObject(e.shm_name);
+  if (!st.ok()) spdlog::error("cannot unlink {}: {}", e.shm_name, st.ToString());
+}
+
+void RemoveOnePid(std::vector<int32_t>* pids, int32_t pid) {
+  auto it = std::find(pids->begin(), pids->end(), pid);
+  if (it != pids->end()) pids->erase(it);
+}
+}  // namespace
+
+uint64_t Catalog::UsedBytesLocked() const {
+  uint64_t used = 0;
+  for (const auto& [name, e] : entries_) used += e.segment_bytes;
+  for (const auto& [key, e] : retired_) used += e.segment_bytes;
+  for (const auto& [name, bytes] : loading_) used += bytes;
+  return used;
+}
+
+uint64_t Catalog::UsedBytes() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (entries_.count(name)) return AlreadyExists("checkpoint '" + name + "' is already loaded");
-  if (!loading_.insert(name).second) return AlreadyExists("checkpoint '" + name + "' is being loaded");
+  return UsedBytesLocked();
+}
+
+EvictionCounts Catalog::evictions() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return evictions_;
+}
+
+Result<uint64_t> Catalog::BeginLoad(const std::string& name, bool replace, uint64_t bytes,
+                                    std::vector<std::string>* evicted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (loading_.count(name)) return AlreadyExists("checkpoint '" + name + "' is being loaded");
+  if (entries_.count(name) && !replace) {
+    return AlreadyExists("checkpoint '" + name + "' is already loaded (use --replace for a new generation)");
+  }
+  if (budget_bytes_ > 0) {
+    const uint64_t used = UsedBytesLocked();
+    if (used + bytes > budget_bytes_) {
+      // Candidates: unattached checkpoints other than the one being replaced, LRU first.
+      std::vector<const CatalogEntry*> candidates;
+      for (const auto& [n, e] : entries_) {
+        if (e.attached == 0 && n != name) candidates.push_back(&e);
+      }
+      std::sort(candidates.begin(), candidates.end(),
+                [](const CatalogEntry* a, const CatalogEntry* b) { return a->last_used < b->last_used; });
+      uint64_t freed = 0;
+      size_t take = 0;
+      while (take < candidates.size() && used - freed + bytes > budget_bytes_) freed += candidates[take++]->segment_bytes;
+      if (used - freed + bytes > budget_bytes_) {
+        return ResourceExhausted("loading '" + name + "' needs " + std::to_string(bytes) +
+                                 " bytes; the memory budget is " + std::to_string(budget_bytes_) + " bytes, " +
+                                 std::to_string(used) + " in use, and only " + std::to_string(freed) +
+                                 " bytes of it could be freed by evicting unattached checkpoints");
+      }
+      std::vector<std::string> victims;
+      for (size_t i = 0; i < take; ++i) victims.push_back(candidates[i]->name);
+      for (const std::string& v : victims) {
+        auto it = entries_.find(v);
+        spdlog::info("evicting '{}' generation {} ({} bytes, least recently used) to make room for '{}'", v,
+                     it->second.generation, it->second.segment_bytes, name);
+        Unlink(it->second);
+        entries_.erase(it);
+        ++evictions_.for_budget;
+        if (evicted) evicted->push_back(v);
+      }
+    }
+  }
+  loading_[name] = bytes;
   return next_generation_++;
 }
 
@@ -16,10 +85,31 @@ void Catalog::AbortLoad(const std::string& name) {
   loading_.erase(name);
 }
 
+void Catalog::RetireLocked(CatalogEntry entry, bool unlink_now) {
+  if (unlink_now || entry.attached == 0) {
+    if (!entry.unlinked) Unlink(entry);
+    entry.unlinked = true;
+  }
+  if (entry.attached == 0) return;  // freed once the last mapping goes
+  entry.fd.reset();
+  auto key = std::make_pair(entry.name, entry.generation);
+  retired_[key] = std::move(entry);
+}
+
 void Catalog::Publish(CatalogEntry entry) {
   std::lock_guard<std::mutex> lock(mu_);
   loading_.erase(entry.name);
+  entry.last_used = ++clock_;
   std::string name = entry.name;
+  auto it = entries_.find(name);
+  if (it != entries_.end()) {
+    CatalogEntry old = std::move(it->second);
+    entries_.erase(it);
+    ++evictions_.replaced;
+    spdlog::info("'{}' generation {} replaces generation {} ({} attached)", name, entry.generation,
+                 old.generation, old.attached);
+    RetireLocked(std::move(old), /*unlink_now=*/false);
+  }
   entries_[name] = std::move(entry);
 }
 
@@ -27,27 +117,46 @@ Status Catalog::Adopt(CatalogEntry entry) {
   std::lock_guard<std::mutex> lock(mu_);
   next_generation_ = std::max(next_generation_, entry.generation + 1);
   if (entries_.count(entry.name)) return AlreadyExists("checkpoint '" + entry.name + "' already adopted");
+  entry.last_used = ++clock_;
   std::string name = entry.name;
   entries_[name] = std::move(entry);
   return Status::Ok();
 }
 
-Result<CatalogEntry> Catalog::Attach(const std::string& name) {
+Result<CatalogEntry> Catalog::Attach(const std::string& name, int32_t pid, uint64_t generation) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
     if (loading_.count(name)) return NotFound("checkpoint '" + name + "' is still loading");
     return NotFound("no checkpoint named '" + name + "'");
   }
+  if (generation != 0 && it->second.generation != generation) {
+    return NotFound("checkpoint '" + name + "' is at generation " + std::to_string(it->second.generation) +
+                    ", not " + std::to_string(generation));
+  }
   ++it->second.attached;
+  it->second.attached_pids.push_back(pid);
+  it->second.last_used = ++clock_;
   return it->second;
 }
 
-void Catalog::Detach(const std::string& name, uint64_t generation) {
+void Catalog::Detach(const std::string& name, uint64_t generation, int32_t pid) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
-  if (it != entries_.end() && it->second.generation == generation && it->second.attached > 0) {
-    --it->second.attached;
+  if (it != entries_.end() && it->second.generation == generation) {
+    if (it->second.attached > 0) --it->second.attached;
+    RemoveOnePid(&it->second.attached_pids, pid);
+    it->second.last_used = ++clock_;
+    return;
+  }
+  auto r = retired_.find(std::make_pair(name, generation));
+  if (r == retired_.end()) return;
+  if (r->second.attached > 0) --r->second.attached;
+  RemoveOnePid(&r->second.attached_pids, pid);
+  if (r->second.attached == 0) {
+    if (!r->second.unlinked) Unlink(r->second);
+    spdlog::info("freed retired '{}' generation {} after its last detach", name, generation);
+    retired_.erase(r);
   }
 }
 
@@ -61,10 +170,13 @@ Result<CatalogEntry> Catalog::Evict(const std::string& name, bool force) {
   if (it->second.attached > 0 && !force) {
     return FailedPrecondition("checkpoint '" + name + "' is attached by " +
                               std::to_string(it->second.attached) +
-                              " client(s); detach them or evict with --force");
+                              " client(s); detach them, evict with --wait, or with --force");
   }
-  CatalogEntry entry = std::move(it->second);
+  CatalogEntry entry = it->second;
   entries_.erase(it);
+  ++evictions_.by_request;
+  RetireLocked(entry, /*unlink_now=*/true);
+  entry.fd.reset();
   return entry;
 }
 
@@ -72,7 +184,11 @@ std::vector<CatalogEntry> Catalog::TakeAll() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<CatalogEntry> all;
   for (auto& [name, entry] : entries_) all.push_back(std::move(entry));
+  for (auto& [key, entry] : retired_) {
+    if (!entry.unlinked) all.push_back(std::move(entry));
+  }
   entries_.clear();
+  retired_.clear();
   return all;
 }
 
@@ -93,9 +209,17 @@ std::vector<CatalogEntry> Catalog::List() const {
   return all;
 }
 
+std::vector<CatalogEntry> Catalog::Retired() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<CatalogEntry> all;
+  for (const auto& [key, entry] : retired_) all.push_back(entry);
+  return all;
+}
+
 std::vector<std::string> Catalog::Loading() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::string> names(loading_.begin(), loading_.end());
+  std::vector<std::string> names;
+  for (const auto& [name, bytes] : loading_) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }

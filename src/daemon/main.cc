@@ -1,7 +1,10 @@
 // ckptd: the per-node checkpoint daemon. See README.md and docs/.
 #include <signal.h>
+#include <sys/resource.h>
+#include <systemd/sd-daemon.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cstdio>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -9,10 +12,38 @@
 
 #include "daemon/server.h"
 
+namespace {
+// "64G", "512MiB", "1000000" -> bytes (binary units). InvalidArgument otherwise.
+ckpt::Result<uint64_t> ParseBytes(const std::string& text) {
+  if (text.empty()) return uint64_t{0};
+  size_t pos = 0;
+  unsigned long long n = 0;
+  try {
+    n = std::stoull(text, &pos, 10);
+  } catch (const std::exception&) {
+    return ckpt::InvalidArgument("not a size: '" + text + "'");
+  }
+  std::string unit = text.substr(pos);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.size() == 2 && unit[1] == 'I') unit.pop_back();
+  int shift = 0;
+  if (unit.empty()) shift = 0;
+  else if (unit == "K") shift = 10;
+  else if (unit == "M") shift = 20;
+  else if (unit == "G") shift = 30;
+  else if (unit == "T") shift = 40;
+  else return ckpt::InvalidArgument("unknown size unit in '" + text + "' (use K, M, G or T)");
+  if (shift > 0 && n > (~0ull >> shift)) return ckpt::InvalidArgument("size too large: '" + text + "'");
+  return static_cast<uint64_t>(n) << shift;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   ckpt::daemon::ServerOptions options;
   std::string log_level = "info";
-  std::string socket_mode = "0660", shm_mode = "0644";
+  std::string socket_mode = "0660", shm_mode = "0640";
+  std::string memory_budget;
 
   CLI::App app{"ckptd: holds checkpoints once per node in POSIX shared memory"};
   app.add_option("--socket", options.socket_path, "control socket path")->capture_default_str();
@@ -26,6 +57,21 @@ int main(int argc, char** argv) {
   app.add_flag("--cleanup-on-exit", options.cleanup_on_exit,
                "unlink every segment on shutdown instead of leaving it for the next start");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--memory-budget", memory_budget,
+                 "shared memory all checkpoints may use, e.g. 64G (default: no budget); a load "
+                 "that does not fit evicts the least recently used unattached checkpoints or fails");
+  app.add_option("--model-root", options.model_roots,
+                 "directory loads may come from (repeatable; default: any path)");
+  app.add_option("--admin-group", options.admin_group, "group allowed to load and evict (besides root)");
+  app.add_option("--reader-group", options.reader_group,
+                 "group allowed to attach, list, info, status (default: anyone who can connect)");
+  app.add_option("--metrics-file", options.metrics_file,
+                 "write metrics (Prometheus text) to this file periodically, e.g. for node-exporter's textfile collector");
+  app.add_option("--metrics-interval", options.metrics_interval_s, "seconds between metrics-file writes")
+      ->capture_default_str();
+  app.set_config("--config", "/etc/ckptd/ckptd.conf",
+                 "configuration file (TOML/INI: key = value with the long option names); "
+                 "command-line flags win over it");
   app.add_flag_callback("--version", [] {
     std::printf("ckptd %s\n", CKPT_VERSION);
     std::exit(0);
@@ -43,6 +89,18 @@ int main(int argc, char** argv) {
     spdlog::error("modes must be octal numbers such as 0660");
     return 2;
   }
+  auto budget = ParseBytes(memory_budget);
+  if (!budget.ok()) {
+    spdlog::error("--memory-budget: {}", budget.status().message());
+    return 2;
+  }
+  options.memory_budget_bytes = *budget;
+  // One descriptor per connection and per checkpoint: take the hard limit.
+  rlimit nofile{};
+  if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &nofile);
+  }
 
   // Signals are taken synchronously by one thread, so no handler runs inside the server.
   sigset_t signals;
@@ -57,8 +115,12 @@ int main(int argc, char** argv) {
   auto server = ckpt::daemon::Server::Create(options);
   if (!server.ok()) {
     spdlog::error("cannot start: {}", server.status().ToString());
+    sd_notifyf(0, "STATUS=cannot start: %s", server.status().ToString().c_str());
     return 1;
   }
+  // The socket listens and earlier segments are adopted: tell systemd (Type=notify).
+  sd_notifyf(0, "READY=1\nSTATUS=serving on %s (budget %s)\nMAINPID=%lu", options.socket_path.c_str(),
+             memory_budget.empty() ? "none" : memory_budget.c_str(), static_cast<unsigned long>(::getpid()));
   ckpt::daemon::Server* raw = server->get();
   std::thread signal_thread([&signals, raw] {
     int sig = 0;
@@ -71,6 +133,7 @@ int main(int argc, char** argv) {
     }
   });
   raw->Run();
+  sd_notify(0, "STOPPING=1");
   pthread_kill(signal_thread.native_handle(), SIGUSR1);
   signal_thread.join();
   return 0;

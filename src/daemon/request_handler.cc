@@ -1,11 +1,13 @@
 #include "daemon/request_handler.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <spdlog/spdlog.h>
 
 #include "format/checkpoint_formats.h"
@@ -106,12 +108,13 @@ json EntryToJson(const CatalogEntry& e) {
               {"tensor_count", e.tensors ? e.tensors->size() : 0},
               {"load_seconds", e.load_seconds},
               {"loaded_unix_s", e.loaded_unix_s},
-              {"attached", e.attached}};
+              {"attached", e.attached},
+              {"attached_pids", e.attached_pids}};
 }
 
 RequestHandler::~RequestHandler() {
   for (const auto& [name, generation] : attachments_) {
-    ctx_.catalog->Detach(name, generation);
+    ctx_.catalog->Detach(name, generation, peer_.pid);
     spdlog::debug("detached '{}' generation {}", name, generation);
   }
 }
@@ -123,8 +126,24 @@ json RequestHandler::Handle(const json& request) {
   } catch (const std::exception& e) {
     response = Internal(std::string("request failed: ") + e.what());
   }
-  if (!response.ok()) return protocol::ErrorResponse(response.status());
+  ++ctx_.counters->requests;
+  if (!response.ok()) {
+    ++ctx_.counters->request_errors;
+    response_fd_.reset();
+    return protocol::ErrorResponse(response.status());
+  }
   return protocol::OkResponse(std::move(response).value());
+}
+
+Status RequestHandler::Require(Role needed, const std::string& op) const {
+  if (static_cast<int>(role_) >= static_cast<int>(needed)) return Status::Ok();
+  ++ctx_.counters->denied;
+  spdlog::warn("refused '{}' to uid {} gid {} pid {} (role {})", op, peer_.uid, peer_.gid, peer_.pid,
+               RoleName(role_));
+  return PermissionDenied("'" + op + "' needs the " + RoleName(needed) + " role; uid " +
+                          std::to_string(peer_.uid) + " is " +
+                          (role_ == Role::kNone ? "in neither the reader nor the admin group"
+                                                : "only a reader (not root, not in the admin group)"));
 }
 
 Result<json> RequestHandler::Dispatch(const json& request) {
@@ -134,7 +153,10 @@ Result<json> RequestHandler::Dispatch(const json& request) {
                        std::to_string(protocol::kProtocolVersion));
   }
   CKPT_ASSIGN_OR_RETURN(std::string op, StringField(request, "op"));
+  const bool admin_op = op == "load" || op == "evict" || op == "verify";  // verify costs the daemon a full read
+  CKPT_RETURN_IF_ERROR(Require(admin_op ? Role::kAdmin : Role::kReader, op));
   if (op == "status") return DaemonStatus();
+  if (op == "metrics") return Metrics();
   if (op == "list") return List();
   if (op == "info") return Info(request);
   if (op == "load") return Load(request);
@@ -148,11 +170,34 @@ Result<json> RequestHandler::Load(const json& request) {
   CKPT_ASSIGN_OR_RETURN(std::string path, StringField(request, "path"));
   CKPT_ASSIGN_OR_RETURN(std::string name, StringField(request, "name", /*required=*/false));
   CKPT_ASSIGN_OR_RETURN(bool progress, BoolField(request, "progress"));
+  CKPT_ASSIGN_OR_RETURN(bool replace, BoolField(request, "replace"));
   if (path.empty() || path[0] != '/') return InvalidArgument("path must be absolute: '" + path + "'");
   if (name.empty()) name = DefaultCheckpointName(path);
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(name));
+  auto checked = ctx_.roots->Check(path);
+  if (!checked.ok()) {
+    spdlog::warn("load of '{}' from {} refused: {}", name, path, checked.status().ToString());
+    return checked.status();
+  }
+  path = *checked;
 
-  CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx_.catalog->BeginLoad(name));
+  auto plan = format::PlanCheckpoint(path);
+  if (!plan.ok()) {
+    spdlog::warn("load of '{}' refused: {}", name, plan.status().ToString());
+    return plan.status();
+  }
+  if (ctx_.roots->restricted()) {
+    // Files a sharded checkpoint's index names must lie beneath the roots too.
+    const std::string dir = path.substr(0, path.rfind('/'));
+    for (const std::string& f : plan->files) {
+      auto ok = ctx_.roots->Check(!f.empty() && f[0] == '/' ? f : dir + "/" + f);
+      if (!ok.ok()) return ok.status().WithContext("a file of checkpoint '" + name + "'");
+    }
+  }
+  // The segment adds a header and an aligned index to the tensor bytes.
+  const uint64_t estimate = plan->TotalBytes() + (plan->tensors.size() + 2) * 4096 + (1u << 20);
+  std::vector<std::string> evicted;
+  CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx_.catalog->BeginLoad(name, replace, estimate, &evicted));
   struct Reservation {
     Catalog* catalog;
     const std::string& name;
@@ -162,12 +207,7 @@ Result<json> RequestHandler::Load(const json& request) {
     }
   } reservation{ctx_.catalog, name};
 
-  spdlog::info("loading '{}' from {}", name, path);
-  auto plan = format::PlanCheckpoint(path);
-  if (!plan.ok()) {
-    spdlog::warn("load of '{}' refused: {}", name, plan.status().ToString());
-    return plan.status();
-  }
+  spdlog::info("loading '{}' generation {} from {}", name, generation, path);
 
   shm::SegmentSpec spec;
   spec.shm_name = ctx_.options->shm_prefix + "." + name + "." + std::to_string(generation);
@@ -190,9 +230,17 @@ Result<json> RequestHandler::Load(const json& request) {
   }
   auto loaded = loader::LoadIntoSegment(*plan, spec, load_options);
   if (!loaded.ok()) {
+    ++ctx_.counters->load_failures;
     spdlog::warn("load of '{}' failed: {}", name, loaded.status().ToString());
     return loaded.status();
   }
+  auto segment_fd = shm::OpenShmReadOnlyFd(loaded->shm_name);
+  if (!segment_fd.ok()) {
+    ++ctx_.counters->load_failures;
+    (void)shm::RemoveShmObject(loaded->shm_name);
+    return segment_fd.status();
+  }
+  SetSegmentOwnership(segment_fd->get(), *ctx_.access, ctx_.options->shm_mode);
 
   CatalogEntry entry;
   entry.name = name;
@@ -205,30 +253,58 @@ Result<json> RequestHandler::Load(const json& request) {
   entry.load_seconds = loaded->seconds;
   entry.loaded_unix_s = NowUnixSeconds();
   entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(loaded->tensors));
+  entry.fd = std::make_shared<const UniqueFd>(std::move(segment_fd).value());
   json summary = EntryToJson(entry);
+  ++ctx_.counters->loads;
+  ctx_.counters->loaded_bytes += loaded->data_bytes;
   ctx_.catalog->Publish(std::move(entry));
   reservation.held = false;
   spdlog::info("loaded '{}' generation {}: {} tensors, {} bytes in {:.3f} s ({:.2f} GiB/s), read with {}", name,
                generation, summary["tensor_count"].get<uint64_t>(), loaded->data_bytes,
                loaded->seconds, loaded->data_bytes / std::max(loaded->seconds, 1e-9) / (1 << 30),
                loaded->io_summary);
-  return json{{"checkpoint", summary}};
+  return json{{"checkpoint", summary}, {"evicted", evicted}};
 }
 
 Result<json> RequestHandler::Evict(const json& request) {
   CKPT_ASSIGN_OR_RETURN(std::string name, StringField(request, "name"));
   CKPT_ASSIGN_OR_RETURN(bool force, BoolField(request, "force"));
-  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Evict(name, force));
-  Status st = shm::RemoveShmObject(entry.shm_name);
-  if (!st.ok()) spdlog::error("evicted '{}' but could not unlink {}: {}", name, entry.shm_name, st.ToString());
+  double wait_s = 0;
+  if (auto w = request.find("wait_s"); w != request.end()) {
+    if (!w->is_number() || w->get<double>() < 0 || w->get<double>() > 86400) {
+      return InvalidArgument("'wait_s' must be a number of seconds from 0 to 86400");
+    }
+    wait_s = w->get<double>();
+  }
+  // With a wait, retry until the last client detached (or the deadline passed).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  auto evicted = ctx_.catalog->Evict(name, force);
+  while (!evicted.ok() && evicted.status().code() == StatusCode::kFailedPrecondition &&
+         std::chrono::steady_clock::now() < deadline && !ctx_.stopping->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    evicted = ctx_.catalog->Evict(name, force);
+  }
+  if (!evicted.ok() && wait_s > 0 && evicted.status().code() == StatusCode::kFailedPrecondition) {
+    return FailedPrecondition("still attached after waiting " + std::to_string(wait_s) + " s: " +
+                            evicted.status().message());
+  }
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, std::move(evicted));
   spdlog::info("evicted '{}' generation {} ({} attached)", name, entry.generation, entry.attached);
   return json{{"checkpoint", EntryToJson(entry)}};
 }
 
 Result<json> RequestHandler::Attach(const json& request) {
   CKPT_ASSIGN_OR_RETURN(std::string name, StringField(request, "name"));
-  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Attach(name));
+  uint64_t want_generation = 0;  // set by a client re-registering after a daemon restart
+  if (auto g = request.find("generation"); g != request.end()) {
+    if (!g->is_number_unsigned()) return InvalidArgument("'generation' must be a positive integer");
+    want_generation = g->get<uint64_t>();
+  }
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Attach(name, peer_.pid, want_generation));
   attachments_.emplace_back(name, entry.generation);
+  ++ctx_.counters->attaches;
+  // The client maps this read-only descriptor: it needs no access to /dev/shm by name.
+  if (entry.fd) response_fd_.reset(::fcntl(entry.fd->get(), F_DUPFD_CLOEXEC, 0));
   spdlog::debug("attached '{}' generation {}", name, entry.generation);
   return json{{"checkpoint", EntryToJson(entry)}};
 }
@@ -280,10 +356,19 @@ json RequestHandler::List() const {
 json RequestHandler::DaemonStatus() const {
   uint64_t shm_bytes = 0, attached = 0;
   auto entries = ctx_.catalog->List();
+  json checkpoints = json::array();
   for (const auto& e : entries) {
     shm_bytes += e.segment_bytes;
     attached += e.attached;
+    checkpoints.push_back(EntryToJson(e));
   }
+  json retired = json::array();
+  for (const auto& e : ctx_.catalog->Retired()) {
+    shm_bytes += e.segment_bytes;
+    attached += e.attached;
+    retired.push_back(EntryToJson(e));
+  }
+  const EvictionCounts ev = ctx_.catalog->evictions();
   return json{{"version", CKPT_VERSION},
               {"protocol", protocol::kProtocolVersion},
               {"pid", ::getpid()},
@@ -293,8 +378,100 @@ json RequestHandler::DaemonStatus() const {
               {"checkpoints", entries.size()},
               {"loading", ctx_.catalog->Loading().size()},
               {"shm_bytes", shm_bytes},
+              {"memory_budget_bytes", ctx_.catalog->budget_bytes()},
+              {"memory_used_bytes", ctx_.catalog->UsedBytes()},
               {"attached", attached},
-              {"connections", ctx_.connection_count->load()}};
+              {"connections", ctx_.connection_count->load()},
+              {"max_connections", ctx_.options->max_connections},
+              {"model_roots", ctx_.roots->roots()},
+              {"evictions", json{{"by_request", ev.by_request}, {"for_budget", ev.for_budget}, {"replaced", ev.replaced}}},
+              {"your_role", RoleName(role_)},
+              {"checkpoint_list", std::move(checkpoints)},
+              {"retired", std::move(retired)}};
+}
+
+json RequestHandler::Metrics() const {
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto value = [&](const std::string& series, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), " %.17g\n", v);
+    out += series + buf;
+  };
+  auto label = [](const std::string& s) {  // Prometheus label escaping
+    std::string e;
+    for (char c : s) {
+      if (c == '\\' || c == '"') e += '\\';
+      if (c == '\n') {
+        e += "\\n";
+        continue;
+      }
+      e += c;
+    }
+    return e;
+  };
+  const DaemonCounters& c = *ctx_.counters;
+  const EvictionCounts ev = ctx_.catalog->evictions();
+  auto entries = ctx_.catalog->List();
+  auto retired = ctx_.catalog->Retired();
+  metric("ckptd_up", "gauge", "1 while the daemon serves");
+  value("ckptd_up", 1);
+  metric("ckptd_uptime_seconds", "gauge", "seconds since the daemon started");
+  value("ckptd_uptime_seconds", static_cast<double>(NowUnixSeconds() - ctx_.started_unix_s));
+  metric("ckptd_memory_budget_bytes", "gauge", "configured memory budget (0: none)");
+  value("ckptd_memory_budget_bytes", static_cast<double>(ctx_.catalog->budget_bytes()));
+  metric("ckptd_memory_used_bytes", "gauge", "shared memory of published, retired and loading segments");
+  value("ckptd_memory_used_bytes", static_cast<double>(ctx_.catalog->UsedBytes()));
+  metric("ckptd_checkpoints", "gauge", "published checkpoints");
+  value("ckptd_checkpoints", static_cast<double>(entries.size()));
+  metric("ckptd_retired_generations", "gauge", "replaced or force-evicted generations still attached");
+  value("ckptd_retired_generations", static_cast<double>(retired.size()));
+  metric("ckptd_loading", "gauge", "loads in progress");
+  value("ckptd_loading", static_cast<double>(ctx_.catalog->Loading().size()));
+  metric("ckptd_connections", "gauge", "open client connections");
+  value("ckptd_connections", ctx_.connection_count->load());
+  metric("ckptd_checkpoint_bytes", "gauge", "shared memory of one checkpoint generation");
+  for (const auto& e : entries) {
+    value("ckptd_checkpoint_bytes{name=\"" + label(e.name) + "\",generation=\"" + std::to_string(e.generation) + "\"}",
+          static_cast<double>(e.segment_bytes));
+  }
+  metric("ckptd_checkpoint_attached", "gauge", "live attachments of one checkpoint generation");
+  for (const auto& e : entries) {
+    value("ckptd_checkpoint_attached{name=\"" + label(e.name) + "\",generation=\"" + std::to_string(e.generation) + "\"}",
+          e.attached);
+  }
+  metric("ckptd_checkpoint_load_seconds", "gauge", "time the load of one checkpoint generation took");
+  for (const auto& e : entries) {
+    value("ckptd_checkpoint_load_seconds{name=\"" + label(e.name) + "\",generation=\"" + std::to_string(e.generation) + "\"}",
+          e.load_seconds);
+  }
+  metric("ckptd_requests_total", "counter", "requests served");
+  value("ckptd_requests_total", static_cast<double>(c.requests.load()));
+  metric("ckptd_request_errors_total", "counter", "requests answered with an error");
+  value("ckptd_request_errors_total", static_cast<double>(c.request_errors.load()));
+  metric("ckptd_requests_denied_total", "counter", "requests refused by access control");
+  value("ckptd_requests_denied_total", static_cast<double>(c.denied.load()));
+  metric("ckptd_loads_total", "counter", "checkpoint generations loaded");
+  value("ckptd_loads_total", static_cast<double>(c.loads.load()));
+  metric("ckptd_load_failures_total", "counter", "loads that failed after they started");
+  value("ckptd_load_failures_total", static_cast<double>(c.load_failures.load()));
+  metric("ckptd_loaded_bytes_total", "counter", "tensor bytes loaded");
+  value("ckptd_loaded_bytes_total", static_cast<double>(c.loaded_bytes.load()));
+  metric("ckptd_attaches_total", "counter", "attachments made");
+  value("ckptd_attaches_total", static_cast<double>(c.attaches.load()));
+  metric("ckptd_evictions_total", "counter", "generations removed, by reason");
+  value("ckptd_evictions_total{reason=\"request\"}", static_cast<double>(ev.by_request));
+  value("ckptd_evictions_total{reason=\"budget\"}", static_cast<double>(ev.for_budget));
+  value("ckptd_evictions_total{reason=\"replaced\"}", static_cast<double>(ev.replaced));
+  metric("ckptd_connections_total", "counter", "connections accepted");
+  value("ckptd_connections_total", static_cast<double>(c.connections_total.load()));
+  metric("ckptd_connections_refused_total", "counter", "connections refused over max-connections");
+  value("ckptd_connections_refused_total", static_cast<double>(c.connections_refused.load()));
+  metric("ckptd_bad_frames_total", "counter", "malformed frames received");
+  value("ckptd_bad_frames_total", static_cast<double>(c.bad_frames.load()));
+  return json{{"text", out}};
 }
 
 }  // namespace ckpt::daemon

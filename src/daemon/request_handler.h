@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "ckpt/status.h"
+#include "common/unique_fd.h"
+#include "daemon/access_policy.h"
 #include "daemon/catalog.h"
+#include "daemon/model_roots.h"
 #include "daemon/server.h"
 
 namespace ckpt::daemon {
@@ -22,11 +25,16 @@ struct DaemonContext {
   const std::atomic<bool>* stopping;  // cancels loads in progress
   int64_t started_unix_s;
   std::atomic<int>* connection_count;
+  const AccessPolicy* access;
+  const ModelRoots* roots;
+  DaemonCounters* counters;
 };
 
 class RequestHandler {
  public:
-  RequestHandler(DaemonContext context, int fd) : ctx_(context), fd_(fd) {}
+  // `peer` and `role` are those of the connection's client (see AccessPolicy).
+  RequestHandler(DaemonContext context, int fd, PeerCredentials peer, Role role)
+      : ctx_(context), fd_(fd), peer_(peer), role_(role) {}
   ~RequestHandler();
   RequestHandler(const RequestHandler&) = delete;
   RequestHandler& operator=(const RequestHandler&) = delete;
@@ -34,6 +42,13 @@ class RequestHandler {
   // Executes one request and returns its response (never throws). May write progress
   // event frames to the connection before returning.
   nlohmann::json Handle(const nlohmann::json& request);
+  // The descriptor to pass with the response Handle() just returned (an attach's
+  // read-only segment), or an invalid one.
+  UniqueFd TakeResponseFd() { return std::move(response_fd_); }
+  // {"text": metrics in the Prometheus text format}, as the "metrics" op answers.
+  nlohmann::json Metrics() const;
+  // True while this connection holds an attachment (its lease must not time out).
+  bool holds_attachments() const { return !attachments_.empty(); }
 
  private:
   Result<nlohmann::json> Dispatch(const nlohmann::json& request);
@@ -46,9 +61,13 @@ class RequestHandler {
   Result<nlohmann::json> Verify(const nlohmann::json& request);
   nlohmann::json List() const;
   nlohmann::json DaemonStatus() const;
+  Status Require(Role needed, const std::string& op) const;
 
   DaemonContext ctx_;
   int fd_;
+  PeerCredentials peer_;
+  Role role_;
+  UniqueFd response_fd_;
   std::vector<std::pair<std::string, uint64_t>> attachments_;  // (name, generation)
 };
 

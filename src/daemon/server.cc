@@ -3,12 +3,16 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <spdlog/spdlog.h>
+#include <systemd/sd-daemon.h>
 
 #include "daemon/request_handler.h"
 #include "protocol/wire.h"
@@ -27,9 +31,17 @@ Status ValidateOptions(const ServerOptions& o) {
   }
   if (o.load_threads < 1 || o.load_threads > 256) return InvalidArgument("load threads must be 1 to 256");
   if (o.max_connections < 1) return InvalidArgument("max connections must be >= 1");
+  if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
   return Status::Ok();
 }
 }  // namespace
+
+void SetSegmentOwnership(int fd, const AccessPolicy& access, uint32_t mode) {
+  if (access.reader_gid() && ::fchown(fd, static_cast<uid_t>(-1), *access.reader_gid()) != 0) {
+    spdlog::warn("cannot give a segment to the reader group: {}", std::strerror(errno));
+  }
+  if (::fchmod(fd, mode) != 0) spdlog::warn("cannot chmod a segment: {}", std::strerror(errno));
+}
 
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateOptions(options));
@@ -38,7 +50,14 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
                                 std::chrono::system_clock::now().time_since_epoch()).count();
   server->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!server->wake_fd_.valid()) return ErrnoError("eventfd", errno);
+  CKPT_ASSIGN_OR_RETURN(server->access_, AccessPolicy::Create(options.admin_group, options.reader_group));
+  CKPT_ASSIGN_OR_RETURN(server->roots_, ModelRoots::Create(options.model_roots));
+  if (!server->roots_->restricted()) spdlog::warn("no model roots configured: loads from any path are allowed");
   CKPT_ASSIGN_OR_RETURN(server->listen_fd_, protocol::ListenUnix(options.socket_path, options.socket_mode));
+  if (server->access_->reader_gid() &&
+      ::chown(options.socket_path.c_str(), static_cast<uid_t>(-1), *server->access_->reader_gid()) != 0) {
+    spdlog::warn("cannot give the socket to the reader group: {}", std::strerror(errno));
+  }
   CKPT_RETURN_IF_ERROR(server->AdoptExistingSegments());
   return server;
 }
@@ -69,8 +88,13 @@ Status Server::AdoptExistingSegments() {
     entry.load_seconds = reader->header().load_nanos / 1e9;
     entry.loaded_unix_s = static_cast<int64_t>(reader->header().created_unix_ns / 1000000000ull);
     entry.tensors = std::make_shared<const std::vector<TensorInfo>>(reader->tensors());
+    auto fd = shm::OpenShmReadOnlyFd(entry.shm_name);
+    if (fd.ok()) {
+      entry.fd = std::make_shared<const UniqueFd>(std::move(fd).value());
+      SetSegmentOwnership(entry.fd->get(), *access_, options_.shm_mode);
+    }
     const std::string shm_name = entry.shm_name;
-    if (ValidateCheckpointName(entry.name).ok() && catalog_.Adopt(std::move(entry)).ok()) {
+    if (entry.fd && ValidateCheckpointName(entry.name).ok() && catalog_.Adopt(std::move(entry)).ok()) {
       spdlog::info("adopted segment {}", shm_name);
     } else {
       spdlog::warn("removing superseded or misnamed segment {}", shm_name);
@@ -108,16 +132,58 @@ void Server::ReapFinishedConnections() {
   }
 }
 
+void Server::WriteMetricsFile() {
+  // The daemon's own view, rendered as for an admin's "metrics" request.
+  RequestHandler handler(DaemonContext{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
+                                       access_.get(), roots_.get(), &counters_},
+                         -1, PeerCredentials{static_cast<int32_t>(::getpid()), 0, 0}, Role::kAdmin);
+  const std::string text = handler.Metrics().value("text", "");
+  const std::string tmp = options_.metrics_file + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "we");
+  if (f == nullptr) {
+    spdlog::warn("cannot write metrics to {}: {}", tmp, std::strerror(errno));
+    return;
+  }
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), options_.metrics_file.c_str()) != 0) {
+    spdlog::warn("cannot write metrics to {}: {}", options_.metrics_file, std::strerror(errno));
+    std::remove(tmp.c_str());
+  }
+}
+
+void Server::NotifyStatus() {
+  const auto entries = catalog_.List();
+  uint32_t attached = 0;
+  for (const auto& e : entries) attached += e.attached;
+  char status[256];
+  std::snprintf(status, sizeof(status), "STATUS=%zu checkpoints, %zu loading, %.1f GiB in use%s, %u attached, %d connections",
+                entries.size(), catalog_.Loading().size(), catalog_.UsedBytes() / 1073741824.0,
+                catalog_.budget_bytes() ? (" of " + std::to_string(catalog_.budget_bytes() >> 30) + " GiB").c_str() : "",
+                attached, connection_count_.load());
+  if (last_status_ != status) {
+    last_status_ = status;
+    sd_notify(0, status);
+  }
+}
+
 void Server::Run() {
   spdlog::info("ckptd {} serving on {} (shm prefix '{}')", CKPT_VERSION, options_.socket_path, options_.shm_prefix);
+  auto next_metrics = std::chrono::steady_clock::now();
   while (!stopping_.load()) {
+    if (!options_.metrics_file.empty() && std::chrono::steady_clock::now() >= next_metrics) {
+      WriteMetricsFile();
+      next_metrics = std::chrono::steady_clock::now() + std::chrono::seconds(options_.metrics_interval_s);
+    }
+    NotifyStatus();
     pollfd fds[2] = {{listen_fd_.get(), POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
     int n = ::poll(fds, 2, 1000);
     ReapFinishedConnections();
     if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
     UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!client.valid()) continue;
+    ++counters_.connections_total;
     if (connection_count_.load() >= options_.max_connections) {
+      ++counters_.connections_refused;
       (void)protocol::WriteFrame(client.get(), protocol::ErrorResponse(ResourceExhausted(
                                                    "too many connections to ckptd")));
       continue;  // closes it
@@ -157,18 +223,46 @@ void Server::Run() {
 void Server::Serve(Connection* connection) {
   const int fd = connection->fd.get();
   {
-    RequestHandler handler(DaemonContext{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_}, fd);
+    auto peer = PeerOf(fd);
+    PeerCredentials cred = peer.ok() ? *peer : PeerCredentials{0, 65534, 65534};  // unknown: nobody
+    const Role role = peer.ok() ? access_->RoleOf(cred) : Role::kNone;
+    DaemonContext context{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
+                          access_.get(), roots_.get(), &counters_};
+    RequestHandler handler(context, fd, cred, role);
+    // A frame must arrive whole within 30 s once it began, and a response must be taken
+    // within 30 s; a connection idle for 10 minutes is dropped unless it holds an
+    // attachment (a lease is idle by design).
+    timeval stall{30, 0};
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &stall, sizeof(stall));
+    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof(stall));
+    auto idle_since = std::chrono::steady_clock::now();
     while (!stopping_.load()) {
+      pollfd p{fd, POLLIN, 0};
+      const int ready = ::poll(&p, 1, 1000);
+      if (ready < 0 && errno != EINTR) break;
+      if (ready <= 0) {
+        if (!handler.holds_attachments() && std::chrono::steady_clock::now() - idle_since > std::chrono::minutes(10)) {
+          spdlog::debug("dropping a connection idle for 10 minutes");
+          break;
+        }
+        continue;
+      }
+      idle_since = std::chrono::steady_clock::now();
       auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes);
       if (!request.ok()) {
         // A malformed frame loses the framing: answer once, then drop the connection.
         if (request.status().code() == StatusCode::kCorrupt) {
+          ++counters_.bad_frames;
           spdlog::warn("dropping a connection: {}", request.status().message());
           (void)protocol::WriteFrame(fd, protocol::ErrorResponse(request.status()));
         }
         break;
       }
-      if (!protocol::WriteFrame(fd, handler.Handle(*request)).ok()) break;
+      nlohmann::json response = handler.Handle(*request);
+      UniqueFd pass = handler.TakeResponseFd();
+      Status sent = pass.valid() ? protocol::WriteFrameWithFd(fd, response, pass.get())
+                                 : protocol::WriteFrame(fd, response);
+      if (!sent.ok()) break;
     }
   }  // the handler's destructor releases this connection's attachments
   --connection_count_;

@@ -25,9 +25,79 @@ Status WriteFrame(int fd, const json& message) {
   return SendAll(fd, frame.data(), frame.size());
 }
 
-Result<json> ReadFrame(int fd, uint32_t max_bytes) {
+namespace {
+std::string Encode(const json& message) {
+  std::string body = message.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string frame(4 + body.size(), '\0');
+  uint32_t n = static_cast<uint32_t>(body.size());
+  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  std::memcpy(frame.data() + 4, body.data(), body.size());
+  return frame;
+}
+
+// Reads exactly `size` bytes with recvmsg, keeping the first descriptor passed with them.
+Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd) {
+  auto* p = static_cast<char*>(buf);
+  while (size > 0) {
+    iovec iov{p, size};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("receive failed", errno);
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int passed;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (received_fd != nullptr && !received_fd->valid()) {
+          received_fd->reset(passed);
+        } else {
+          ::close(passed);
+        }
+      }
+    }
+    if (n == 0) return Unavailable("connection closed by peer");
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+Status WriteFrameWithFd(int fd, const json& message, int pass_fd) {
+  std::string frame = Encode(message);
+  if (frame.size() - 4 > kMaxResponseBytes) return ResourceExhausted("message too large to send");
+  iovec iov{frame.data(), 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
+  ssize_t n;
+  do {
+    n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return ErrnoError("send failed", errno);
+  return SendAll(fd, frame.data() + 1, frame.size() - 1);
+}
+
+Result<json> ReadFrame(int fd, uint32_t max_bytes, UniqueFd* received_fd) {
   unsigned char len[4];
-  CKPT_RETURN_IF_ERROR(RecvAll(fd, len, 4));
+  CKPT_RETURN_IF_ERROR(RecvAllWithFd(fd, len, 4, received_fd));
   uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<uint32_t>(len[3]) << 24);
   if (n > max_bytes) {
     return Corrupt("frame of " + std::to_string(n) + " bytes exceeds the limit of " +

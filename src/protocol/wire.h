@@ -23,10 +23,14 @@ inline constexpr uint32_t kMaxResponseBytes = 256u << 20;  // what clients accep
 
 // Writes one frame. IoError/Unavailable if the peer is gone.
 Status WriteFrame(int fd, const nlohmann::json& message);
+// Writes one frame and passes `pass_fd` (SCM_RIGHTS) along with its first byte; the
+// caller keeps ownership of `pass_fd` (the kernel duplicates it for the receiver).
+Status WriteFrameWithFd(int fd, const nlohmann::json& message, int pass_fd);
 // Reads one frame holding a JSON object. Unavailable if the peer closed the connection
 // before a frame began; Corrupt for a frame over `max_bytes`, cut short, or not a JSON
-// object.
-Result<nlohmann::json> ReadFrame(int fd, uint32_t max_bytes);
+// object. When `received_fd` is not null, a descriptor passed with the frame (see
+// WriteFrameWithFd) is stored there (close-on-exec); descriptors are otherwise closed.
+Result<nlohmann::json> ReadFrame(int fd, uint32_t max_bytes, UniqueFd* received_fd = nullptr);
 
 // A success response with the fields of `body` (an object) added.
 nlohmann::json OkResponse(nlohmann::json body = nlohmann::json::object());

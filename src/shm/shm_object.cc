@@ -78,6 +78,25 @@ Result<std::unique_ptr<ShmMapping>> ShmMapping::OpenReadOnly(const std::string& 
   }
 }
 
+Result<std::unique_ptr<ShmMapping>> ShmMapping::FromFd(int fd, const std::string& name) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat of shm object " + name, errno);
+  if (st.st_size <= 0) return Corrupt("shm object " + name + " is empty");
+  void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return ErrnoError("mmap of shm object " + name, errno);
+  return std::unique_ptr<ShmMapping>(
+      new ShmMapping(name, static_cast<std::byte*>(p), static_cast<uint64_t>(st.st_size), false));
+}
+
+Result<UniqueFd> OpenShmReadOnlyFd(const std::string& name) {
+  UniqueFd fd(::shm_open(("/" + name).c_str(), O_RDONLY | O_CLOEXEC, 0));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return NotFound("no shared-memory object " + name);
+    return ErrnoError("opening shm object " + name, errno);
+  }
+  return fd;
+}
+
 ShmMapping::~ShmMapping() {
   if (data_ != nullptr) ::munmap(data_, size_);
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ckpt/status.h"
+#include "common/unique_fd.h"
 
 namespace ckpt::shm {
 
@@ -21,6 +22,10 @@ class ShmMapping {
                                                     uint32_t mode);
   // Maps an existing object read-only. NotFound if it does not exist.
   static Result<std::unique_ptr<ShmMapping>> OpenReadOnly(const std::string& name);
+  // Maps the whole object open at `fd` read-only (a descriptor the daemon passed over
+  // the socket); `name` is for messages only. The descriptor may be closed afterwards.
+  // Corrupt if it is empty, IoError if it cannot be sized or mapped.
+  static Result<std::unique_ptr<ShmMapping>> FromFd(int fd, const std::string& name);
 
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
@@ -40,6 +45,9 @@ class ShmMapping {
   bool writable_;
 };
 
+// Opens object `name` read-only (O_RDONLY, close-on-exec): the descriptor ckptd passes
+// to clients. NotFound if it does not exist.
+Result<UniqueFd> OpenShmReadOnlyFd(const std::string& name);
 // Unlinks object `name`; existing mappings stay valid. OK if it did not exist.
 Status RemoveShmObject(const std::string& name);
 // Names of the shared-memory objects whose names start with `prefix`.

@@ -1,0 +1,54 @@
+// AccessPolicy: who may do what over ckptd's socket, from the peer's credentials.
+//
+//   admin  (load, evict, and everything a reader may do): root, the daemon's own user,
+//          and members of the admin group;
+//   reader (attach, list, info, status, metrics): admins and members of the reader
+//          group; when no reader group is configured, every user who can connect to the
+//          socket (its permission bits are then the only gate).
+// Membership counts the peer's primary gid (SO_PEERCRED) and the supplementary groups
+// of its uid in the group database (getgrouplist).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ckpt/status.h"
+
+namespace ckpt::daemon {
+
+// The process at the other end of a Unix socket, as the kernel reports it.
+struct PeerCredentials {
+  int32_t pid = 0;  // 0 if unknown (another pid namespace)
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+};
+
+enum class Role { kNone = 0, kReader = 1, kAdmin = 2 };
+
+// The peer of connected socket `fd` (SO_PEERCRED). IoError if the kernel refuses.
+Result<PeerCredentials> PeerOf(int fd);
+
+class AccessPolicy {
+ public:
+  // Resolves group names (empty: not configured). NotFound for a group that does not exist.
+  static Result<std::unique_ptr<AccessPolicy>> Create(const std::string& admin_group,
+                                                      const std::string& reader_group);
+  // The role of `peer`. Thread-safe (reads the group database).
+  Role RoleOf(const PeerCredentials& peer) const;
+  std::optional<gid_t> reader_gid() const { return reader_gid_; }
+  std::optional<gid_t> admin_gid() const { return admin_gid_; }
+
+ private:
+  AccessPolicy() = default;
+  bool InGroup(const PeerCredentials& peer, gid_t group) const;
+  std::optional<gid_t> admin_gid_, reader_gid_;
+};
+
+// "admin", "reader" or "none".
+const char* RoleName(Role role);
+
+}  // namespace ckpt::daemon
