@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# GPU load benchmark (issue 4), one command on a machine with NVIDIA GPUs and PyTorch:
+#   tools/bench_gpu.sh [OUT_DIR] [WORLDS] [PATHS]     e.g. tools/bench_gpu.sh out "1 2 4" "register bounce pageable"
+# Builds into ${BUILD_DIR:-build-gpu} (unless SKIP_BUILD=1), writes a GPT-Neo-2.7B-shaped fp32
+# checkpoint (9.88 GiB, 420 tensors) to ${DATA:-/tmp/ckpt-bench}, loads it into a shared-memory
+# segment, then for each TP degree W starts W processes at once (rank r on GPU r) and prints
+# each rank's time from attach to all shards on its GPU, for each host path, next to the
+# pinned host->device limit and the safetensors get_slice / torch.load(mmap=True) baselines
+# run on the same files in the same run. JSON lines go to OUT_DIR/results.jsonl.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/bench-out}
+worlds=${2:-1 2 4}
+paths=${3:-register bounce pageable}
+mkdir -p "$out"
+build=${BUILD_DIR:-$root/build-gpu}
+data=${DATA:-/tmp/ckpt-bench}
+py=${PYTHON:-python3}
+ngpu=$(nvidia-smi -L | wc -l)
+res=$out/results.jsonl
+: > "$res"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target ckpt-bench-gpu
+fi
+bench=$build/bin/ckpt-bench-gpu
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/machine.txt"
+echo "cpus: $(nproc)  mem: $(awk '/MemTotal/{print $2/1048576 " GiB"}' /proc/meminfo)" | tee -a "$out/machine.txt"
+
+mkdir -p "$data"
+[ -f "$data/model.pt" ] || "$py" "$root/tools/bench_baselines.py" gen "$data" | tee -a "$res"
+shm=ckpt-bench-$$
+trap '"$bench" unlink $shm || true' EXIT
+"$bench" segment "$data/model.safetensors" $shm | tee -a "$res"
+
+start_at() { "$py" -c 'import time; print(f"{time.time() + '"$1"':.3f}")'; }
+# limits: each GPU alone, then all at once
+"$bench" limit 0 2 | tee -a "$res"
+if [ "$ngpu" -gt 1 ]; then
+  t=$(start_at 4)
+  for g in $(seq 0 $((ngpu - 1))); do "$bench" limit $g 2 $t > "$out/limit.$g" & done; wait
+  cat "$out"/limit.* | sed 's/"what":"limit"/"what":"limit_all"/' | tee -a "$res"
+fi
+for w in $worlds; do
+  [ "$w" -le "$ngpu" ] || { echo "skip world $w: only $ngpu GPUs"; continue; }
+  for p in $paths; do
+    for rep in 1 2; do
+      t=$(start_at 3)
+      for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t ${STREAMS:-4} ${CHUNK_MIB:-32} > "$out/run.$r" & done; wait
+      cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,/" | tee -a "$res"
+    done
+  done
+  if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, default host path
+    t=$(start_at 3)
+    for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r register gpt-neo F16 $t > "$out/run.$r" & done; wait
+    cat "$out"/run.* | tee -a "$res"
+  fi
+  for b in ${BASELINES:-safetensors torchload}; do
+    f=$data/model.safetensors; [ $b = torchload ] && f=$data/model.pt
+    t=$(start_at 8)
+    for r in $(seq 0 $((w - 1))); do "$py" "$root/tools/bench_baselines.py" $b "$f" $r $w $t > "$out/run.$r" & done; wait
+    cat "$out"/run.* | tee -a "$res"
+  done
+done
+rm -f "$out"/run.* "$out"/limit.*
+"$py" - "$res" <<'PY'
+import json, sys, collections
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+lim = [r for r in rows if r["what"] == "limit"]
+print("\npinned H2D, one GPU alone: %s GiB/s" % ", ".join("%.1f" % r["pinned_GiBps"] for r in lim))
+la = [r for r in rows if r["what"] == "limit_all"]
+if la: print("pinned H2D, all GPUs at once: %s GiB/s each" % ", ".join("%.1f" % r["pinned_GiBps"] for r in la))
+g = collections.defaultdict(list)
+for r in rows:
+    if r["what"] in ("load", "safetensors", "torchload"):
+        key = (r["world"], r["what"] if r["what"] != "load" else "ckpt " + r["path"] + (" ->" + r["dtype"] if r.get("dtype", "-") != "-" else ""))
+        g[key].append(r)
+print("\n| TP | loader | per-rank seconds (max over ranks, each rep) | GiB per rank | GiB/s per rank |")
+print("|---|---|---|---|---|")
+for (w, name), rs in sorted(g.items()):
+    reps = collections.defaultdict(list)
+    for r in rs: reps[r.get("rep", 1)].append(r)
+    worst = [max(x["seconds"] for x in v) for _, v in sorted(reps.items())]
+    gib = max(x["out_GiB"] for x in rs)
+    extra = ""
+    if name.startswith("ckpt"):
+        extra = " (register %.3f s, %.2f GiB registered)" % (max(x["register_s"] for x in rs), max(x["registered_GiB"] for x in rs))
+    print("| %d | %s | %s%s | %.2f | %.1f |" % (w, name, " / ".join("%.3f" % s for s in worst), extra, gib, gib / min(worst)))
+PY
