@@ -4,7 +4,8 @@
   bench_baselines.py gen DIR              GPT-Neo-2.7B-shaped fp32 state dict (420 tensors,
                                           9.88 GiB, random) as DIR/model.safetensors + DIR/model.pt
   bench_baselines.py safetensors FILE RANK WORLD START_AT
-  bench_baselines.py torchload FILE RANK WORLD START_AT
+  bench_baselines.py torchload FILE RANK WORLD START_AT    torch.load(mmap=True)
+  bench_baselines.py torchfull FILE RANK WORLD START_AT    torch.load (whole file into memory)
 
 The loaders take the rank's tensor-parallel shards (same rules as TpPlan "gpt-neo":
 q/k/v/c_fc column-parallel, out_proj/c_proj weights row-parallel, wte vocab-split
@@ -87,7 +88,7 @@ def run(kind, f, rank, world, start_at):
                     b, e = bounds(shape[r[1]], rank, world)
                     out[name] = sl[b:e] if r[1] == 0 else sl[:, b:e]
     else:
-        sd = torch.load(f, mmap=True, weights_only=True)
+        sd = torch.load(f, mmap=(kind == "torchload"), weights_only=True)
         for name, t in sd.items():
             r = rule(name, t.dim())
             if r[0] != "replicate":

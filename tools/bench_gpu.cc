@@ -4,7 +4,7 @@
 //
 //   ckpt-bench-gpu segment FILE.safetensors SHM_NAME      write a segment, print seconds
 //   ckpt-bench-gpu limit DEVICE [GiB] [START_AT]           pinned/pageable H2D bandwidth
-//   ckpt-bench-gpu load SHM_NAME RANK WORLD DEVICE PATH FAMILY [DTYPE|-] [START_AT] [STREAMS] [CHUNK_MIB]
+//   ckpt-bench-gpu load SHM_NAME RANK WORLD DEVICE PATH FAMILY [DTYPE|-] [START_AT] [STREAMS] [CHUNK_MIB] [REG_THREADS]
 //   ckpt-bench-gpu unlink SHM_NAME
 // START_AT: a CLOCK_REALTIME second at which to start (after CUDA context creation), so
 // several processes start together. Output: one JSON object per line.
@@ -101,6 +101,7 @@ static int Load(int argc, char** argv) {
   GpuLoadOptions o;
   if (argc > 10) o.streams = std::atoi(argv[10]);
   if (argc > 11) o.chunk_bytes = std::strtoull(argv[11], nullptr, 10) << 20;
+  if (argc > 12) o.register_threads = std::atoi(argv[12]);
   o.path = path_name == "bounce" ? HostPath::kBounce : path_name == "pageable" ? HostPath::kPageable : HostPath::kRegister;
   if (dtype != "-") {
     auto d = DTypeFromName(dtype);
@@ -131,11 +132,11 @@ static int Load(int argc, char** argv) {
   for (const auto& [n, t] : dict->tensors()) out_bytes += t.nbytes;
   const auto& st = dict->stats();
   std::printf("{\"what\":\"load\",\"path\":\"%s\",\"rank\":%d,\"world\":%d,\"device\":%d,\"dtype\":\"%s\",\"streams\":%d,"
-              "\"chunk_MiB\":%llu,\"context_s\":%.3f,\"attach_s\":%.4f,\"seconds\":%.4f,\"load_s\":%.4f,"
+              "\"chunk_MiB\":%llu,\"reg_threads\":%d,\"context_s\":%.3f,\"attach_s\":%.4f,\"seconds\":%.4f,\"load_s\":%.4f,"
               "\"register_s\":%.4f,\"registered_GiB\":%.3f,\"unregister_s\":%.4f,\"copied_GiB\":%.3f,\"out_GiB\":%.3f,"
               "\"GiBps\":%.2f,\"tensors\":%zu}\n",
               path_name.c_str(), rank, world, device, dtype.c_str(), o.streams,
-              static_cast<unsigned long long>(o.chunk_bytes >> 20), context_s, attach_s, total_s, st.total_seconds,
+              static_cast<unsigned long long>(o.chunk_bytes >> 20), o.register_threads, context_s, attach_s, total_s, st.total_seconds,
               st.register_seconds, st.registered_bytes / 1073741824.0, st.unregister_seconds,
               st.copied_bytes / 1073741824.0, out_bytes / 1073741824.0, st.copied_bytes / 1073741824.0 / total_s,
               dict->tensors().size());

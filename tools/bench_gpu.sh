@@ -29,6 +29,8 @@ echo "cpus: $(nproc)  mem: $(awk '/MemTotal/{print $2/1048576 " GiB"}' /proc/mem
 
 mkdir -p "$data"
 [ -f "$data/model.pt" ] || "$py" "$root/tools/bench_baselines.py" gen "$data" | tee -a "$res"
+memnow() { awk '/^Shmem:|^AnonPages:/{s+=$2} END{print s*1024}' /proc/meminfo; }
+base0=$(memnow)
 shm=ckpt-bench-$$
 trap '"$bench" unlink $shm || true' EXIT
 "$bench" segment "$data/model.safetensors" $shm | tee -a "$res"
@@ -41,28 +43,42 @@ if [ "$ngpu" -gt 1 ]; then
   for g in $(seq 0 $((ngpu - 1))); do "$bench" limit $g 2 $t > "$out/limit.$g" & done; wait
   cat "$out"/limit.* | sed 's/"what":"limit"/"what":"limit_all"/' | tee -a "$res"
 fi
+# Node memory: peak of Shmem + AnonPages during each group of runs, over the level
+# before the segment existed (page cache is not counted).
+sample_start() { (peak=0; while :; do m=$(memnow); [ $m -gt $peak ] && peak=$m && echo $peak > "$out/peak"; sleep 0.02; done) & sampler=$!; }
+sample_stop() { kill $sampler; wait $sampler 2>/dev/null || true; echo $(( $(cat "$out/peak") - base0 )); }
+# configs: path:streams:chunk_MiB:register_threads
+configs=${CONFIGS:-register:4:32:1 register:4:32:4 bounce:4:32:1 bounce:8:16:1 pageable:4:32:1}
 for w in $worlds; do
   [ "$w" -le "$ngpu" ] || { echo "skip world $w: only $ngpu GPUs"; continue; }
-  for p in $paths; do
+  for c in $configs; do
+    IFS=: read p st ch rt <<< "$c"
     for rep in 1 2; do
-      t=$(start_at 3)
-      for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t ${STREAMS:-4} ${CHUNK_MIB:-32} > "$out/run.$r" & done; wait
-      cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,/" | tee -a "$res"
+      t=$(start_at 3); sample_start
+      for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t $st $ch $rt > "$out/run.$r" & done; wait
+      mem=$(sample_stop)
+      cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,\"node_mem\":$mem,/" | tee -a "$res"
     done
   done
-  if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, default host path
+  if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, first config's host path
+    IFS=: read p st ch rt <<< "${configs%% *}"
     t=$(start_at 3)
-    for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r register gpt-neo F16 $t > "$out/run.$r" & done; wait
+    for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo F16 $t $st $ch $rt > "$out/run.$r" & done; wait
     cat "$out"/run.* | tee -a "$res"
   fi
-  for b in ${BASELINES:-safetensors torchload}; do
-    f=$data/model.safetensors; [ $b = torchload ] && f=$data/model.pt
-    t=$(start_at 8)
+done
+"$bench" unlink $shm
+for w in $worlds; do
+  [ "$w" -le "$ngpu" ] || continue
+  for b in ${BASELINES:-safetensors torchload torchfull}; do
+    f=$data/model.safetensors; [ $b != safetensors ] && f=$data/model.pt
+    t=$(start_at 8); sample_start
     for r in $(seq 0 $((w - 1))); do "$py" "$root/tools/bench_baselines.py" $b "$f" $r $w $t > "$out/run.$r" & done; wait
-    cat "$out"/run.* | tee -a "$res"
+    mem=$(sample_stop)
+    cat "$out"/run.* | sed "s/^{/{\"node_mem\":$mem,/" | tee -a "$res"
   done
 done
-rm -f "$out"/run.* "$out"/limit.*
+rm -f "$out"/run.* "$out"/limit.* "$out/peak"
 "$py" - "$res" <<'PY'
 import json, sys, collections
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
@@ -73,10 +89,10 @@ if la: print("pinned H2D, all GPUs at once: %s GiB/s each" % ", ".join("%.1f" % 
 g = collections.defaultdict(list)
 for r in rows:
     if r["what"] in ("load", "safetensors", "torchload"):
-        key = (r["world"], r["what"] if r["what"] != "load" else "ckpt " + r["path"] + (" ->" + r["dtype"] if r.get("dtype", "-") != "-" else ""))
+        key = (r["world"], r["what"] if r["what"] != "load" else "ckpt %s s%d c%d rt%d%s" % (r["path"], r["streams"], r["chunk_MiB"], r["reg_threads"], " ->" + r["dtype"] if r.get("dtype", "-") != "-" else ""))
         g[key].append(r)
-print("\n| TP | loader | per-rank seconds (max over ranks, each rep) | GiB per rank | GiB/s per rank |")
-print("|---|---|---|---|---|")
+print("\n| TP | loader | per-rank seconds (max over ranks, each rep) | GiB per rank | GiB/s per rank | node memory peak GiB |")
+print("|---|---|---|---|---|---|")
 for (w, name), rs in sorted(g.items()):
     reps = collections.defaultdict(list)
     for r in rs: reps[r.get("rep", 1)].append(r)
@@ -85,5 +101,6 @@ for (w, name), rs in sorted(g.items()):
     extra = ""
     if name.startswith("ckpt"):
         extra = " (register %.3f s, %.2f GiB registered)" % (max(x["register_s"] for x in rs), max(x["registered_GiB"] for x in rs))
-    print("| %d | %s | %s%s | %.2f | %.1f |" % (w, name, " / ".join("%.3f" % s for s in worst), extra, gib, gib / min(worst)))
+    mem = max((x.get("node_mem", -2**30) for x in rs)) / 2**30
+    print("| %d | %s | %s%s | %.2f | %.1f | %.2f |" % (w, name, " / ".join("%.3f" % s for s in worst), extra, gib, gib / min(worst), mem))
 PY

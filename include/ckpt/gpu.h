@@ -41,6 +41,8 @@ struct GpuLoadOptions {
   HostPath path = HostPath::kRegister;
   int streams = 4;                      // copy streams (= worker threads), >= 1
   uint64_t chunk_bytes = 32ull << 20;   // largest single copy / bounce buffer size
+  int register_threads = 1;             // kRegister: threads calling cudaHostRegister
+  uint64_t register_group_bytes = 64ull << 20;  // kRegister: largest single registration
   // dtype of every floating-point output; nullopt keeps each tensor's own. Allowed:
   // among F64, F32, F16, BF16. Integer and other tensors are never converted.
   std::optional<DType> float_dtype;

@@ -62,7 +62,7 @@ struct Job {
   uint64_t piece_first_elem = 0;   // first element of this piece in the untransposed output
   uint64_t out_rows = 0;           // untransposed output rows (for transposes: dst_ld)
   uint64_t lo = 0, hi = 0;         // source bytes read: [lo, hi) absolute addresses
-  size_t reg_group = 0;            // registration group that covers it
+  size_t reg_first = 0, reg_last = 0;  // registration groups its bytes lie in
 };
 
 // A strided rectangle of one region: rows [r0, r1), bytes [c0, c1) of each row.
@@ -79,6 +79,39 @@ void ForEachRect(const CopyRegion& r, uint64_t chunk, F&& f) {
     for (uint64_t row = 0; row < r.rows; ++row)
       for (uint64_t c = 0; c < r.row_bytes; c += chunk) f(Rect{row, row + 1, c, std::min(r.row_bytes, c + chunk)});
   }
+}
+
+cudaError_t Copy(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t dpitch, uint64_t w, uint64_t h,
+                 cudaStream_t stream) {
+  if (w == 0 || h == 0) return cudaSuccess;
+  return h == 1 ? cudaMemcpyAsync(dst, src, w, cudaMemcpyHostToDevice, stream)
+                : cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, h, cudaMemcpyHostToDevice, stream);
+}
+
+// Copies h rows of w bytes, split so that no single copy's source crosses an address in
+// `bounds` (registration boundaries).
+cudaError_t IssueSplit(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t dpitch, uint64_t w,
+                       uint64_t h, const std::vector<uint64_t>& bounds, cudaStream_t stream) {
+  const uint64_t s = reinterpret_cast<uint64_t>(src), end = s + (h - 1) * spitch + w;
+  auto it = std::upper_bound(bounds.begin(), bounds.end(), s);
+  uint64_t cur = 0;  // first row not yet copied
+  for (; it != bounds.end() && *it < end; ++it) {
+    const uint64_t k = (*it - s) / spitch, o = (*it - s) % spitch;
+    if (k < cur) continue;
+    if (o == 0) {  // row k starts at the boundary
+      if (cudaError_t e = Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, k - cur, stream)) return e;
+      cur = k;
+    } else if (o < w) {  // row k straddles it
+      if (cudaError_t e = Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, k - cur, stream)) return e;
+      if (cudaError_t e = Copy(src + k * spitch, spitch, dst + k * dpitch, dpitch, o, 1, stream)) return e;
+      if (cudaError_t e = Copy(src + k * spitch + o, spitch, dst + k * dpitch + o, dpitch, w - o, 1, stream)) return e;
+      cur = k + 1;
+    } else {  // it falls between rows k and k + 1
+      if (cudaError_t e = Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, k + 1 - cur, stream)) return e;
+      cur = k + 1;
+    }
+  }
+  return Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, h - cur, stream);
 }
 
 }  // namespace
@@ -177,33 +210,39 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
   }
   std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) { return a.lo < b.lo; });
 
-  // 3. Registration groups: page ranges, disjoint, in address order; neighbours merged
-  // up to 64 MiB so the driver sees few calls but copies can start early.
+  // 3. Registration groups: the union of the page ranges read, cut into pieces of at most
+  // 64 MiB (in address order) so copies start while later groups are still being
+  // registered. A copy never crosses a group boundary (the driver refuses a copy whose
+  // source spans two registrations): copies are split at `bounds`.
   struct Group { uint64_t begin, end; };
   std::vector<Group> groups;
+  std::vector<uint64_t> bounds;  // group begins, sorted
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const bool do_register = options_.path == HostPath::kRegister;
   if (do_register) {
-    uint64_t covered = 0;
+    const uint64_t cap = std::max<uint64_t>(page, options_.register_group_bytes & ~(page - 1));
+    std::vector<Group> runs;
+    for (const Job& j : jobs) {
+      uint64_t b = j.lo & ~(page - 1), e = (j.hi + page - 1) & ~(page - 1);
+      if (!runs.empty() && b <= runs.back().end) runs.back().end = std::max(runs.back().end, e);
+      else runs.push_back({b, e});
+    }
+    for (const Group& r : runs)
+      for (uint64_t b = r.begin; b < r.end; b += cap) groups.push_back({b, std::min(r.end, b + cap)});
+    for (const Group& g : groups) bounds.push_back(g.begin);
     for (Job& j : jobs) {
-      uint64_t b = std::max(j.lo & ~(page - 1), covered);
-      uint64_t e = (j.hi + page - 1) & ~(page - 1);
-      if (e > b) {
-        if (!groups.empty() && groups.back().end == b && groups.back().end - groups.back().begin < (64ull << 20)) {
-          groups.back().end = e;
-        } else {
-          groups.push_back({b, e});
-        }
-        covered = e;
-      }
-      j.reg_group = groups.empty() ? 0 : groups.size() - 1;
+      auto first = std::upper_bound(bounds.begin(), bounds.end(), j.lo) - bounds.begin() - 1;
+      auto last = std::upper_bound(bounds.begin(), bounds.end(), j.hi - 1) - bounds.begin() - 1;
+      j.reg_first = static_cast<size_t>(first);
+      j.reg_last = static_cast<size_t>(last);
     }
   }
 
   // 4. Workers and the registration thread.
   std::mutex mu;
   std::condition_variable cv;
-  size_t groups_done = 0;
+  std::vector<char> group_done(groups.size(), 0);
+  std::atomic<size_t> next_group{0};
   std::vector<cuda::HostRegistration> registrations;
   std::atomic<bool> abort{false};
   Status first_error;
@@ -216,27 +255,29 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
   GpuStateDict dict;
   std::atomic<uint64_t> copied{0};
 
-  std::thread registrar;
+  std::vector<std::thread> registrars;
+  std::atomic<uint64_t> reg_bytes{0};
+  auto r0 = Clock::now();
   if (do_register) {
-    registrar = std::thread([&] {
-      auto r0 = Clock::now();
-      cudaSetDevice(device_);
-      uint64_t reg_bytes = 0;
-      for (size_t g = 0; g < groups.size() && !abort; ++g) {
-        auto reg = cuda::HostRegistration::Register(reinterpret_cast<void*>(groups[g].begin), groups[g].end - groups[g].begin);
-        // A range the driver refuses is copied from pageable memory instead (slower,
-        // still correct); registered_bytes in the stats shows it.
-        std::lock_guard<std::mutex> lock(mu);
-        if (reg.ok()) {
-          reg_bytes += groups[g].end - groups[g].begin;
-          registrations.push_back(std::move(*reg));
+    const int n = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups.size())));
+    for (int t = 0; t < n; ++t) {
+      registrars.emplace_back([&] {
+        cudaSetDevice(device_);
+        for (size_t g = next_group++; g < groups.size() && !abort; g = next_group++) {
+          auto reg = cuda::HostRegistration::Register(reinterpret_cast<void*>(groups[g].begin),
+                                                      groups[g].end - groups[g].begin);
+          // A range the driver refuses is copied from pageable memory instead (slower,
+          // still correct); registered_bytes in the stats shows it.
+          std::lock_guard<std::mutex> lock(mu);
+          if (reg.ok()) {
+            reg_bytes += groups[g].end - groups[g].begin;
+            registrations.push_back(std::move(*reg));
+          }
+          group_done[g] = 1;
+          cv.notify_all();
         }
-        groups_done = g + 1;
-        cv.notify_all();
-      }
-      dict.stats_.register_seconds = Since(r0);
-      dict.stats_.registered_bytes = reg_bytes;
-    });
+      });
+    }
   }
 
   const int nworkers = std::max(1, std::min<int>(options_.streams, static_cast<int>(jobs.size())));
@@ -283,7 +324,12 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
       const Job& j = jobs[i];
       if (do_register) {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return abort || groups_done > j.reg_group; });
+        cv.wait(lock, [&] {
+          if (abort) return true;
+          for (size_t g = j.reg_first; g <= j.reg_last; ++g)
+            if (!group_done[g]) return false;
+          return true;
+        });
         if (abort) return;
       }
       const uint64_t esize = DTypeSize(j.from);
@@ -328,8 +374,7 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
             if (err == cudaSuccess) err = cudaEventRecord(done[which].get(), stream);
             which ^= 1;
           } else {
-            err = h == 1 ? cudaMemcpyAsync(dst, src, w_bytes, cudaMemcpyHostToDevice, stream)
-                         : cudaMemcpy2DAsync(dst, dpitch, src, r.src_pitch, w_bytes, h, cudaMemcpyHostToDevice, stream);
+            err = IssueSplit(src, r.src_pitch, dst, dpitch, w_bytes, h, bounds, stream);
           }
           if (err != cudaSuccess) { st = CudaError("copy of '" + out_name + "'", err); return; }
           copied += w_bytes * h;
@@ -358,11 +403,11 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
     for (int w = 0; w < nworkers; ++w) threads.emplace_back(worker, w);
   }
   for (auto& t : threads) t.join();
-  if (registrar.joinable()) {
-    if (!first_error.ok()) abort = true;
-    cv.notify_all();
-    registrar.join();
-  }
+  if (!first_error.ok()) abort = true;
+  cv.notify_all();
+  for (auto& t : registrars) t.join();
+  dict.stats_.register_seconds = do_register ? Since(r0) : 0;
+  dict.stats_.registered_bytes = reg_bytes;
   // Every stream is idle now (workers synchronised, or are destroyed synchronising).
   for (auto& s : streams) s.Reset();
   dict.stats_.total_seconds = Since(t0);

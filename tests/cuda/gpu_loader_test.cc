@@ -210,6 +210,8 @@ TEST_F(GpuLoaderTest, EveryRuleDtypeAndPathMatchesTheReference) {
               o.path = path;
               o.chunk_bytes = 64 << 10;  // many chunks per tensor
               o.streams = 3;
+              o.register_group_bytes = 12 << 10;  // copies split at registration boundaries
+              o.register_threads = 2;
               o.float_dtype = target;
               auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
               ASSERT_TRUE(loader.ok()) << loader.status().ToString();
