@@ -53,27 +53,27 @@ for w in $worlds; do
   [ "$w" -le "$ngpu" ] || { echo "skip world $w: only $ngpu GPUs"; continue; }
   for c in $configs; do
     IFS=: read p st ch rt <<< "$c"
-    for rep in 1 2; do
-      t=$(start_at 3); sample_start
-      for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t $st $ch $rt > "$out/run.$r" & done; wait
+    for rep in $(seq ${REPS:-2}); do
+      t=$(start_at ${LEAD_S:-3}); sample_start
+      pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
       mem=$(sample_stop)
       cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,\"node_mem\":$mem,/" | tee -a "$res"
     done
   done
   if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, first config's host path
     IFS=: read p st ch rt <<< "${configs%% *}"
-    t=$(start_at 3)
-    for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo F16 $t $st $ch $rt > "$out/run.$r" & done; wait
+    t=$(start_at ${LEAD_S:-3})
+    pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo F16 $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
     cat "$out"/run.* | tee -a "$res"
   fi
 done
 "$bench" unlink $shm
 for w in $worlds; do
   [ "$w" -le "$ngpu" ] || continue
-  for b in ${BASELINES:-safetensors torchload torchfull}; do
+  for b in ${BASELINES-safetensors torchload torchfull}; do
     f=$data/model.safetensors; [ $b != safetensors ] && f=$data/model.pt
-    t=$(start_at 8); sample_start
-    for r in $(seq 0 $((w - 1))); do "$py" "$root/tools/bench_baselines.py" $b "$f" $r $w $t > "$out/run.$r" & done; wait
+    t=$(start_at ${PY_LEAD_S:-8}); sample_start
+    pids=(); for r in $(seq 0 $((w - 1))); do "$py" "$root/tools/bench_baselines.py" $b "$f" $r $w $t > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
     mem=$(sample_stop)
     cat "$out"/run.* | sed "s/^{/{\"node_mem\":$mem,/" | tee -a "$res"
   done

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "cuda/convert_kernels.h"
+#include "cuda/copy_split.h"
 #include "cuda/cuda_resources.h"
 
 namespace ckpt {
@@ -88,30 +89,13 @@ cudaError_t Copy(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t
                 : cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, h, cudaMemcpyHostToDevice, stream);
 }
 
-// Copies h rows of w bytes, split so that no single copy's source crosses an address in
-// `bounds` (registration boundaries).
+// Copies h rows of w bytes, split at registration boundaries `bounds`.
 cudaError_t IssueSplit(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t dpitch, uint64_t w,
                        uint64_t h, const std::vector<uint64_t>& bounds, cudaStream_t stream) {
-  const uint64_t s = reinterpret_cast<uint64_t>(src), end = s + (h - 1) * spitch + w;
-  auto it = std::upper_bound(bounds.begin(), bounds.end(), s);
-  uint64_t cur = 0;  // first row not yet copied
-  for (; it != bounds.end() && *it < end; ++it) {
-    const uint64_t k = (*it - s) / spitch, o = (*it - s) % spitch;
-    if (k < cur) continue;
-    if (o == 0) {  // row k starts at the boundary
-      if (cudaError_t e = Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, k - cur, stream)) return e;
-      cur = k;
-    } else if (o < w) {  // row k straddles it
-      if (cudaError_t e = Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, k - cur, stream)) return e;
-      if (cudaError_t e = Copy(src + k * spitch, spitch, dst + k * dpitch, dpitch, o, 1, stream)) return e;
-      if (cudaError_t e = Copy(src + k * spitch + o, spitch, dst + k * dpitch + o, dpitch, w - o, 1, stream)) return e;
-      cur = k + 1;
-    } else {  // it falls between rows k and k + 1
-      if (cudaError_t e = Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, k + 1 - cur, stream)) return e;
-      cur = k + 1;
-    }
-  }
-  return Copy(src + cur * spitch, spitch, dst + cur * dpitch, dpitch, w, h - cur, stream);
+  return static_cast<cudaError_t>(cuda::SplitAtBounds(
+      reinterpret_cast<uint64_t>(src), spitch, w, h, bounds, [&](uint64_t r0, uint64_t c0, uint64_t cw, uint64_t rows) {
+        return static_cast<int>(Copy(src + r0 * spitch + c0, spitch, dst + r0 * dpitch + c0, dpitch, cw, rows, stream));
+      }));
 }
 
 }  // namespace

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
+#include "cuda/copy_split.h"
 #include "cuda/gpu_loader_impl.h"
 #include "shm/segment_reader.h"
 #include "shm/segment_writer.h"
@@ -338,6 +340,30 @@ TEST_F(GpuLoaderTest, BadInputIsAClearErrorAndNothingIsReturned) {
   auto small = GpuLoaderImpl::Create(seg->Source(), 0, {});
   ASSERT_TRUE(small.ok());
   EXPECT_TRUE((*small)->Load(*outs).ok());
+}
+
+TEST(CopySplitTest, CoversEveryByteOnceAndNeverCrossesABoundary) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const uint64_t s = 1000 + rng() % 5000, w = 1 + rng() % 300, spitch = w + rng() % 3 * (rng() % 200);
+    const uint64_t h = 1 + rng() % 20, end = s + (h - 1) * spitch + w;
+    std::vector<uint64_t> bounds;
+    for (uint64_t b = 0; b < end + 100; b += 1 + rng() % (trial % 2 ? 40 : 2000)) bounds.push_back(b);
+    std::vector<int> seen(h * w, 0);
+    int rc = cuda::SplitAtBounds(s, spitch, w, h, bounds, [&](uint64_t r0, uint64_t c0, uint64_t cw, uint64_t rows) {
+      EXPECT_GT(cw, 0u);
+      EXPECT_LE(c0 + cw, w);
+      EXPECT_LE(r0 + rows, h);
+      const uint64_t lo = s + r0 * spitch + c0, hi = s + (r0 + rows - 1) * spitch + c0 + cw;
+      auto it = std::upper_bound(bounds.begin(), bounds.end(), lo);
+      EXPECT_TRUE(it == bounds.end() || *it >= hi) << "copy [" << lo << ", " << hi << ") crosses " << *it;
+      for (uint64_t r = r0; r < r0 + rows; ++r)
+        for (uint64_t c = c0; c < c0 + cw; ++c) seen[r * w + c]++;
+      return 0;
+    });
+    EXPECT_EQ(rc, 0);
+    for (int v : seen) ASSERT_EQ(v, 1) << "trial " << trial;
+  }
 }
 
 TEST(GpuLoaderNoGpuTest, CreateReportsUnsupportedWithoutAGpu) {
