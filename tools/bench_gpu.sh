@@ -48,13 +48,13 @@ fi
 sample_start() { (peak=0; while :; do m=$(memnow); [ $m -gt $peak ] && peak=$m && echo $peak > "$out/peak"; sleep 0.02; done) & sampler=$!; }
 sample_stop() { kill $sampler; wait $sampler 2>/dev/null || true; echo $(( $(cat "$out/peak") - base0 )); }
 # configs: path:streams:chunk_MiB:register_threads
-configs=${CONFIGS:-register:4:32:1 register:4:32:4 bounce:4:32:1 bounce:8:16:1 pageable:4:32:1}
+configs=${CONFIGS:-bounce:8:16:1 bounce:4:32:1 register:4:32:4 register:4:32:1 pageable:4:32:1}
 for w in $worlds; do
   [ "$w" -le "$ngpu" ] || { echo "skip world $w: only $ngpu GPUs"; continue; }
   for c in $configs; do
     IFS=: read p st ch rt <<< "$c"
     for rep in $(seq ${REPS:-2}); do
-      t=$(start_at ${LEAD_S:-3}); sample_start
+      rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3}); sample_start
       pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
       mem=$(sample_stop)
       cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,\"node_mem\":$mem,/" | tee -a "$res"
@@ -62,7 +62,7 @@ for w in $worlds; do
   done
   if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, first config's host path
     IFS=: read p st ch rt <<< "${configs%% *}"
-    t=$(start_at ${LEAD_S:-3})
+    rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3})
     pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo F16 $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
     cat "$out"/run.* | tee -a "$res"
   fi
@@ -72,35 +72,11 @@ for w in $worlds; do
   [ "$w" -le "$ngpu" ] || continue
   for b in ${BASELINES-safetensors torchload torchfull}; do
     f=$data/model.safetensors; [ $b != safetensors ] && f=$data/model.pt
-    t=$(start_at ${PY_LEAD_S:-8}); sample_start
+    rm -f "$out"/run.*; t=$(start_at ${PY_LEAD_S:-8}); sample_start
     pids=(); for r in $(seq 0 $((w - 1))); do "$py" "$root/tools/bench_baselines.py" $b "$f" $r $w $t > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
     mem=$(sample_stop)
     cat "$out"/run.* | sed "s/^{/{\"node_mem\":$mem,/" | tee -a "$res"
   done
 done
 rm -f "$out"/run.* "$out"/limit.* "$out/peak"
-"$py" - "$res" <<'PY'
-import json, sys, collections
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-lim = [r for r in rows if r["what"] == "limit"]
-print("\npinned H2D, one GPU alone: %s GiB/s" % ", ".join("%.1f" % r["pinned_GiBps"] for r in lim))
-la = [r for r in rows if r["what"] == "limit_all"]
-if la: print("pinned H2D, all GPUs at once: %s GiB/s each" % ", ".join("%.1f" % r["pinned_GiBps"] for r in la))
-g = collections.defaultdict(list)
-for r in rows:
-    if r["what"] in ("load", "safetensors", "torchload"):
-        key = (r["world"], r["what"] if r["what"] != "load" else "ckpt %s s%d c%d rt%d%s" % (r["path"], r["streams"], r["chunk_MiB"], r["reg_threads"], " ->" + r["dtype"] if r.get("dtype", "-") != "-" else ""))
-        g[key].append(r)
-print("\n| TP | loader | per-rank seconds (max over ranks, each rep) | GiB per rank | GiB/s per rank | node memory peak GiB |")
-print("|---|---|---|---|---|---|")
-for (w, name), rs in sorted(g.items()):
-    reps = collections.defaultdict(list)
-    for r in rs: reps[r.get("rep", 1)].append(r)
-    worst = [max(x["seconds"] for x in v) for _, v in sorted(reps.items())]
-    gib = max(x["out_GiB"] for x in rs)
-    extra = ""
-    if name.startswith("ckpt"):
-        extra = " (register %.3f s, %.2f GiB registered)" % (max(x["register_s"] for x in rs), max(x["registered_GiB"] for x in rs))
-    mem = max((x.get("node_mem", -2**30) for x in rs)) / 2**30
-    print("| %d | %s | %s%s | %.2f | %.1f | %.2f |" % (w, name, " / ".join("%.3f" % s for s in worst), extra, gib, gib / min(worst), mem))
-PY
+"$py" "$root/tools/bench_summary.py" "$res"

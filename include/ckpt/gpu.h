@@ -6,10 +6,12 @@
 //   auto dict = (*loader)->Load(*outs, {});            // every shard on the GPU
 //   const ckpt::GpuTensor& w = dict->at("transformer.h.0.attn.attention.q_proj.weight");
 //
-// The bytes go from the shared-memory mapping to the device by DMA, with no host copy of
-// whole tensors (HostPath::kRegister, the default: only the pages the rank reads are
-// registered, in order, while earlier tensors are already being copied); column slices
-// are 2D copies; dtype conversion and transposes run on the GPU.
+// The bytes go from the shared-memory mapping to the device with no host copy of whole
+// tensors: by default (HostPath::kBounce, chosen by measurement, docs/benchmarks.md) 8
+// threads gather the rank's rows into double-buffered 16 MiB pinned buffers pipelined
+// with the DMA; kRegister registers only the pages the rank reads, in order, while
+// earlier tensors are already being copied. Column slices are 2D copies; dtype
+// conversion and transposes run on the GPU.
 // This header is available in every build; without CUDA, Create returns Unsupported.
 #pragma once
 
@@ -32,15 +34,16 @@ class Checkpoint;
 // How host bytes reach the device.
 enum class HostPath {
   kRegister,  // cudaHostRegister (read-only) of the pages read, then DMA from the mapping
-  kBounce,    // memcpy threads fill pinned bounce buffers, pipelined with DMA
+  kBounce,    // memcpy threads fill pinned bounce buffers, pipelined with DMA (fastest
+              // measured: 0.41 s vs 0.78 s per rank at TP=4, docs/benchmarks.md)
   kPageable,  // plain cudaMemcpy from the mapping (the driver stages it): a baseline
 };
 const char* HostPathName(HostPath path);
 
 struct GpuLoadOptions {
-  HostPath path = HostPath::kRegister;
-  int streams = 4;                      // copy streams (= worker threads), >= 1
-  uint64_t chunk_bytes = 32ull << 20;   // largest single copy / bounce buffer size
+  HostPath path = HostPath::kBounce;
+  int streams = 8;                      // copy streams (= worker threads), >= 1
+  uint64_t chunk_bytes = 16ull << 20;   // largest single copy / bounce buffer size (x2 per stream)
   int register_threads = 1;             // kRegister: threads calling cudaHostRegister
   uint64_t register_group_bytes = 64ull << 20;  // kRegister: largest single registration
   // dtype of every floating-point output; nullopt keeps each tensor's own. Allowed:
