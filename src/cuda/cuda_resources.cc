@@ -1,0 +1,64 @@
+#include "cuda/cuda_resources.h"
+
+namespace ckpt::cuda {
+
+Status CudaError(const std::string& what, cudaError_t err) {
+  std::string msg = what + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  if (err == cudaErrorMemoryAllocation) return ResourceExhausted(msg);
+  if (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) return Unsupported(msg);
+  if (err == cudaErrorInvalidDevice) return InvalidArgument(msg);
+  return Internal(msg);
+}
+
+Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
+  DeviceBuffer b;
+  if (bytes == 0) return b;
+  cudaError_t err = cudaMalloc(&b.ptr_, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return CudaError("cudaMalloc of " + std::to_string(bytes) + " bytes (device has " +
+                         std::to_string(free_b) + " of " + std::to_string(total_b) + " free)",
+                     err);
+  }
+  b.size_ = bytes;
+  return b;
+}
+
+Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
+  PinnedBuffer b;
+  CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
+  b.size_ = bytes;
+  return b;
+}
+
+Result<Stream> Stream::Create() {
+  Stream s;
+  CKPT_CUDA_RETURN("cudaStreamCreate", cudaStreamCreateWithFlags(&s.s_, cudaStreamNonBlocking));
+  return s;
+}
+
+Result<Event> Event::Create() {
+  Event e;
+  CKPT_CUDA_RETURN("cudaEventCreate", cudaEventCreateWithFlags(&e.e_, cudaEventDisableTiming));
+  return e;
+}
+
+Result<HostRegistration> HostRegistration::Register(const void* ptr, size_t bytes) {
+  HostRegistration r;
+  void* p = const_cast<void*>(ptr);
+  cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterReadOnly);
+  if (err == cudaErrorHostMemoryAlreadyRegistered) {
+    cudaGetLastError();
+    return r;
+  }
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaError("cudaHostRegister of " + std::to_string(bytes) + " bytes", err);
+  }
+  r.ptr_ = p;
+  return r;
+}
+
+}  // namespace ckpt::cuda

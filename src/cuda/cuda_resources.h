@@ -1,0 +1,118 @@
+// RAII owners of CUDA resources used by the copy engine: move-only, destructors never
+// throw and ignore errors (a destructor has nobody to report to), safe when moved-from.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "ckpt/status.h"
+
+namespace ckpt::cuda {
+
+// "what: cudaErrorName (description)" as Internal, or ResourceExhausted for OOM.
+Status CudaError(const std::string& what, cudaError_t err);
+
+#define CKPT_CUDA_RETURN(what, expr)                              \
+  do {                                                            \
+    cudaError_t ckpt_cuda_err_ = (expr);                          \
+    if (ckpt_cuda_err_ != cudaSuccess) return ::ckpt::cuda::CudaError((what), ckpt_cuda_err_); \
+  } while (0)
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  // Allocates `bytes` on the current device. ResourceExhausted on OOM.
+  static Result<DeviceBuffer> Allocate(size_t bytes);
+  ~DeviceBuffer() { Reset(); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) { Reset(); ptr_ = std::exchange(o.ptr_, nullptr); size_ = std::exchange(o.size_, 0); }
+    return *this;
+  }
+  void* get() const { return ptr_; }
+  size_t size() const { return size_; }
+  void* release() { size_ = 0; return std::exchange(ptr_, nullptr); }
+  void Reset() { if (ptr_) cudaFree(ptr_); ptr_ = nullptr; size_ = 0; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  static Result<PinnedBuffer> Allocate(size_t bytes);
+  ~PinnedBuffer() { Reset(); }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) { Reset(); ptr_ = std::exchange(o.ptr_, nullptr); size_ = std::exchange(o.size_, 0); }
+    return *this;
+  }
+  std::byte* get() const { return static_cast<std::byte*>(ptr_); }
+  size_t size() const { return size_; }
+  void Reset() { if (ptr_) cudaFreeHost(ptr_); ptr_ = nullptr; size_ = 0; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() = default;
+  static Result<Stream> Create();
+  ~Stream() { Reset(); }
+  Stream(Stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  Stream& operator=(Stream&& o) noexcept {
+    if (this != &o) { Reset(); s_ = std::exchange(o.s_, nullptr); }
+    return *this;
+  }
+  cudaStream_t get() const { return s_; }
+  void Reset() { if (s_) { cudaStreamSynchronize(s_); cudaStreamDestroy(s_); } s_ = nullptr; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() = default;
+  static Result<Event> Create();
+  ~Event() { Reset(); }
+  Event(Event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  Event& operator=(Event&& o) noexcept {
+    if (this != &o) { Reset(); e_ = std::exchange(o.e_, nullptr); }
+    return *this;
+  }
+  cudaEvent_t get() const { return e_; }
+  void Reset() { if (e_) cudaEventDestroy(e_); e_ = nullptr; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+// A page-aligned host range registered with cudaHostRegister (read-only where supported).
+// Unregisters on destruction unless the range was already registered by someone else.
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  // Registers [ptr, ptr + bytes). AlreadyRegistered ranges give an owner that does not
+  // unregister. Errors: Internal/Unsupported from the driver.
+  static Result<HostRegistration> Register(const void* ptr, size_t bytes);
+  ~HostRegistration() { Reset(); }
+  HostRegistration(HostRegistration&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)) {}
+  HostRegistration& operator=(HostRegistration&& o) noexcept {
+    if (this != &o) { Reset(); ptr_ = std::exchange(o.ptr_, nullptr); }
+    return *this;
+  }
+  void Reset() { if (ptr_) cudaHostUnregister(ptr_); ptr_ = nullptr; }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+}  // namespace ckpt::cuda

@@ -1,0 +1,379 @@
+// GPU copy engine: every shard on the GPU equals the reference slice (PlanShard +
+// GatherShard on the host, then the same transpose and dtype conversion on the host) bit
+// for bit, for every plan rule, transpose, fusion, dtype pair and host path. Skips
+// without a GPU. Segments are written with SegmentWriter, no daemon needed.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "ckpt/gpu.h"
+#include "ckpt/tp_plan.h"
+#include "cuda/copy_split.h"
+#include "cuda/gpu_loader_impl.h"
+#include "shm/segment_reader.h"
+#include "shm/segment_writer.h"
+
+namespace ckpt {
+namespace {
+
+// ---- host reference conversions (round to nearest even, as the GPU does) ----
+uint32_t Bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+float FromBits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+uint16_t F32ToF16(float f) {  // bit-exact IEEE round-to-nearest-even (FP16 library)
+  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;
+  const uint32_t w = Bits(f), shl1_w = w + w, sign = w & 0x80000000u;
+  uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = FromBits((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = Bits(base);
+  const uint32_t nonsign = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+  return static_cast<uint16_t>((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+uint16_t F32ToBF16(float f) {
+  uint32_t u = Bits(f);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+float F16ToF32(uint16_t h) {
+  int s = h >> 15, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  float v = e == 0 ? std::ldexp(float(m), -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp(float(m + 1024), e - 25);
+  return s ? -v : v;
+}
+float BF16ToF32(uint16_t h) { return FromBits(uint32_t(h) << 16); }
+
+double ReadAsDouble(DType t, const std::byte* p) {
+  switch (t) {
+    case DType::kF64: { double d; std::memcpy(&d, p, 8); return d; }
+    case DType::kF32: { float f; std::memcpy(&f, p, 4); return f; }
+    case DType::kF16: { uint16_t h; std::memcpy(&h, p, 2); return F16ToF32(h); }
+    case DType::kBF16: { uint16_t h; std::memcpy(&h, p, 2); return BF16ToF32(h); }
+    default: return 0;
+  }
+}
+void WriteFrom(DType from, DType to, const std::byte* src, std::byte* dst) {
+  if (from == to) { std::memcpy(dst, src, DTypeSize(from)); return; }
+  double d = ReadAsDouble(from, src);
+  switch (to) {
+    case DType::kF64: std::memcpy(dst, &d, 8); break;
+    case DType::kF32: { float f = static_cast<float>(d); std::memcpy(dst, &f, 4); break; }
+    case DType::kF16: { uint16_t h = F32ToF16(static_cast<float>(d)); std::memcpy(dst, &h, 2); break; }
+    case DType::kBF16: { uint16_t h = F32ToBF16(static_cast<float>(d)); std::memcpy(dst, &h, 2); break; }
+    default: break;
+  }
+}
+bool IsFloat(DType t) { return t == DType::kF64 || t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+// ---- a segment of random tensors ----
+struct Segment {
+  std::string name;
+  std::unique_ptr<shm::SegmentReader> reader;
+  ~Segment() { if (!name.empty()) (void)shm::RemoveShmObject(name); }
+  TensorSource Source() const {
+    const shm::SegmentReader* r = reader.get();
+    return TensorSource{&r->tensors(), [r](size_t i) { return r->tensor_data(i); }};
+  }
+};
+
+std::unique_ptr<Segment> MakeSegment(const std::vector<TensorInfo>& infos, uint32_t seed, double scale = 4.0) {
+  static int n = 0;
+  auto seg = std::make_unique<Segment>();
+  shm::SegmentSpec spec;
+  spec.shm_name = "ckpttest-gpu-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+  spec.checkpoint_name = "gpu-test";
+  spec.source_path = "memory";
+  spec.generation = 1;
+  for (TensorInfo t : infos) {
+    t.nbytes = NumElements(t.shape) * DTypeSize(t.dtype);
+    spec.tensors.push_back(t);
+  }
+  auto writer = shm::SegmentWriter::Create(spec);
+  EXPECT_TRUE(writer.ok()) << writer.status().ToString();
+  if (!writer.ok()) return nullptr;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0, scale);
+  std::vector<uint64_t> sums;
+  for (size_t i = 0; i < spec.tensors.size(); ++i) {
+    const TensorInfo& t = spec.tensors[i];
+    std::byte* p = (*writer)->tensor_data(i);
+    const uint64_t n_el = NumElements(t.shape), es = DTypeSize(t.dtype);
+    for (uint64_t e = 0; e < n_el; ++e) {
+      double v = normal(rng);
+      if (IsFloat(t.dtype)) {
+        WriteFrom(DType::kF64, t.dtype, reinterpret_cast<const std::byte*>(&v), p + e * es);
+      } else {
+        uint64_t r = rng();
+        std::memcpy(p + e * es, &r, es);
+      }
+    }
+    sums.push_back(shm::Checksum(p, t.nbytes));
+  }
+  EXPECT_TRUE((*writer)->Publish(sums, 1).ok());
+  seg->name = spec.shm_name;
+  auto reader = shm::SegmentReader::Open(spec.shm_name);
+  EXPECT_TRUE(reader.ok()) << reader.status().ToString();
+  if (!reader.ok()) return nullptr;
+  seg->reader = std::move(*reader);
+  return seg;
+}
+
+// The reference bytes of `out` as the loader should produce them.
+std::vector<std::byte> Reference(const Segment& seg, const ShardOutput& out, std::optional<DType> float_dtype,
+                                 DType* to_out, std::vector<int64_t>* shape_out) {
+  const auto& tensors = seg.reader->tensors();
+  auto layout = PlanOutput(out, tensors);
+  EXPECT_TRUE(layout.ok()) << layout.status().ToString();
+  std::vector<std::byte> raw(layout->nbytes);
+  for (size_t p = 0; p < out.pieces.size(); ++p) {
+    const std::byte* src = seg.reader->tensor_data(seg.reader->Find(out.pieces[p].source));
+    EXPECT_TRUE(GatherShard(layout->pieces[p], src, raw.data() + layout->piece_offsets[p],
+                            raw.size() - layout->piece_offsets[p]).ok());
+  }
+  const DType from = layout->dtype;
+  const uint64_t es = DTypeSize(from);
+  if (out.transpose) {
+    const uint64_t cols = layout->shape[0], rows = layout->shape[1];  // after the swap
+    std::vector<std::byte> t(raw.size());
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < cols; ++c) std::memcpy(&t[(c * rows + r) * es], &raw[(r * cols + c) * es], es);
+    raw.swap(t);
+  }
+  DType to = (float_dtype && IsFloat(from)) ? *float_dtype : from;
+  *to_out = to;
+  *shape_out = layout->shape;
+  if (to == from) return raw;
+  const uint64_t n = raw.size() / es;
+  std::vector<std::byte> conv(n * DTypeSize(to));
+  for (uint64_t i = 0; i < n; ++i) WriteFrom(from, to, &raw[i * es], &conv[i * DTypeSize(to)]);
+  return conv;
+}
+
+void ExpectMatches(const Segment& seg, const std::vector<ShardOutput>& outs, const GpuStateDict& dict,
+                   std::optional<DType> float_dtype, const std::string& what) {
+  ASSERT_EQ(dict.tensors().size(), outs.size()) << what;
+  for (const ShardOutput& out : outs) {
+    DType to;
+    std::vector<int64_t> shape;
+    std::vector<std::byte> ref = Reference(seg, out, float_dtype, &to, &shape);
+    ASSERT_TRUE(dict.contains(out.name)) << what << " " << out.name;
+    const GpuTensor& g = dict.at(out.name);
+    EXPECT_EQ(g.dtype, to) << what << " " << out.name;
+    EXPECT_EQ(g.shape, shape) << what << " " << out.name;
+    ASSERT_EQ(g.nbytes, ref.size()) << what << " " << out.name;
+    std::vector<std::byte> got(g.nbytes);
+    ASSERT_EQ(cudaMemcpy(got.data(), g.data, g.nbytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(got == ref) << what << " " << out.name << " differs from the reference slice";
+  }
+}
+
+class GpuLoaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!GpuAvailable()) GTEST_SKIP() << "no CUDA GPU here";
+  }
+};
+
+const DType kDTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kF64, DType::kI32};
+const HostPath kPaths[] = {HostPath::kRegister, HostPath::kBounce, HostPath::kPageable};
+
+std::vector<TensorInfo> RuleTensors() {
+  std::vector<TensorInfo> infos;
+  for (DType d : kDTypes) {
+    std::string n = DTypeName(d);
+    infos.push_back({n + ".w", d, {96, 1152}, 0, 0});
+    infos.push_back({n + ".b", d, {96}, 0, 0});
+    infos.push_back({n + ".v", d, {25, 64}, 0, 0});
+  }
+  return infos;
+}
+
+TEST_F(GpuLoaderTest, EveryRuleDtypeAndPathMatchesTheReference) {
+  auto seg = MakeSegment(RuleTensors(), 1);
+  ASSERT_TRUE(seg);
+  const char* rules[] = {"replicate", "column", "row", "vocab", "fused_qkv", "conv1d_column", "conv1d_row", "conv1d_fused_qkv"};
+  const std::optional<DType> targets[] = {std::nullopt, DType::kF16, DType::kBF16, DType::kF32, DType::kF64};
+  for (const char* rule : rules) {
+    for (bool transpose : {false, true}) {
+      std::string json = std::string(R"({"rules": [{"pattern": "\\.v$", "rule": "vocab"},)") +
+                         R"({"pattern": "\\.w$", "rule": ")" + rule + R"(", "transpose": )" +
+                         (transpose ? "true" : "false") + R"(}, {"pattern": "\\.b$", "rule": ")" + rule + R"("}]})";
+      auto plan = TpPlan::FromJson(json);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      for (int world : {1, 2, 4}) {
+        for (int rank = 0; rank < world; ++rank) {
+          auto outs = plan->Resolve(seg->reader->tensors(), rank, world);
+          ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+          for (HostPath path : kPaths) {
+            for (auto target : targets) {
+              GpuLoadOptions o;
+              o.path = path;
+              o.chunk_bytes = 64 << 10;  // many chunks per tensor
+              o.streams = 3;
+              o.register_group_bytes = 12 << 10;  // copies split at registration boundaries
+              o.register_threads = 2;
+              o.float_dtype = target;
+              auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+              ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+              auto dict = (*loader)->Load(*outs);
+              std::string what = std::string(rule) + (transpose ? " transposed" : "") + " rank " +
+                                 std::to_string(rank) + "/" + std::to_string(world) + " " + HostPathName(path) +
+                                 " to " + (target ? DTypeName(*target) : "same");
+              ASSERT_TRUE(dict.ok()) << what << ": " << dict.status().ToString();
+              ExpectMatches(*seg, *outs, *dict, target, what);
+              if (HasFailure()) return;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GpuLoaderTest, FusedQkvAndBuiltInFamilies) {
+  // A two-layer GPT-Neo / GPT-2 / LLaMA-shaped state dict (fp32, hidden 64, vocab 50).
+  std::vector<TensorInfo> infos = {
+      {"transformer.wte.weight", DType::kF32, {50, 64}, 0, 0},
+      {"transformer.h.0.attn.attention.q_proj.weight", DType::kF32, {64, 64}, 0, 0},
+      {"transformer.h.0.attn.attention.k_proj.weight", DType::kF32, {64, 64}, 0, 0},
+      {"transformer.h.0.attn.attention.v_proj.weight", DType::kF32, {64, 64}, 0, 0},
+      {"transformer.h.0.attn.attention.out_proj.weight", DType::kF32, {64, 64}, 0, 0},
+      {"transformer.h.0.attn.attention.out_proj.bias", DType::kF32, {64}, 0, 0},
+      {"transformer.h.0.mlp.c_fc.weight", DType::kF32, {256, 64}, 0, 0},
+      {"transformer.h.0.mlp.c_fc.bias", DType::kF32, {256}, 0, 0},
+      {"transformer.h.0.mlp.c_proj.weight", DType::kF32, {64, 256}, 0, 0},
+      {"h.1.attn.c_attn.weight", DType::kF32, {64, 192}, 0, 0},
+      {"h.1.attn.c_attn.bias", DType::kF32, {192}, 0, 0},
+      {"h.1.attn.c_proj.weight", DType::kF32, {64, 64}, 0, 0},
+      {"h.1.mlp.c_fc.weight", DType::kF32, {64, 256}, 0, 0},
+      {"model.layers.0.self_attn.q_proj.weight", DType::kBF16, {64, 64}, 0, 0},
+      {"model.layers.0.self_attn.k_proj.weight", DType::kBF16, {32, 64}, 0, 0},
+      {"model.layers.0.self_attn.v_proj.weight", DType::kBF16, {32, 64}, 0, 0},
+      {"model.layers.0.self_attn.q_proj.bias", DType::kBF16, {64}, 0, 0},
+      {"model.layers.0.self_attn.k_proj.bias", DType::kBF16, {32}, 0, 0},
+      {"model.layers.0.self_attn.v_proj.bias", DType::kBF16, {32}, 0, 0},
+  };
+  auto seg = MakeSegment(infos, 2);
+  ASSERT_TRUE(seg);
+  for (const char* family : {"gpt-neo", "gpt2", "llama"}) {
+    for (bool fuse : {false, true}) {
+      TpPlan::BuiltInOptions bo;
+      bo.fuse_qkv = fuse;
+      bo.transpose_conv1d = fuse;
+      auto plan = TpPlan::BuiltIn(family, bo);
+      ASSERT_TRUE(plan.ok());
+      for (int world : {1, 2, 4}) {
+        for (int rank = 0; rank < world; ++rank) {
+          auto outs = plan->Resolve(seg->reader->tensors(), rank, world);
+          ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+          if (fuse && std::string(family) == "llama") {
+            bool found = false;
+            for (const auto& o : *outs) found |= o.name == "model.layers.0.self_attn.qkv_proj.weight" && o.pieces.size() == 3;
+            EXPECT_TRUE(found);
+          }
+          for (HostPath path : kPaths) {
+            GpuLoadOptions o;
+            o.path = path;
+            o.float_dtype = DType::kF16;
+            auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+            ASSERT_TRUE(loader.ok());
+            auto dict = (*loader)->Load(*outs);
+            ASSERT_TRUE(dict.ok()) << dict.status().ToString();
+            ExpectMatches(*seg, *outs, *dict, o.float_dtype,
+                          std::string(family) + (fuse ? " fused" : "") + " " + std::to_string(rank) + "/" +
+                              std::to_string(world) + " " + HostPathName(path));
+            if (HasFailure()) return;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(GpuLoaderTest, BadInputIsAClearErrorAndNothingIsReturned) {
+  auto seg = MakeSegment({{"w", DType::kF32, {8, 8}, 0, 0}}, 3, /*scale=*/1e6);  // beyond fp16 range
+  ASSERT_TRUE(seg);
+  auto plan = TpPlan::BuiltIn("gpt-neo");
+  // Nonexistent device.
+  auto bad_device = GpuLoaderImpl::Create(seg->Source(), 4096, {});
+  ASSERT_FALSE(bad_device.ok());
+  EXPECT_EQ(bad_device.status().code(), StatusCode::kInvalidArgument) << bad_device.status().ToString();
+  // float -> int.
+  GpuLoadOptions to_int;
+  to_int.float_dtype = DType::kI32;
+  auto bad_dtype = GpuLoaderImpl::Create(seg->Source(), 0, to_int);
+  ASSERT_FALSE(bad_dtype.ok());
+  EXPECT_EQ(bad_dtype.status().code(), StatusCode::kInvalidArgument);
+  // Rank out of range.
+  EXPECT_EQ(plan->Resolve(seg->reader->tensors(), 2, 2).status().code(), StatusCode::kInvalidArgument);
+  // Overflowing conversion, refused unless allowed.
+  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
+  ASSERT_TRUE(outs.ok());
+  for (HostPath path : kPaths) {
+    GpuLoadOptions o;
+    o.path = path;
+    o.float_dtype = DType::kF16;
+    auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+    ASSERT_TRUE(loader.ok());
+    auto dict = (*loader)->Load(*outs);
+    ASSERT_FALSE(dict.ok());
+    EXPECT_EQ(dict.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(dict.status().message().find("'w'"), std::string::npos) << dict.status().ToString();
+    o.allow_overflow = true;
+    auto loader2 = GpuLoaderImpl::Create(seg->Source(), 0, o);
+    ASSERT_TRUE(loader2.ok());
+    EXPECT_TRUE((*loader2)->Load(*outs).ok());
+  }
+  // Device OOM: a 1 PiB tensor (never read: allocation fails first).
+  std::vector<TensorInfo> huge = {{"huge", DType::kF32, {int64_t(1) << 38, 1024}, (uint64_t(1) << 50), 0}};
+  std::byte dummy[64] = {};
+  auto loader = GpuLoaderImpl::Create(TensorSource{&huge, [&](size_t) -> const std::byte* { return dummy; }}, 0, {});
+  ASSERT_TRUE(loader.ok());
+  auto huge_outs = plan->Resolve(huge, 0, 1);
+  ASSERT_TRUE(huge_outs.ok());
+  auto dict = (*loader)->Load(*huge_outs);
+  ASSERT_FALSE(dict.ok());
+  EXPECT_EQ(dict.status().code(), StatusCode::kResourceExhausted) << dict.status().ToString();
+  // The device still works afterwards.
+  auto small = GpuLoaderImpl::Create(seg->Source(), 0, {});
+  ASSERT_TRUE(small.ok());
+  EXPECT_TRUE((*small)->Load(*outs).ok());
+}
+
+TEST(CopySplitTest, CoversEveryByteOnceAndNeverCrossesABoundary) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const uint64_t s = 1000 + rng() % 5000, w = 1 + rng() % 300, spitch = w + rng() % 3 * (rng() % 200);
+    const uint64_t h = 1 + rng() % 20, end = s + (h - 1) * spitch + w;
+    std::vector<uint64_t> bounds;
+    for (uint64_t b = 0; b < end + 100; b += 1 + rng() % (trial % 2 ? 40 : 2000)) bounds.push_back(b);
+    std::vector<int> seen(h * w, 0);
+    int rc = cuda::SplitAtBounds(s, spitch, w, h, bounds, [&](uint64_t r0, uint64_t c0, uint64_t cw, uint64_t rows) {
+      EXPECT_GT(cw, 0u);
+      EXPECT_LE(c0 + cw, w);
+      EXPECT_LE(r0 + rows, h);
+      const uint64_t lo = s + r0 * spitch + c0, hi = s + (r0 + rows - 1) * spitch + c0 + cw;
+      auto it = std::upper_bound(bounds.begin(), bounds.end(), lo);
+      EXPECT_TRUE(it == bounds.end() || *it >= hi) << "copy [" << lo << ", " << hi << ") crosses " << *it;
+      for (uint64_t r = r0; r < r0 + rows; ++r)
+        for (uint64_t c = c0; c < c0 + cw; ++c) seen[r * w + c]++;
+      return 0;
+    });
+    EXPECT_EQ(rc, 0);
+    for (int v : seen) ASSERT_EQ(v, 1) << "trial " << trial;
+  }
+}
+
+TEST(GpuLoaderNoGpuTest, CreateReportsUnsupportedWithoutAGpu) {
+  if (GpuAvailable()) GTEST_SKIP() << "a GPU is present";
+  auto seg = MakeSegment({{"w", DType::kF32, {4, 4}, 0, 0}}, 4);
+  ASSERT_TRUE(seg);
+  auto loader = GpuLoaderImpl::Create(seg->Source(), 0, {});
+  ASSERT_FALSE(loader.ok());
+  EXPECT_EQ(loader.status().code(), StatusCode::kUnsupported) << loader.status().ToString();
+}
+
+}  // namespace
+}  // namespace ckpt

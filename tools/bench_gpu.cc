@@ -1,0 +1,154 @@
+// ckpt-bench-gpu: measures loading a rank's shards into its GPU (issue 4), without a
+// daemon: the segment is written by the loader library and attached through SegmentReader,
+// the same read-only mapping a Client::Attach gives.
+//
+//   ckpt-bench-gpu segment FILE.safetensors SHM_NAME      write a segment, print seconds
+//   ckpt-bench-gpu limit DEVICE [GiB] [START_AT]           pinned/pageable H2D bandwidth
+//   ckpt-bench-gpu load SHM_NAME RANK WORLD DEVICE PATH FAMILY [DTYPE|-] [START_AT] [STREAMS] [CHUNK_MIB] [REG_THREADS]
+//   ckpt-bench-gpu unlink SHM_NAME
+// START_AT: a CLOCK_REALTIME second at which to start (after CUDA context creation), so
+// several processes start together. Output: one JSON object per line.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ckpt/gpu.h"
+#include "ckpt/tp_plan.h"
+#include "cuda/gpu_loader_impl.h"
+#include "format/safetensors.h"
+#include "loader/checkpoint_loader.h"
+#include "shm/segment_reader.h"
+
+using namespace ckpt;
+using Clock = std::chrono::steady_clock;
+
+static double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+static void WaitUntil(double start_at) {
+  if (start_at <= 0) return;
+  for (;;) {
+    double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (now >= start_at) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+static int Die(const std::string& what, const Status& s) {
+  std::fprintf(stderr, "%s: %s\n", what.c_str(), s.ToString().c_str());
+  return 1;
+}
+#define CHECK_CUDA(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); return 1; } } while (0)
+
+static int Segment(const std::string& file, const std::string& shm) {
+  format::LoadPlan plan;
+  Status s = format::PlanSafetensorsFile(file, &plan);
+  if (!s.ok()) return Die("plan", s);
+  shm::SegmentSpec spec;
+  spec.shm_name = shm;
+  spec.checkpoint_name = "bench";
+  spec.source_path = file;
+  spec.generation = 1;
+  loader::LoadOptions lo;
+  lo.threads = 16;
+  auto t0 = Clock::now();
+  auto seg = loader::LoadIntoSegment(plan, spec, lo);
+  if (!seg.ok()) return Die("load", seg.status());
+  std::printf("{\"what\":\"segment\",\"tensors\":%zu,\"GiB\":%.3f,\"seconds\":%.3f}\n", seg->tensors.size(),
+              seg->data_bytes / 1073741824.0, Since(t0));
+  return 0;
+}
+
+static int Limit(int device, double gib, double start_at) {
+  CHECK_CUDA(cudaSetDevice(device));
+  const size_t bytes = static_cast<size_t>(gib * 1073741824.0);
+  void *pinned, *dev;
+  CHECK_CUDA(cudaMallocHost(&pinned, bytes));
+  CHECK_CUDA(cudaMalloc(&dev, bytes));
+  std::memset(pinned, 1, bytes);
+  std::vector<char> pageable(bytes, 2);
+  cudaStream_t st;
+  CHECK_CUDA(cudaStreamCreate(&st));
+  CHECK_CUDA(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, st));
+  CHECK_CUDA(cudaStreamSynchronize(st));
+  WaitUntil(start_at);
+  double best_pinned = 1e9, best_pageable = 1e9;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = Clock::now();
+    CHECK_CUDA(cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, st));
+    CHECK_CUDA(cudaStreamSynchronize(st));
+    best_pinned = std::min(best_pinned, Since(t0));
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto t0 = Clock::now();
+    CHECK_CUDA(cudaMemcpy(dev, pageable.data(), bytes, cudaMemcpyHostToDevice));
+    best_pageable = std::min(best_pageable, Since(t0));
+  }
+  std::printf("{\"what\":\"limit\",\"device\":%d,\"GiB\":%.2f,\"pinned_GiBps\":%.2f,\"pageable_GiBps\":%.2f}\n", device,
+              gib, gib / best_pinned, gib / best_pageable);
+  return 0;
+}
+
+static int Load(int argc, char** argv) {
+  const std::string shm = argv[2];
+  const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]), device = std::atoi(argv[5]);
+  const std::string path_name = argv[6], family = argv[7];
+  const std::string dtype = argc > 8 ? argv[8] : "-";
+  const double start_at = argc > 9 ? std::atof(argv[9]) : 0;
+  GpuLoadOptions o;
+  if (argc > 10) o.streams = std::atoi(argv[10]);
+  if (argc > 11) o.chunk_bytes = std::strtoull(argv[11], nullptr, 10) << 20;
+  if (argc > 12) o.register_threads = std::atoi(argv[12]);
+  o.path = path_name == "bounce" ? HostPath::kBounce : path_name == "pageable" ? HostPath::kPageable : HostPath::kRegister;
+  if (dtype != "-") {
+    auto d = DTypeFromName(dtype);
+    if (!d) return Die("dtype", InvalidArgument(dtype));
+    o.float_dtype = *d;
+  }
+  auto c0 = Clock::now();
+  CHECK_CUDA(cudaSetDevice(device));
+  CHECK_CUDA(cudaFree(nullptr));
+  const double context_s = Since(c0);
+  auto plan = TpPlan::BuiltIn(family);
+  if (!plan.ok()) return Die("plan", plan.status());
+  WaitUntil(start_at);
+
+  auto t0 = Clock::now();
+  auto reader = shm::SegmentReader::Open(shm);  // attach
+  if (!reader.ok()) return Die("attach", reader.status());
+  const double attach_s = Since(t0);
+  const shm::SegmentReader* r = reader->get();
+  auto outs = plan->Resolve(r->tensors(), rank, world);
+  if (!outs.ok()) return Die("resolve", outs.status());
+  auto loader = GpuLoaderImpl::Create(TensorSource{&r->tensors(), [r](size_t i) { return r->tensor_data(i); }}, device, o);
+  if (!loader.ok()) return Die("loader", loader.status());
+  auto dict = (*loader)->Load(*outs);
+  if (!dict.ok()) return Die("load", dict.status());
+  const double total_s = Since(t0);
+  uint64_t out_bytes = 0;
+  for (const auto& [n, t] : dict->tensors()) out_bytes += t.nbytes;
+  const auto& st = dict->stats();
+  std::printf("{\"what\":\"load\",\"path\":\"%s\",\"rank\":%d,\"world\":%d,\"device\":%d,\"dtype\":\"%s\",\"streams\":%d,"
+              "\"chunk_MiB\":%llu,\"reg_threads\":%d,\"context_s\":%.3f,\"attach_s\":%.4f,\"seconds\":%.4f,\"load_s\":%.4f,"
+              "\"register_s\":%.4f,\"registered_GiB\":%.3f,\"unregister_s\":%.4f,\"copied_GiB\":%.3f,\"out_GiB\":%.3f,"
+              "\"GiBps\":%.2f,\"tensors\":%zu}\n",
+              path_name.c_str(), rank, world, device, dtype.c_str(), o.streams,
+              static_cast<unsigned long long>(o.chunk_bytes >> 20), o.register_threads, context_s, attach_s, total_s, st.total_seconds,
+              st.register_seconds, st.registered_bytes / 1073741824.0, st.unregister_seconds,
+              st.copied_bytes / 1073741824.0, out_bytes / 1073741824.0, st.copied_bytes / 1073741824.0 / total_s,
+              dict->tensors().size());
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "segment" && argc == 4) return Segment(argv[2], argv[3]);
+  if (mode == "limit" && argc >= 3) return Limit(std::atoi(argv[2]), argc > 3 ? std::atof(argv[3]) : 2.0, argc > 4 ? std::atof(argv[4]) : 0);
+  if (mode == "load" && argc >= 8) return Load(argc, argv);
+  if (mode == "unlink" && argc == 3) return shm::RemoveShmObject(argv[2]).ok() ? 0 : 1;
+  std::fprintf(stderr, "usage: see the comment at the top of tools/bench_gpu.cc\n");
+  return 2;
+}

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# GPU load benchmark (issue 4), one command on a machine with NVIDIA GPUs and PyTorch:
+#   tools/bench_gpu.sh [OUT_DIR] [WORLDS] [PATHS]     e.g. tools/bench_gpu.sh out "1 2 4" "register bounce pageable"
+# Builds into ${BUILD_DIR:-build-gpu} (unless SKIP_BUILD=1), writes a GPT-Neo-2.7B-shaped fp32
+# checkpoint (9.88 GiB, 420 tensors) to ${DATA:-/tmp/ckpt-bench}, loads it into a shared-memory
+# segment, then for each TP degree W starts W processes at once (rank r on GPU r) and prints
+# each rank's time from attach to all shards on its GPU, for each host path, next to the
+# pinned host->device limit and the safetensors get_slice / torch.load(mmap=True) baselines
+# run on the same files in the same run. JSON lines go to OUT_DIR/results.jsonl.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/bench-out}
+worlds=${2:-1 2 4}
+paths=${3:-register bounce pageable}
+mkdir -p "$out"
+build=${BUILD_DIR:-$root/build-gpu}
+data=${DATA:-/tmp/ckpt-bench}
+py=${PYTHON:-python3}
+ngpu=$(nvidia-smi -L | wc -l)
+res=$out/results.jsonl
+: > "$res"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target ckpt-bench-gpu
+fi
+bench=$build/bin/ckpt-bench-gpu
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/machine.txt"
+echo "cpus: $(nproc)  mem: $(awk '/MemTotal/{print $2/1048576 " GiB"}' /proc/meminfo)" | tee -a "$out/machine.txt"
+
+mkdir -p "$data"
+[ -f "$data/model.pt" ] || "$py" "$root/tools/bench_baselines.py" gen "$data" | tee -a "$res"
+memnow() { awk '/^Shmem:|^AnonPages:/{s+=$2} END{print s*1024}' /proc/meminfo; }
+base0=$(memnow)
+shm=ckpt-bench-$$
+trap '"$bench" unlink $shm || true' EXIT
+"$bench" segment "$data/model.safetensors" $shm | tee -a "$res"
+
+start_at() { "$py" -c 'import time; print(f"{time.time() + '"$1"':.3f}")'; }
+# limits: each GPU alone, then all at once
+"$bench" limit 0 2 | tee -a "$res"
+if [ "$ngpu" -gt 1 ]; then
+  t=$(start_at 4)
+  for g in $(seq 0 $((ngpu - 1))); do "$bench" limit $g 2 $t > "$out/limit.$g" & done; wait
+  cat "$out"/limit.* | sed 's/"what":"limit"/"what":"limit_all"/' | tee -a "$res"
+fi
+# Node memory: peak of Shmem + AnonPages during each group of runs, over the level
+# before the segment existed (page cache is not counted).
+sample_start() { (peak=0; while :; do m=$(memnow); [ $m -gt $peak ] && peak=$m && echo $peak > "$out/peak"; sleep 0.02; done) & sampler=$!; }
+sample_stop() { kill $sampler; wait $sampler 2>/dev/null || true; echo $(( $(cat "$out/peak") - base0 )); }
+# configs: path:streams:chunk_MiB:register_threads
+configs=${CONFIGS:-bounce:8:16:1 bounce:4:32:1 register:4:32:4 register:4:32:1 pageable:4:32:1}
+for w in $worlds; do
+  [ "$w" -le "$ngpu" ] || { echo "skip world $w: only $ngpu GPUs"; continue; }
+  for c in $configs; do
+    IFS=: read p st ch rt <<< "$c"
+    for rep in $(seq ${REPS:-2}); do
+      rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3}); sample_start
+      pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+      mem=$(sample_stop)
+      cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,\"node_mem\":$mem,/" | tee -a "$res"
+    done
+  done
+  if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, first config's host path
+    IFS=: read p st ch rt <<< "${configs%% *}"
+    rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3})
+    pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo F16 $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+    cat "$out"/run.* | tee -a "$res"
+  fi
+done
+"$bench" unlink $shm
+for w in $worlds; do
+  [ "$w" -le "$ngpu" ] || continue
+  for b in ${BASELINES-safetensors torchload torchfull}; do
+    f=$data/model.safetensors; [ $b != safetensors ] && f=$data/model.pt
+    rm -f "$out"/run.*; t=$(start_at ${PY_LEAD_S:-8}); sample_start
+    pids=(); for r in $(seq 0 $((w - 1))); do "$py" "$root/tools/bench_baselines.py" $b "$f" $r $w $t > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+    mem=$(sample_stop)
+    cat "$out"/run.* | sed "s/^{/{\"node_mem\":$mem,/" | tee -a "$res"
+  done
+done
+rm -f "$out"/run.* "$out"/limit.* "$out/peak"
+"$py" "$root/tools/bench_summary.py" "$res"

@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Summarises tools/bench_gpu.sh's results.jsonl as a Markdown table (duplicates dropped)."""
+import collections
+import json
+import sys
+
+rows, seen = [], set()
+for line in open(sys.argv[1]):
+    if not line.startswith("{"):
+        continue
+    r = json.loads(line)
+    key = tuple((k, v) for k, v in sorted(r.items()) if k not in ("rep", "node_mem"))
+    if key in seen:
+        continue
+    seen.add(key)
+    rows.append(r)
+lim = [r for r in rows if r["what"] == "limit"]
+print("\npinned H2D, one GPU alone: %s GiB/s; pageable %s GiB/s" % (
+    ", ".join("%.1f" % r["pinned_GiBps"] for r in lim), ", ".join("%.1f" % r["pageable_GiBps"] for r in lim)))
+la = [r for r in rows if r["what"] == "limit_all"]
+if la:
+    print("pinned H2D, all GPUs at once: %s GiB/s each" % ", ".join("%.1f" % r["pinned_GiBps"] for r in la))
+limit = min(r["pinned_GiBps"] for r in (la or lim))
+g = collections.defaultdict(list)
+for r in rows:
+    if r["what"] in ("load", "safetensors", "torchload", "torchfull"):
+        if r["what"] == "load":
+            name = "ckpt %s, %d streams, %d MiB chunks%s%s" % (
+                r["path"], r["streams"], r["chunk_MiB"],
+                ", %d register threads" % r["reg_threads"] if r["path"] == "register" else "",
+                ", fp32->" + r["dtype"] if r.get("dtype", "-") != "-" else "")
+        else:
+            name = {"safetensors": "safetensors safe_open(cuda) + get_slice",
+                    "torchload": "torch.load(mmap=True) + slice + .to(cuda)",
+                    "torchfull": "torch.load (full) + slice + .to(cuda)"}[r["what"]]
+        g[(r["world"], name)].append(r)
+print("\n| TP | loader | per-rank s (slowest rank) | GiB/rank | GiB/s/rank | % of pinned limit | node mem peak GiB | notes |")
+print("|---|---|---|---|---|---|---|---|")
+for (w, name), rs in sorted(g.items(), key=lambda kv: (kv[0][0], min(x["seconds"] for x in kv[1]))):
+    sec = max(x["seconds"] for x in rs)
+    gib = max(x.get("copied_GiB", x["out_GiB"]) for x in rs)
+    mem = max(x.get("node_mem", -1) for x in rs)
+    notes = ""
+    if name.startswith("ckpt register"):
+        notes = "register %.2f s of %.2f GiB, unregister %.2f s" % (
+            max(x["register_s"] for x in rs), max(x["registered_GiB"] for x in rs), max(x["unregister_s"] for x in rs))
+    print("| %d | %s | %.3f | %.2f | %.1f | %.0f%% | %s | %s |" % (
+        w, name, sec, gib, gib / sec, 100 * gib / sec / limit, "%.2f" % (mem / 2**30) if mem >= 0 else "-", notes))
