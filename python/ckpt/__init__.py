@@ -11,6 +11,8 @@ Every rank attaches the daemon's one copy read-only; tensors are zero-copy views
 (read-only CPU tensors) until a shard is gathered or moved to a device. Errors raise
 ckpt.CkptError subclasses that carry the daemon's message.
 """
+import json
+import os
 import re
 import warnings
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
@@ -83,6 +85,32 @@ def _rule_for(plan: Plan, name: str, info: dict) -> Rule:
         if re.search(pattern, name):
             return rule
     return REPLICATE
+
+
+_DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
+
+
+def _plan_for_gpu(plan: Plan):
+    """(kind, text) for the CUDA engine's TpPlan, or None if the plan has no such form."""
+    if plan is None:
+        return "json", json.dumps({"default": "replicate", "rules": []})
+    if isinstance(plan, str):
+        if plan in _ckpt.plan_families():
+            return "family", plan
+        if os.path.isfile(plan):
+            return "file", plan
+        raise InvalidArgument(f"unknown plan '{plan}': not a built-in family {_ckpt.plan_families()} nor a file")
+    if callable(plan):
+        return None
+    rules = []
+    for pattern, (kind, dim, chunks, uneven) in plan.items():
+        if kind == "replicate":
+            rules.append({"pattern": pattern, "rule": "replicate"})
+        elif kind == "split":
+            rules.append({"pattern": pattern, "rule": {"split": dim, "chunks": chunks, "uneven": bool(uneven)}})
+        else:
+            return None  # flat partitions: not a tensor-parallel plan
+    return "json", json.dumps({"default": "replicate", "rules": rules})
 
 
 def ds_partition_size(numel: int, world: int) -> int:
@@ -160,16 +188,39 @@ class Checkpoint:
 
     def state_dict(self, rank: int = 0, world: int = 1, plan: Plan = None, *,
                    device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
-                   copy: bool = False, names=None) -> Dict[str, torch.Tensor]:
-        """{name: this rank's shard} for every tensor (or `names`), sharded by `plan`.
-        dtype converts floating-point tensors only (on the device when there is one)."""
+                   copy: bool = False, names=None, engine: str = "auto") -> Dict[str, torch.Tensor]:
+        """{name: this rank's shard} for every tensor (or `names`), sharded by `plan`: a
+        {regex: Rule} dict, a callable, a built-in family name ("gpt-neo", "llama", ...;
+        see _ckpt.plan_families()) or a JSON plan file. dtype converts floating-point
+        tensors only, on the device when there is one.
+
+        engine: "gpu" copies through the CUDA copy engine (pinned bounce buffers, 2D DMA,
+        several streams, conversion on the GPU) into one device allocation; "torch" copies
+        tensor by tensor with torch; "auto" takes "gpu" for a CUDA device when the engine
+        is available and the plan has a tensor-parallel form."""
+        device = torch.device(device)
+        gpu_plan = _plan_for_gpu(plan) if device.type == "cuda" and names is None else None
+        use_gpu = engine == "gpu" or (engine == "auto" and gpu_plan is not None and _ckpt.gpu_available()
+                                       and (dtype is None or dtype in _DTYPE_NAMES))
+        if use_gpu:
+            if gpu_plan is None:
+                raise InvalidArgument("the GPU engine needs a CUDA device, all tensors, and a dict, family or file plan")
+            index = device.index if device.index is not None else 0
+            capsules = self._h.load_gpu(gpu_plan[0], gpu_plan[1], rank, world, index,
+                                        _DTYPE_NAMES.get(dtype, "") if dtype is not None else "")
+            return {name: torch.utils.dlpack.from_dlpack(c) for name, c in capsules.items()}
+        if engine not in ("auto", "torch"):
+            raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")
+        if isinstance(plan, str):
+            from . import plans as _plans
+            plan = _plans.BY_FAMILY.get(plan) or _plans.from_file(plan)
         out = {}
         for name in (names if names is not None else self._infos):
             info = self.info(name)
             rule = _rule_for(plan, name, info)
             want = dtype if (dtype is not None and _torch_dtype(info["dtype"]).is_floating_point) else None
             out[name] = self.shard(name, rule, rank, world, device=device, dtype=want, copy=copy)
-        if torch.device(device).type == "cuda":
+        if device.type == "cuda":
             torch.cuda.synchronize(device)
         return out
 

@@ -38,3 +38,30 @@ LLAMA = {
     r"embed_tokens\.weight$": _VOCAB,
     r"^lm_head\.weight$": _VOCAB,
 }
+
+
+# Family names as the C++ TpPlan::BuiltIn knows them (used when the CUDA engine is absent).
+BY_FAMILY = {"gpt-neo": GPT_NEO, "gpt2": GPT2, "llama": LLAMA, "mistral": LLAMA}
+
+
+def from_file(path):
+    """A {regex: Rule} plan from a JSON plan file whose rules are "replicate" or
+    {"split": d, "chunks": k, "uneven": b} (named rules such as "column" need the CUDA
+    engine's TpPlan)."""
+    import json
+    import os
+    from . import InvalidArgument
+    if not os.path.isfile(path):
+        raise InvalidArgument(f"unknown plan '{path}': not a known family nor a file")
+    with open(path) as f:
+        spec = json.load(f)
+    plan = {}
+    for entry in spec.get("rules", []):
+        rule = entry["rule"]
+        if rule == "replicate":
+            plan[entry["pattern"]] = Rule("replicate")
+        elif isinstance(rule, dict) and "split" in rule:
+            plan[entry["pattern"]] = Rule("split", rule["split"], rule.get("chunks", 1), rule.get("uneven", False))
+        else:
+            raise InvalidArgument(f"plan rule {rule!r} needs the CUDA engine")
+    return plan

@@ -11,6 +11,8 @@
 #include <memory>
 
 #include "ckpt/client.h"
+#include "ckpt/gpu.h"
+#include "ckpt/tp_plan.h"
 
 namespace py = pybind11;
 
@@ -79,6 +81,96 @@ struct TensorBuffer {
   uint64_t size;
 };
 
+// DLPack (https://dmlc.github.io/dlpack): how GPU tensors reach PyTorch without linking
+// libtorch. These mirror dlpack.h's stable ABI (the "dltensor" capsule protocol).
+struct DLDevice {
+  int32_t device_type;  // kDLCUDA = 2
+  int32_t device_id;
+};
+struct DLDataType {
+  uint8_t code;  // 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool
+  uint8_t bits;
+  uint16_t lanes;
+};
+struct DLTensor {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;  // null: compact row-major
+  uint64_t byte_offset;
+};
+struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensor* self);
+};
+
+// Owns one exported tensor: its shape array and a share of the device allocation.
+struct ExportedTensor {
+  DLManagedTensor managed;
+  std::vector<int64_t> shape;
+  std::shared_ptr<void> allocation;
+};
+
+ckpt::Result<DLDataType> DlpackType(ckpt::DType dtype) {
+  using ckpt::DType;
+  switch (dtype) {
+    case DType::kBool: return DLDataType{6, 8, 1};
+    case DType::kU8: return DLDataType{1, 8, 1};
+    case DType::kI8: return DLDataType{0, 8, 1};
+    case DType::kI16: return DLDataType{0, 16, 1};
+    case DType::kU16: return DLDataType{1, 16, 1};
+    case DType::kI32: return DLDataType{0, 32, 1};
+    case DType::kU32: return DLDataType{1, 32, 1};
+    case DType::kI64: return DLDataType{0, 64, 1};
+    case DType::kU64: return DLDataType{1, 64, 1};
+    case DType::kF16: return DLDataType{2, 16, 1};
+    case DType::kBF16: return DLDataType{4, 16, 1};
+    case DType::kF32: return DLDataType{2, 32, 1};
+    case DType::kF64: return DLDataType{2, 64, 1};
+    case DType::kC64: return DLDataType{5, 64, 1};
+    case DType::kC128: return DLDataType{5, 128, 1};
+    default: return ckpt::Unsupported(std::string("no DLPack type for ") + ckpt::DTypeName(dtype));
+  }
+}
+
+py::object ToCapsule(const ckpt::GpuTensor& t, int device, std::shared_ptr<void> allocation) {
+  auto* e = new ExportedTensor();
+  e->shape = t.shape;
+  e->allocation = std::move(allocation);
+  DLTensor& dl = e->managed.dl_tensor;
+  dl.data = t.data;
+  dl.device = {2, device};
+  dl.ndim = static_cast<int32_t>(t.shape.size());
+  dl.dtype = Unwrap(DlpackType(t.dtype));
+  dl.shape = e->shape.data();
+  dl.strides = nullptr;
+  dl.byte_offset = 0;
+  e->managed.manager_ctx = e;
+  e->managed.deleter = [](DLManagedTensor* self) { delete static_cast<ExportedTensor*>(self->manager_ctx); };
+  // A capsule nobody consumed still owns its tensor; a consumer renames it "used_dltensor".
+  PyObject* capsule = PyCapsule_New(&e->managed, "dltensor", [](PyObject* cap) {
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+      auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+      m->deleter(m);
+    }
+  });
+  if (capsule == nullptr) {
+    delete e;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
+ckpt::Result<ckpt::TpPlan> PlanFrom(const std::string& kind, const std::string& text) {
+  if (kind == "family") return ckpt::TpPlan::BuiltIn(text);
+  if (kind == "json") return ckpt::TpPlan::FromJson(text);
+  if (kind == "file") return ckpt::TpPlan::FromJsonFile(text);
+  return ckpt::InvalidArgument("plan kind must be family, json or file, not '" + kind + "'");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ckpt, m) {
@@ -107,6 +199,8 @@ PYBIND11_MODULE(_ckpt, m) {
   sub("PermissionDenied", ckpt::StatusCode::kPermissionDenied, PyExc_PermissionError);
 
   m.def("default_socket_path", &ckpt::Client::DefaultSocketPath);
+  m.def("gpu_available", &ckpt::GpuAvailable, "True if the CUDA copy engine is built in and a GPU is usable");
+  m.def("plan_families", &ckpt::TpPlan::Families);
 
   py::class_<ckpt::Client>(m, "Client")
       .def_static(
@@ -187,6 +281,44 @@ PYBIND11_MODULE(_ckpt, m) {
              return out;
            })
       .def("verify", [](const ckpt::Checkpoint& c) { Check(c.Verify()); })
+      // A rank's state dict on `device` through the CUDA copy engine, as
+      // {name: DLPack capsule}. plan_kind: "family" (built-in plan name), "json" (plan
+      // text) or "file" (plan path). float_dtype: "" (keep) or F16/BF16/F32/F64.
+      .def(
+          "load_gpu",
+          [](const CheckpointPtr& c, const std::string& plan_kind, const std::string& plan, int rank, int world,
+             int device, const std::string& float_dtype, const std::string& host_path, int streams,
+             bool allow_overflow) {
+            ckpt::TpPlan tp = Unwrap(PlanFrom(plan_kind, plan));
+            auto outputs = Unwrap(tp.Resolve(c->tensors(), rank, world));
+            ckpt::GpuLoadOptions options;
+            options.streams = streams;
+            options.allow_overflow = allow_overflow;
+            if (!float_dtype.empty()) {
+              auto dt = ckpt::DTypeFromName(float_dtype);
+              if (!dt) Raise(ckpt::InvalidArgument("unknown dtype '" + float_dtype + "'"));
+              options.float_dtype = *dt;
+            }
+            if (host_path == "register") options.path = ckpt::HostPath::kRegister;
+            else if (host_path == "pageable") options.path = ckpt::HostPath::kPageable;
+            else if (host_path == "bounce" || host_path.empty()) options.path = ckpt::HostPath::kBounce;
+            else Raise(ckpt::InvalidArgument("host path must be bounce, register or pageable"));
+            ckpt::Result<ckpt::GpuStateDict> loaded = ckpt::Internal("unreached");
+            {
+              py::gil_scoped_release release;
+              auto loader = ckpt::GpuLoader::Create(*c, device, options);
+              loaded = loader.ok() ? (*loader)->Load(outputs) : ckpt::Result<ckpt::GpuStateDict>(loader.status());
+            }
+            ckpt::GpuStateDict dict = Unwrap(std::move(loaded));
+            py::dict out;
+            for (const auto& [name, tensor] : dict.tensors()) {
+              out[py::str(name)] = ToCapsule(tensor, dict.device(), dict.allocation());
+            }
+            return out;
+          },
+          py::arg("plan_kind"), py::arg("plan"), py::arg("rank"), py::arg("world"), py::arg("device"),
+          py::arg("float_dtype") = "", py::arg("host_path") = "bounce", py::arg("streams") = 8,
+          py::arg("allow_overflow") = false)
       // A read-only buffer (buffer protocol) over a whole tensor's bytes; it keeps the
       // mapping alive for as long as it, or anything viewing it, lives.
       .def("buffer",

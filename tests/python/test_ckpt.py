@@ -188,6 +188,22 @@ class CkptModuleTest(unittest.TestCase):
         with self.assertRaisesRegex(ckpt.NotFound, "no such file"):
             self.client.load(self.path + ".missing", "x")
 
+    def test_gpu_engine_without_a_gpu_is_a_clear_error(self):
+        c = self.client.attach("gpt")
+        if ckpt._ckpt.gpu_available():
+            self.skipTest("a GPU is present")
+        with self.assertRaisesRegex(ckpt.Unsupported, "CUDA|GPU|driver"):
+            c.state_dict(0, 2, "gpt-neo", device="cuda:0", engine="gpu")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "unknown plan"):
+            c.state_dict(0, 2, "no-such-family", device="cuda:0", engine="gpu")
+        self.assertIn("gpt-neo", ckpt._ckpt.plan_families())
+
+    def test_family_plans_work_without_the_engine(self):
+        sd = self.client.state_dict("gpt", 1, 2, "llama")  # no llama tensors: all replicated
+        self.assertTrue(torch.equal(sd["wte.weight"], self.sd["wte.weight"]))
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "unknown plan"):
+            self.client.state_dict("gpt", 0, 2, "no-such-family")
+
     def test_no_daemon_and_daemon_restart(self):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaisesRegex(ckpt.Unavailable, "is the daemon running"):
