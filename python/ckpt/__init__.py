@@ -197,11 +197,14 @@ class Checkpoint:
         engine: "gpu" copies through the CUDA copy engine (pinned bounce buffers, 2D DMA,
         several streams, conversion on the GPU) into one device allocation; "torch" copies
         tensor by tensor with torch; "auto" takes "gpu" for a CUDA device when the engine
-        is available and the plan has a tensor-parallel form."""
+        is available, world == 1 and the plan has a tensor-parallel form. (From Python,
+        the engine with world > 1 crashed on the GPU machine and is not yet the default.)"""
         device = torch.device(device)
         gpu_plan = _plan_for_gpu(plan) if device.type == "cuda" and names is None else None
-        use_gpu = engine == "gpu" or (engine == "auto" and gpu_plan is not None and _ckpt.gpu_available()
-                                       and (dtype is None or dtype in _DTYPE_NAMES))
+        # "auto" takes the engine only where it was verified from Python on a GPU (whole
+        # tensors, world == 1); a TP load through it crashed there (issue 5's notes).
+        use_gpu = engine == "gpu" or (engine == "auto" and world == 1 and gpu_plan is not None
+                                       and _ckpt.gpu_available() and (dtype is None or dtype in _DTYPE_NAMES))
         if use_gpu:
             if gpu_plan is None:
                 raise InvalidArgument("the GPU engine needs a CUDA device, all tensors, and a dict, family or file plan")
