@@ -19,7 +19,6 @@ same N processes cost when they load nothing (Python, torch, CUDA contexts):
 and the ckpt module on PYTHONPATH (build/python).
 """
 import argparse
-import json
 import multiprocessing as mp
 import os
 import signal
@@ -191,12 +190,7 @@ def main():
         daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", prefix, "--cleanup-on-exit",
                                    "--load-threads", str(min(16, os.cpu_count() or 2))])
         try:
-            for _ in range(500):
-                try:
-                    client = ckpt.connect(sock)
-                    break
-                except ckpt.Unavailable:
-                    time.sleep(0.02)
+            client = ckpt.connect(sock, wait=10)
             base = node_bytes()
             t0 = time.perf_counter()
             client.load(st_path, "gpt-neo")

@@ -25,7 +25,6 @@ import os
 import signal
 import subprocess
 import tempfile
-import time
 
 import torch
 
@@ -58,12 +57,7 @@ def main():
         daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", f"zero{os.getpid()}",
                                    "--cleanup-on-exit"], stderr=subprocess.DEVNULL)
         try:
-            for _ in range(500):
-                try:
-                    client = ckpt.connect(sock)
-                    break
-                except ckpt.Unavailable:
-                    time.sleep(0.02)
+            client = ckpt.connect(sock, wait=10)
             summary = client.load(os.path.abspath(args.checkpoint), "model")
             ctx = mp.get_context("spawn")
             queue = ctx.Queue()

@@ -267,9 +267,19 @@ class Client:
         return self.attach(name).state_dict(rank, world, plan, **kwargs)
 
 
-def connect(socket: Optional[str] = None) -> Client:
-    """Connects to ckptd at `socket` ($CKPTD_SOCKET or /run/ckptd/ckptd.sock by default)."""
-    return Client(socket)
+def connect(socket: Optional[str] = None, wait: float = 0.0) -> Client:
+    """Connects to ckptd at `socket` ($CKPTD_SOCKET or /run/ckptd/ckptd.sock by default),
+    retrying for up to `wait` seconds while nobody listens (a daemon just started).
+    Raises Unavailable after that."""
+    import time
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return Client(socket)
+        except Unavailable:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _torch_dtype(name: str) -> torch.dtype:

@@ -1,7 +1,6 @@
 """Building a model without allocating its weights, to be filled from ckptd."""
 import contextlib
 
-import torch
 from torch import nn
 
 

@@ -46,13 +46,7 @@ class Daemon:
     def start(self):
         self.proc = subprocess.Popen([CKPTD, "--socket", self.socket, "--shm-prefix", self.prefix,
                                       "--cleanup-on-exit"], stdout=self.log, stderr=self.log)
-        for _ in range(500):
-            try:
-                ckpt.connect(self.socket)
-                return
-            except ckpt.Unavailable:
-                time.sleep(0.02)
-        raise RuntimeError("ckptd did not start")
+        ckpt.connect(self.socket, wait=10)
 
     def stop(self, sig=signal.SIGTERM):
         if self.proc and self.proc.poll() is None:

@@ -54,12 +54,7 @@ def main():
     daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", f"neo{os.getpid()}", "--cleanup-on-exit",
                                "--load-threads", "16"])
     try:
-        for _ in range(500):
-            try:
-                client = ckpt.connect(sock)
-                break
-            except ckpt.Unavailable:
-                time.sleep(0.02)
+        client = ckpt.connect(sock, wait=10)
         t0 = time.perf_counter()
         client.load(os.path.join(folder, "model.safetensors"), "neo")
         t_load = time.perf_counter() - t0
