@@ -135,14 +135,34 @@ def run_ranks(target, n, arg):
     procs = [ctx.Process(target=target, args=(r, n, arg, ready, release, results)) for r in range(n)]
     for p in procs:
         p.start()
-    ready.wait()  # every rank holds what it loaded
-    peak[0] = max(peak[0], node_bytes())
-    times = sorted(results.get()[1] for _ in range(n))
-    release.wait()
-    for p in procs:
-        p.join()
-    stop.set()
-    sampler.join()
+
+    def watch():
+        # A rank that dies (a crash, OOM) would leave the others waiting at the barriers.
+        while not stop.is_set():
+            if any(p.exitcode not in (None, 0) for p in procs):
+                ready.abort()
+                release.abort()
+                return
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        ready.wait()  # every rank holds what it loaded
+        peak[0] = max(peak[0], node_bytes())
+        times = sorted(results.get()[1] for _ in range(n))
+        release.wait()
+        for p in procs:
+            p.join()
+    except threading.BrokenBarrierError:
+        for p in procs:
+            p.terminate()
+            p.join()
+        raise RuntimeError(f"{target.__name__}: a rank failed, exit codes {[p.exitcode for p in procs]}") from None
+    finally:
+        stop.set()
+        sampler.join()
+        watcher.join()
     return peak[0] - base, times
 
 
