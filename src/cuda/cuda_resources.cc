@@ -61,4 +61,15 @@ Result<HostRegistration> HostRegistration::Register(const void* ptr, size_t byte
   return r;
 }
 
+CurrentDeviceGuard::CurrentDeviceGuard() {
+  if (cudaGetDevice(&saved_) != cudaSuccess) {
+    cudaGetLastError();
+    saved_ = -1;
+  }
+}
+
+CurrentDeviceGuard::~CurrentDeviceGuard() {
+  if (saved_ >= 0) cudaSetDevice(saved_);
+}
+
 }  // namespace ckpt::cuda

@@ -115,4 +115,17 @@ class HostRegistration {
   void* ptr_ = nullptr;
 };
 
+// Restores the calling thread's current CUDA device when it goes out of scope, so a loader
+// never changes the device its caller (e.g. PyTorch) had selected.
+class CurrentDeviceGuard {
+ public:
+  CurrentDeviceGuard();
+  ~CurrentDeviceGuard();
+  CurrentDeviceGuard(const CurrentDeviceGuard&) = delete;
+  CurrentDeviceGuard& operator=(const CurrentDeviceGuard&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
 }  // namespace ckpt::cuda

@@ -117,6 +117,7 @@ Result<std::unique_ptr<GpuLoaderImpl>> GpuLoaderImpl::Create(TensorSource source
   if (device < 0 || device >= count)
     return InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
                            " present)");
+  cuda::CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device));
   CKPT_CUDA_RETURN("CUDA context", cudaFree(nullptr));
   GpuLoadOptions o = options;
@@ -128,6 +129,7 @@ GpuLoaderImpl::~GpuLoaderImpl() = default;
 
 Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs) {
   const auto t0 = Clock::now();
+  cuda::CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
   const std::vector<TensorInfo>& tensors = *source_.tensors;
   std::unordered_map<std::string, size_t> index;
@@ -291,6 +293,12 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
     cuda::DeviceBuffer scratch;
     cuda::PinnedBuffer pinned[2];
     cuda::Event done[2];
+    // Declared after the buffers, so destroyed first: no early return frees a buffer
+    // that a copy or kernel on this stream still uses.
+    struct DrainOnExit {
+      cudaStream_t stream;
+      ~DrainOnExit() { cudaStreamSynchronize(stream); }
+    } drain{stream};
     int which = 0;
     if (options_.path == HostPath::kBounce) {
       for (int k = 0; k < 2; ++k) {

@@ -124,6 +124,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
                                            writer->tensor_data(i)));
     checksums[i] = shm::Checksum(writer->tensor_data(i), t.nbytes);
     done.fetch_add(t.nbytes, std::memory_order_relaxed);
+    report();
   }
   for (size_t i = 0; i < n; ++i) {
     if (plan.tensors[i].alias_of >= 0) checksums[i] = checksums[plan.tensors[i].alias_of];

@@ -137,6 +137,7 @@ ckpt::Result<DLDataType> DlpackType(ckpt::DType dtype) {
 }
 
 py::object ToCapsule(const ckpt::GpuTensor& t, int device, std::shared_ptr<void> allocation) {
+  const DLDataType type = Unwrap(DlpackType(t.dtype));  // before anything is allocated
   auto* e = new ExportedTensor();
   e->shape = t.shape;
   e->allocation = std::move(allocation);
@@ -144,7 +145,7 @@ py::object ToCapsule(const ckpt::GpuTensor& t, int device, std::shared_ptr<void>
   dl.data = t.data;
   dl.device = {2, device};
   dl.ndim = static_cast<int32_t>(t.shape.size());
-  dl.dtype = Unwrap(DlpackType(t.dtype));
+  dl.dtype = type;
   dl.shape = e->shape.data();
   dl.strides = nullptr;
   dl.byte_offset = 0;
