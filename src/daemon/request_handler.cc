@@ -181,18 +181,18 @@ Result<json> RequestHandler::Load(const json& request) {
   }
   path = *checked;
 
-  auto plan = format::PlanCheckpoint(path);
+  // Every file the checkpoint consists of (a folder's model file, each shard an index
+  // names) must lie beneath the roots too, and is checked before it is even examined.
+  format::FileGate within_roots;
+  if (ctx_.roots->restricted()) {
+    within_roots = [this, &name](const std::string& file) {
+      return ctx_.roots->Check(file).status().WithContext("a file of checkpoint '" + name + "'");
+    };
+  }
+  auto plan = format::PlanCheckpoint(path, within_roots);
   if (!plan.ok()) {
     spdlog::warn("load of '{}' refused: {}", name, plan.status().ToString());
     return plan.status();
-  }
-  if (ctx_.roots->restricted()) {
-    // Files a sharded checkpoint's index names must lie beneath the roots too.
-    const std::string dir = path.substr(0, path.rfind('/'));
-    for (const std::string& f : plan->files) {
-      auto ok = ctx_.roots->Check(!f.empty() && f[0] == '/' ? f : dir + "/" + f);
-      if (!ok.ok()) return ok.status().WithContext("a file of checkpoint '" + name + "'");
-    }
   }
   // The segment adds a header and an aligned index to the tensor bytes.
   const uint64_t estimate = plan->TotalBytes() + (plan->tensors.size() + 2) * 4096 + (1u << 20);

@@ -49,7 +49,8 @@ Status PlanShard(const std::string& path, LoadPlan* plan) {
   return PlanSafetensorsFile(path, plan);
 }
 
-Result<LoadPlan> PlanFile(const std::string& path, uint64_t size) {
+Result<LoadPlan> PlanFile(const std::string& path, uint64_t size, const FileGate& may_open) {
+  if (may_open) CKPT_RETURN_IF_ERROR(may_open(path));
   CKPT_ASSIGN_OR_RETURN(Kind kind, SniffFile(path, size));
   // A JSON index may start with bytes that also look like a safetensors length prefix.
   if (EndsWith(path, ".json") && kind == Kind::kSafetensors) {
@@ -70,7 +71,13 @@ Result<LoadPlan> PlanFile(const std::string& path, uint64_t size) {
       return Unsupported(path + ": legacy (non-zip) torch.save format is not supported; re-save it with a "
                                 "PyTorch >= 1.6 torch.save (zip) or as safetensors");
     case Kind::kJson:
-      CKPT_RETURN_IF_ERROR(PlanShardedCheckpoint(path, PlanShard, &plan));
+      CKPT_RETURN_IF_ERROR(PlanShardedCheckpoint(
+          path,
+          [&may_open](const std::string& shard, LoadPlan* p) {
+            if (may_open) CKPT_RETURN_IF_ERROR(may_open(shard));
+            return PlanShard(shard, p);
+          },
+          &plan));
       plan.format += "-sharded";
       return plan;
     case Kind::kUnknown:
@@ -87,13 +94,13 @@ Result<LoadPlan> PlanFile(const std::string& path, uint64_t size) {
 
 }  // namespace
 
-Result<LoadPlan> PlanCheckpoint(const std::string& path) {
+Result<LoadPlan> PlanCheckpoint(const std::string& path, const FileGate& may_open) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return NotFound("no such file or directory: " + path);
     return ErrnoError("cannot stat " + path, errno);
   }
-  if (!S_ISDIR(st.st_mode)) return PlanFile(path, static_cast<uint64_t>(st.st_size));
+  if (!S_ISDIR(st.st_mode)) return PlanFile(path, static_cast<uint64_t>(st.st_size), may_open);
 
   static const char* const kCandidates[] = {"model.safetensors", "model.safetensors.index.json",
                                             "pytorch_model.bin", "pytorch_model.bin.index.json"};
@@ -102,7 +109,7 @@ Result<LoadPlan> PlanCheckpoint(const std::string& path) {
   for (const char* name : kCandidates) {
     struct stat f;
     if (::stat((dir + name).c_str(), &f) == 0 && S_ISREG(f.st_mode)) {
-      return PlanFile(dir + name, static_cast<uint64_t>(f.st_size));
+      return PlanFile(dir + name, static_cast<uint64_t>(f.st_size), may_open);
     }
     looked += looked.empty() ? name : std::string(", ") + name;
   }

@@ -1,6 +1,7 @@
 // Detects the format of a checkpoint path and builds its LoadPlan.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "ckpt/status.h"
@@ -16,6 +17,10 @@ namespace ckpt::format {
 // plan.format is "safetensors", "safetensors-sharded", "pytorch" or "pytorch-sharded".
 // Unsupported names the format when it is known but not handled (legacy non-zip
 // torch.save, a zip that is not a PyTorch checkpoint, ...). NotFound for a missing path.
-Result<LoadPlan> PlanCheckpoint(const std::string& path);
+// `may_open`, when set, is asked about every file before it is opened or examined (the
+// checkpoint file, a folder's chosen file, each shard an index names); its error is
+// returned as is, so a refused file is never touched and its content never described.
+using FileGate = std::function<Status(const std::string& path)>;
+Result<LoadPlan> PlanCheckpoint(const std::string& path, const FileGate& may_open = nullptr);
 
 }  // namespace ckpt::format

@@ -125,6 +125,20 @@ TEST_F(AccessTest, PathsOutsideTheModelRootsAreRefused) {
     EXPECT_EQ(r.exit_code, 1) << c.path;
     EXPECT_NE(r.err.find(c.expected), std::string::npos) << c.path << ": " << r.err;
   }
+  // Model folders inside the roots whose files lead outside: refused before those files
+  // are opened, so the error says nothing about them (here: junk that would not parse).
+  testing::WriteFile(elsewhere.File("junk.bin"), std::string(64, '#'));
+  ASSERT_EQ(::mkdir(models_.File("sharded").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(elsewhere.File("junk.bin").c_str(), models_.File("sharded/model-00001.safetensors").c_str()), 0);
+  testing::WriteFile(models_.File("sharded/model.safetensors.index.json"),
+                     R"({"metadata": {}, "weight_map": {"w": "model-00001.safetensors"}})");
+  ASSERT_EQ(::mkdir(models_.File("folder").c_str(), 0755), 0);
+  ASSERT_EQ(::symlink(elsewhere.File("junk.bin").c_str(), models_.File("folder/model.safetensors").c_str()), 0);
+  for (const std::string& folder : {models_.File("sharded"), models_.File("folder")}) {
+    CommandResult r = daemon_.Ctl({"load", folder, "--name", "x"});
+    EXPECT_EQ(r.exit_code, 1) << folder;
+    EXPECT_NE(r.err.find("outside the model roots"), std::string::npos) << folder << ": " << r.err;
+  }
   EXPECT_EQ(testing::SegmentCount(daemon_.shm_prefix()), 0u);
   // A symlink that stays inside the roots is fine.
   CommandResult ok = daemon_.Ctl({"load", models_.File("sub/inside.safetensors"), "--name", "inside"});
