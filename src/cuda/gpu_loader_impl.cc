@@ -19,21 +19,6 @@ namespace ckpt {
 
 using cuda::CudaError;
 
-const char* HostPathName(HostPath path) {
-  switch (path) {
-    case HostPath::kRegister: return "register";
-    case HostPath::kBounce: return "bounce";
-    case HostPath::kPageable: return "pageable";
-  }
-  return "?";
-}
-
-GpuStateDict::GpuStateDict() = default;
-GpuStateDict::~GpuStateDict() = default;
-GpuStateDict::GpuStateDict(GpuStateDict&&) noexcept = default;
-GpuStateDict& GpuStateDict::operator=(GpuStateDict&&) noexcept = default;
-GpuLoader::~GpuLoader() = default;
-
 bool GpuAvailable() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
