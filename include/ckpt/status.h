@@ -24,6 +24,7 @@ enum class StatusCode : int {
   kIoError = 9,           // a system call failed
   kInternal = 10,         // a bug
   kPermissionDenied = 11, // the caller may not do this
+  kDeadlineExceeded = 12, // a wait the caller bounded ran out (a peer that never came)
 };
 
 // Returns the stable lower-case name of `code` ("invalid_argument", ...), used on the wire.
@@ -63,6 +64,7 @@ Status Unavailable(std::string message);
 Status IoError(std::string message);
 Status Internal(std::string message);
 Status PermissionDenied(std::string message);
+Status DeadlineExceeded(std::string message);
 // IoError whose message is "what: strerror(err)".
 Status ErrnoError(const std::string& what, int err);
 

@@ -20,13 +20,15 @@ from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 
 from . import _ckpt
-from ._ckpt import (AlreadyExists, CkptError, Corrupt, FailedPrecondition, Internal, InvalidArgument, IoError,
-                    NotFound, PermissionDenied, ResourceExhausted, Unavailable, Unsupported)
+from ._ckpt import (AlreadyExists, CkptError, Corrupt, DeadlineExceeded, FailedPrecondition, Internal,
+                    InvalidArgument, IoError, NotFound, PermissionDenied, ResourceExhausted, Unavailable,
+                    Unsupported)
 
 __all__ = [
     "connect", "Client", "Checkpoint", "Rule", "REPLICATE", "column", "row", "fused", "partition_rule",
     "CkptError", "InvalidArgument", "NotFound", "AlreadyExists", "Corrupt", "Unsupported", "ResourceExhausted",
-    "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "ds_partition_size",
+    "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "DeadlineExceeded",
+    "ds_partition_size",
 ]
 
 DTYPES = {

@@ -198,6 +198,7 @@ PYBIND11_MODULE(_ckpt, m) {
   sub("IoError", ckpt::StatusCode::kIoError, PyExc_OSError);
   sub("Internal", ckpt::StatusCode::kInternal);
   sub("PermissionDenied", ckpt::StatusCode::kPermissionDenied, PyExc_PermissionError);
+  sub("DeadlineExceeded", ckpt::StatusCode::kDeadlineExceeded, PyExc_TimeoutError);
 
   m.def("default_socket_path", &ckpt::Client::DefaultSocketPath);
   m.def("gpu_available", &ckpt::GpuAvailable, "True if the CUDA copy engine is built in and a GPU is usable");
