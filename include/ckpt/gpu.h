@@ -30,6 +30,8 @@
 namespace ckpt {
 
 class Checkpoint;
+class NcclGroup;
+struct CollectiveOptions;
 
 // How host bytes reach the device.
 enum class HostPath {
@@ -69,6 +71,11 @@ struct GpuLoadStats {
   double unregister_seconds = 0;
   uint64_t registered_bytes = 0;
   uint64_t copied_bytes = 0;    // host bytes that crossed PCIe
+  // LoadCollective only:
+  bool collective = false;      // whether the ranks shared (see CollectiveOptions::Mode)
+  uint64_t received_bytes = 0;  // device bytes received from other ranks
+  uint64_t sent_bytes = 0;      // device bytes sent to other ranks
+  double exchange_seconds = 0;  // time in NCCL transfers after this rank's own copies
 };
 
 // A rank's state dict on one device: owns one device allocation holding every tensor.
@@ -112,6 +119,15 @@ class GpuLoader {
   // for a CUDA failure) the device memory is freed and nothing is returned. Shared memory
   // is only read.
   virtual Result<GpuStateDict> Load(const std::vector<ShardOutput>& outputs) = 0;
+
+  // Loads `outputs` together with the other ranks of `group` (include/ckpt/collective.h):
+  // every rank of the group must call it, each with the outputs it needs, on the group's
+  // device. Errors as Load, plus DeadlineExceeded / Unavailable when another rank fails,
+  // dies or never comes (within the group's timeout; the group is then broken), and
+  // FailedPrecondition for a broken group or one on another device. On any error no rank
+  // returns a state dict.
+  virtual Result<GpuStateDict> LoadCollective(const std::vector<ShardOutput>& outputs, NcclGroup& group,
+                                              const CollectiveOptions& options) = 0;
 
  protected:
   GpuLoader() = default;

@@ -1,11 +1,13 @@
 #include "cuda/gpu_loader_impl.h"
 
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "cuda/convert_kernels.h"
 #include "cuda/copy_split.h"
 #include "cuda/cuda_resources.h"
+#include "cuda/nccl_group.h"
 
 namespace ckpt {
 
@@ -112,25 +115,19 @@ Result<std::unique_ptr<GpuLoaderImpl>> GpuLoaderImpl::Create(TensorSource source
 
 GpuLoaderImpl::~GpuLoaderImpl() = default;
 
-Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs) {
-  const auto t0 = Clock::now();
-  cuda::CurrentDeviceGuard keep_callers_device;
-  CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+Result<GpuLoaderImpl::Planned> GpuLoaderImpl::Plan(const std::vector<ShardOutput>& outputs) const {
   const std::vector<TensorInfo>& tensors = *source_.tensors;
   std::unordered_map<std::string, size_t> index;
   for (size_t i = 0; i < tensors.size(); ++i) index.emplace(tensors[i].name, i);
-
-  // 1. Plan every output and lay them out in one device allocation.
-  std::vector<OutputLayout> layouts;
-  std::vector<DType> out_dtype;
-  std::vector<uint64_t> out_offset, out_bytes;
-  uint64_t arena_bytes = 0;
+  Planned planned;
   for (const ShardOutput& out : outputs) {
     std::vector<TensorInfo> infos;
+    std::vector<size_t> sources;
     for (const ShardPiece& p : out.pieces) {
       auto it = index.find(p.source);
       if (it == index.end()) return NotFound("output '" + out.name + "': no tensor '" + p.source + "'");
       infos.push_back(tensors[it->second]);
+      sources.push_back(it->second);
     }
     CKPT_ASSIGN_OR_RETURN(OutputLayout layout, PlanOutput(out, infos));
     for (const ShardLayout& piece : layout.pieces) {
@@ -144,21 +141,65 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
       return InvalidArgument("output '" + out.name + "': refusing to convert " + DTypeName(layout.dtype) + " to " + DTypeName(to));
     if ((out.transpose || to != layout.dtype) && DTypeSize(layout.dtype) > 8)
       return Unsupported("output '" + out.name + "': no GPU kernel for " + DTypeName(layout.dtype));
-    uint64_t bytes = layout.nbytes / DTypeSize(layout.dtype) * DTypeSize(to);
-    out_dtype.push_back(to);
-    out_offset.push_back(arena_bytes);
-    out_bytes.push_back(bytes);
-    arena_bytes += (bytes + 255) & ~uint64_t{255};
-    layouts.push_back(std::move(layout));
+    planned.dtypes.push_back(to);
+    planned.bytes.push_back(layout.nbytes / DTypeSize(layout.dtype) * DTypeSize(to));
+    planned.layouts.push_back(std::move(layout));
+    planned.sources.push_back(std::move(sources));
   }
-  auto arena_result = cuda::DeviceBuffer::Allocate(std::max<uint64_t>(arena_bytes, 256));
-  if (!arena_result.ok()) return arena_result.status().WithContext("device memory for the state dict");
-  auto arena = std::make_shared<cuda::DeviceBuffer>(std::move(*arena_result));
-  auto* base = static_cast<std::byte*>(arena->get());
+  return planned;
+}
 
+Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs) {
+  const auto t0 = Clock::now();
+  cuda::CurrentDeviceGuard keep_callers_device;
+  CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+  CKPT_ASSIGN_OR_RETURN(Planned planned, Plan(outputs));
+  std::vector<uint64_t> offsets;
+  std::vector<size_t> all;
+  uint64_t arena_bytes = 0;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    offsets.push_back(arena_bytes);
+    arena_bytes += (planned.bytes[o] + 255) & ~uint64_t{255};
+    all.push_back(o);
+  }
+  CKPT_ASSIGN_OR_RETURN(auto arena, AllocateArena(arena_bytes));
+  GpuStateDict dict;
+  CKPT_RETURN_IF_ERROR(Copy(outputs, planned, all, static_cast<std::byte*>(arena->get()), offsets, &dict.stats_));
+  dict.stats_.total_seconds = Since(t0);
+  Assemble(outputs, planned, std::move(arena), offsets, &dict);
+  return dict;
+}
+
+Result<std::shared_ptr<cuda::DeviceBuffer>> GpuLoaderImpl::AllocateArena(uint64_t bytes) {
+  auto arena = cuda::DeviceBuffer::Allocate(std::max<uint64_t>(bytes, 256));
+  if (!arena.ok()) return arena.status().WithContext("device memory for the state dict");
+  return std::make_shared<cuda::DeviceBuffer>(std::move(*arena));
+}
+
+void GpuLoaderImpl::Assemble(const std::vector<ShardOutput>& outputs, const Planned& planned,
+                             std::shared_ptr<cuda::DeviceBuffer> arena, const std::vector<uint64_t>& offsets,
+                             GpuStateDict* dict) const {
+  auto* base = static_cast<std::byte*>(arena->get());
+  dict->device_ = device_;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    GpuTensor t;
+    t.dtype = planned.dtypes[o];
+    t.shape = planned.layouts[o].shape;
+    t.data = base + offsets[o];
+    t.nbytes = planned.bytes[o];
+    dict->tensors_[outputs[o].name] = std::move(t);
+  }
+  dict->allocation_ = std::shared_ptr<void>(arena, arena->get());
+}
+
+Status GpuLoaderImpl::Copy(const std::vector<ShardOutput>& outputs, const Planned& planned,
+                           const std::vector<size_t>& which, std::byte* base, const std::vector<uint64_t>& offsets,
+                           GpuLoadStats* stats) {
+  const std::vector<OutputLayout>& layouts = planned.layouts;
+  const std::vector<DType>& out_dtype = planned.dtypes;
   // 2. Jobs: one per piece, in source address order.
   std::vector<Job> jobs;
-  for (size_t o = 0; o < outputs.size(); ++o) {
+  for (size_t o : which) {
     const OutputLayout& L = layouts[o];
     const uint64_t esize = DTypeSize(L.dtype);
     for (size_t p = 0; p < L.pieces.size(); ++p) {
@@ -167,11 +208,11 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
       Job j;
       j.output = o;
       j.layout = &s;
-      j.src = source_.data(index.at(outputs[o].pieces[p].source));
+      j.src = source_.data(planned.sources[o][p]);
       j.from = L.dtype;
       j.to = out_dtype[o];
       j.transpose = outputs[o].transpose;
-      j.out = base + out_offset[o];
+      j.out = base + offsets[o];
       j.piece_first_elem = L.piece_offsets[p] / esize;
       j.out_rows = L.shape.empty() ? 0 : (j.transpose ? L.shape[1] : L.shape[0]);
       uint64_t lo = UINT64_MAX, hi = 0;
@@ -228,7 +269,6 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
     abort = true;
     cv.notify_all();
   };
-  GpuStateDict dict;
   std::atomic<uint64_t> copied{0};
 
   std::vector<std::thread> registrars;
@@ -388,14 +428,13 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
   if (!first_error.ok()) abort = true;
   cv.notify_all();
   for (auto& t : registrars) t.join();
-  dict.stats_.register_seconds = do_register ? Since(r0) : 0;
-  dict.stats_.registered_bytes = reg_bytes;
+  stats->register_seconds = do_register ? Since(r0) : 0;
+  stats->registered_bytes = reg_bytes;
   // Every stream is idle now (workers synchronised, or are destroyed synchronising).
   for (auto& s : streams) s.Reset();
-  dict.stats_.total_seconds = Since(t0);
   auto u0 = Clock::now();
   registrations.clear();
-  dict.stats_.unregister_seconds = Since(u0);
+  stats->unregister_seconds = Since(u0);
   if (!first_error.ok()) return first_error;
 
   for (int w = 0; w < nworkers; ++w) {
@@ -408,17 +447,129 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
     }
   }
 
-  dict.device_ = device_;
-  dict.stats_.copied_bytes = copied;
-  for (size_t o = 0; o < outputs.size(); ++o) {
-    GpuTensor t;
-    t.dtype = out_dtype[o];
-    t.shape = layouts[o].shape;
-    t.data = base + out_offset[o];
-    t.nbytes = out_bytes[o];
-    dict.tensors_[outputs[o].name] = std::move(t);
+  stats->copied_bytes = copied;
+  return Status::Ok();
+}
+
+}  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// This machine, so that ranks on different nodes never share (each reads its own node's
+// shared memory): the host name and the kernel's boot id.
+uint64_t NodeId() {
+  std::string id(256, '\0');
+  gethostname(id.data(), id.size() - 1);
+  id.resize(std::strlen(id.c_str()));
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+    std::fclose(f);
+    id.append(buf, n);
   }
-  dict.allocation_ = std::shared_ptr<void>(arena, arena->get());
+  return XXH3_64bits(id.data(), id.size());
+}
+
+// What determines an output's bytes on the device: its name, shape, dtype and transpose,
+// and for each piece the source tensor's checksum and size and the regions read.
+uint64_t OutputKey(const ShardOutput& out, const OutputLayout& layout, DType to,
+                   const std::vector<TensorInfo>& tensors, const std::vector<size_t>& sources, uint64_t node) {
+  std::string k = out.name;
+  auto put = [&k](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  k.push_back('\0');
+  put(node);
+  put(static_cast<uint64_t>(to));
+  put(static_cast<uint64_t>(layout.dtype));
+  put(out.transpose ? 1 : 0);
+  for (int64_t d : layout.shape) put(static_cast<uint64_t>(d));
+  for (size_t p = 0; p < layout.pieces.size(); ++p) {
+    const TensorInfo& t = tensors[sources[p]];
+    put(t.checksum);
+    put(t.nbytes);
+    put(layout.piece_offsets[p]);
+    for (const CopyRegion& r : layout.pieces[p].regions) {
+      for (uint64_t v : {r.src_offset, r.src_pitch, r.rows, r.row_bytes, r.dst_offset, r.dst_pitch}) put(v);
+    }
+  }
+  return XXH3_64bits(k.data(), k.size());
+}
+
+// True unless this device lacks direct access to one of the other visible devices.
+bool PeerAccessToAll(int device) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) return false;
+  for (int d = 0; d < count; ++d) {
+    int can = 0;
+    if (d != device && (cudaDeviceCanAccessPeer(&can, device, d) != cudaSuccess || !can)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<GpuStateDict> GpuLoaderImpl::LoadCollective(const std::vector<ShardOutput>& outputs, NcclGroup& group,
+                                                   const CollectiveOptions& options) {
+  const auto t0 = Clock::now();
+  auto* ops = dynamic_cast<cuda::NcclGroupOps*>(&group);
+  if (!ops) return InvalidArgument("the group was not made by NcclGroup::Create, Join or Borrow");
+  if (group.broken()) return FailedPrecondition("the NCCL group is broken (a rank failed or timed out earlier)");
+  if (group.device() != device_)
+    return FailedPrecondition("the NCCL group is on CUDA device " + std::to_string(group.device()) +
+                              ", the loader on " + std::to_string(device_));
+  cuda::CurrentDeviceGuard keep_callers_device;
+  CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+
+  // 1. Plan locally and tell every rank what this one needs. A rank whose own plan fails
+  // still takes part, flagged, so that the others stop too instead of waiting for it.
+  Result<Planned> planned = Plan(outputs);
+  collective::RankDescriptor mine;
+  mine.ok = planned.ok();
+  mine.peer_access = PeerAccessToAll(device_);
+  if (planned.ok()) {
+    const uint64_t node = NodeId();
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      mine.outputs.push_back({OutputKey(outputs[o], planned->layouts[o], planned->dtypes[o], *source_.tensors,
+                                        planned->sources[o], node),
+                              planned->bytes[o]});
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> blobs, ops->AllGatherBytes(collective::EncodeDescriptor(mine)));
+  std::vector<collective::RankDescriptor> ranks;
+  for (size_t r = 0; r < blobs.size(); ++r) {
+    CKPT_ASSIGN_OR_RETURN(collective::RankDescriptor d, collective::DecodeDescriptor(blobs[r]));
+    ranks.push_back(std::move(d));
+  }
+  if (!planned.ok()) return planned.status();
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!ranks[r].ok)
+      return FailedPrecondition("rank " + std::to_string(r) + " of the group could not plan its load (its own error says why)");
+  }
+  CKPT_ASSIGN_OR_RETURN(collective::ExchangePlan plan,
+                        collective::PlanExchange(ranks, group.rank(), options.mode, options.min_saved_bytes));
+
+  // 2. Copy this rank's part from host memory; then all ranks learn whether everyone did.
+  GpuStateDict dict;
+  Result<std::shared_ptr<cuda::DeviceBuffer>> arena = AllocateArena(plan.allocation_bytes);
+  Status copied = arena.ok() ? Copy(outputs, *planned, plan.from_host, static_cast<std::byte*>((*arena)->get()),
+                                    plan.offsets, &dict.stats_)
+                             : arena.status();
+  CKPT_ASSIGN_OR_RETURN(std::vector<std::string> verdicts, ops->AllGatherBytes(copied.ok() ? "1" : "0"));
+  if (!copied.ok()) return copied;
+  for (size_t r = 0; r < verdicts.size(); ++r) {
+    if (verdicts[r] != "1")
+      return FailedPrecondition("rank " + std::to_string(r) + " of the group failed to copy its part (its own error says why)");
+  }
+
+  // 3. Send and receive the shared outputs.
+  const auto x0 = Clock::now();
+  CKPT_RETURN_IF_ERROR(ops->Exchange(plan.transfers, static_cast<std::byte*>((*arena)->get())));
+  dict.stats_.exchange_seconds = Since(x0);
+  dict.stats_.collective = plan.collective;
+  dict.stats_.received_bytes = plan.received_bytes;
+  dict.stats_.sent_bytes = plan.sent_bytes;
+  dict.stats_.total_seconds = Since(t0);
+  Assemble(outputs, *planned, std::move(*arena), plan.offsets, &dict);
   return dict;
 }
 

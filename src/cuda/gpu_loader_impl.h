@@ -8,9 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/collective.h"
 #include "ckpt/gpu.h"
 
 namespace ckpt {
+namespace cuda {
+class DeviceBuffer;
+}
 
 // The tensors of a mapped checkpoint and where each one's bytes start (read-only host
 // memory that stays mapped while the loader lives).
@@ -26,8 +30,28 @@ class GpuLoaderImpl : public GpuLoader {
                                                        const GpuLoadOptions& options);
   ~GpuLoaderImpl() override;
   Result<GpuStateDict> Load(const std::vector<ShardOutput>& outputs) override;
+  Result<GpuStateDict> LoadCollective(const std::vector<ShardOutput>& outputs, NcclGroup& group,
+                                      const CollectiveOptions& options) override;
 
  private:
+  // Every output's layout, its dtype and size on the device, and its pieces' tensor indices.
+  struct Planned {
+    std::vector<OutputLayout> layouts;
+    std::vector<DType> dtypes;
+    std::vector<uint64_t> bytes;
+    std::vector<std::vector<size_t>> sources;
+  };
+  Result<Planned> Plan(const std::vector<ShardOutput>& outputs) const;
+  static Result<std::shared_ptr<cuda::DeviceBuffer>> AllocateArena(uint64_t bytes);
+  // Copies outputs `which` from host memory to base + offsets[o]; fills the copy stats.
+  // On error nothing is in flight any more.
+  Status Copy(const std::vector<ShardOutput>& outputs, const Planned& planned, const std::vector<size_t>& which,
+              std::byte* base, const std::vector<uint64_t>& offsets, GpuLoadStats* stats);
+  // Fills `dict` with every output at base + offsets[o], owning `arena`.
+  void Assemble(const std::vector<ShardOutput>& outputs, const Planned& planned,
+                std::shared_ptr<cuda::DeviceBuffer> arena, const std::vector<uint64_t>& offsets,
+                GpuStateDict* dict) const;
+
   GpuLoaderImpl(TensorSource source, int device, const GpuLoadOptions& options)
       : source_(std::move(source)), device_(device), options_(options) {}
   TensorSource source_;

@@ -1,0 +1,180 @@
+#include "client/collective_plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace ckpt::collective {
+namespace {
+
+uint64_t Align(uint64_t n) { return (n + kOutputAlignment - 1) & ~(kOutputAlignment - 1); }
+
+struct Shared {
+  uint64_t key = 0;
+  uint64_t bytes = 0;
+  std::vector<int> holders;  // ascending
+  int owner = -1;
+};
+
+// A plan in which rank `me` copies everything itself.
+ExchangePlan Independent(const RankDescriptor& mine, std::string reason) {
+  ExchangePlan plan;
+  plan.reason = std::move(reason);
+  for (size_t i = 0; i < mine.outputs.size(); ++i) {
+    plan.offsets.push_back(plan.allocation_bytes);
+    plan.allocation_bytes += Align(mine.outputs[i].bytes);
+    plan.from_host.push_back(i);
+    plan.host_bytes += mine.outputs[i].bytes;
+  }
+  return plan;
+}
+
+void Put(std::string* s, uint64_t v) {
+  for (int i = 0; i < 8; ++i) s->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t Get(const std::string& s, size_t at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(s[at + i])) << (8 * i);
+  return v;
+}
+
+}  // namespace
+
+Result<ExchangePlan> PlanExchange(const std::vector<RankDescriptor>& ranks, int me, Mode mode,
+                                  uint64_t min_saved_bytes) {
+  const int n = static_cast<int>(ranks.size());
+  if (me < 0 || me >= n) return InvalidArgument("rank " + std::to_string(me) + " out of range for a group of " + std::to_string(n));
+  const RankDescriptor& mine = ranks[me];
+  if (mode == Mode::kIndependent) return Independent(mine, "independent copies requested");
+  if (n == 1) return Independent(mine, "a group of one rank");
+
+  // Who needs what.
+  std::map<uint64_t, Shared> by_key;  // ordered: the same iteration order on every rank
+  for (int r = 0; r < n; ++r) {
+    std::unordered_set<uint64_t> seen;
+    for (const OutputDescriptor& o : ranks[r].outputs) {
+      if (!seen.insert(o.key).second)
+        return InvalidArgument("rank " + std::to_string(r) + " lists an output twice (the same name and shard)");
+      Shared& s = by_key[o.key];
+      if (!s.holders.empty() && s.bytes != o.bytes)
+        return InvalidArgument("ranks " + std::to_string(s.holders[0]) + " and " + std::to_string(r) +
+                               " disagree on the size of an output they share");
+      s.key = o.key;
+      s.bytes = o.bytes;
+      s.holders.push_back(r);
+    }
+  }
+  uint64_t saved = 0;
+  std::vector<uint64_t> load(n, 0);  // bytes each rank copies from host memory
+  std::vector<Shared*> shared;
+  for (auto& [key, s] : by_key) {
+    if (s.holders.size() > 1) {
+      saved += s.bytes * (s.holders.size() - 1);
+      shared.push_back(&s);
+    } else {
+      load[s.holders[0]] += s.bytes;
+    }
+  }
+  if (shared.empty()) return Independent(mine, "no output is needed by more than one rank");
+  if (mode == Mode::kAuto) {
+    for (int r = 0; r < n; ++r) {
+      if (!ranks[r].peer_access)
+        return Independent(mine, "rank " + std::to_string(r) + "'s GPU has no peer access to the others");
+    }
+    if (saved < min_saved_bytes)
+      return Independent(mine, "sharing would save only " + std::to_string(saved) + " bytes of host-to-device copies");
+  }
+
+  // Owners: largest first, each to the least-loaded holder (lowest rank on ties).
+  std::sort(shared.begin(), shared.end(), [](const Shared* a, const Shared* b) {
+    return a->bytes != b->bytes ? a->bytes > b->bytes : a->key < b->key;
+  });
+  for (Shared* s : shared) {
+    int best = s->holders[0];
+    for (int h : s->holders)
+      if (load[h] < load[best]) best = h;
+    s->owner = best;
+    load[best] += s->bytes;
+  }
+  // Segments: (holders, owner), keys ascending inside.
+  std::sort(shared.begin(), shared.end(), [](const Shared* a, const Shared* b) {
+    if (a->holders != b->holders) return a->holders < b->holders;
+    if (a->owner != b->owner) return a->owner < b->owner;
+    return a->key < b->key;
+  });
+
+  ExchangePlan plan;
+  plan.collective = true;
+  plan.reason = "collective: " + std::to_string(shared.size()) + " outputs shared, saving " + std::to_string(saved) +
+                " bytes of host-to-device copies across the group";
+  std::unordered_map<uint64_t, size_t> my_index;
+  for (size_t i = 0; i < mine.outputs.size(); ++i) my_index.emplace(mine.outputs[i].key, i);
+  plan.offsets.assign(mine.outputs.size(), 0);
+  // This rank's unshared outputs first, in its own order.
+  for (size_t i = 0; i < mine.outputs.size(); ++i) {
+    if (by_key.at(mine.outputs[i].key).holders.size() > 1) continue;
+    plan.offsets[i] = plan.allocation_bytes;
+    plan.allocation_bytes += Align(mine.outputs[i].bytes);
+    plan.from_host.push_back(i);
+    plan.host_bytes += mine.outputs[i].bytes;
+  }
+  // Then each segment this rank holds.
+  for (size_t b = 0; b < shared.size();) {
+    size_t e = b;
+    while (e < shared.size() && shared[e]->holders == shared[b]->holders && shared[e]->owner == shared[b]->owner) ++e;
+    const std::vector<int>& holders = shared[b]->holders;
+    const int owner = shared[b]->owner;
+    if (std::binary_search(holders.begin(), holders.end(), me)) {
+      const uint64_t begin = plan.allocation_bytes;
+      for (size_t k = b; k < e; ++k) {
+        const size_t i = my_index.at(shared[k]->key);
+        plan.offsets[i] = plan.allocation_bytes;
+        plan.allocation_bytes += Align(shared[k]->bytes);
+        if (owner == me) {
+          plan.from_host.push_back(i);
+          plan.host_bytes += shared[k]->bytes;
+        }
+      }
+      const uint64_t bytes = plan.allocation_bytes - begin;
+      for (int h : holders) {
+        if (h == me || (owner != me && h != owner)) continue;
+        if (owner == me) {
+          plan.transfers.push_back({h, true, begin, bytes});
+          plan.sent_bytes += bytes;
+        } else {
+          plan.transfers.push_back({owner, false, begin, bytes});
+          plan.received_bytes += bytes;
+        }
+      }
+    }
+    b = e;
+  }
+  return plan;
+}
+
+std::string EncodeDescriptor(const RankDescriptor& d) {
+  std::string s;
+  Put(&s, (d.ok ? 1 : 0) | (d.peer_access ? 2 : 0));
+  Put(&s, d.outputs.size());
+  for (const OutputDescriptor& o : d.outputs) {
+    Put(&s, o.key);
+    Put(&s, o.bytes);
+  }
+  return s;
+}
+
+Result<RankDescriptor> DecodeDescriptor(const std::string& s) {
+  if (s.size() < 16) return Corrupt("rank descriptor of " + std::to_string(s.size()) + " bytes");
+  RankDescriptor d;
+  d.ok = (Get(s, 0) & 1) != 0;
+  d.peer_access = (Get(s, 0) & 2) != 0;
+  const uint64_t count = Get(s, 8);
+  if (count > (s.size() - 16) / 16) return Corrupt("rank descriptor lists " + std::to_string(count) + " outputs in " +
+                                                   std::to_string(s.size()) + " bytes");
+  for (uint64_t i = 0; i < count; ++i) d.outputs.push_back({Get(s, 16 + 16 * i), Get(s, 24 + 16 * i)});
+  return d;
+}
+
+}  // namespace ckpt::collective
