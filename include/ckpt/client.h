@@ -124,6 +124,20 @@ class Client {
   // access to /dev/shm and cannot write into the checkpoint. NotFound if it is not loaded,
   // PermissionDenied if this user may not read checkpoints.
   Result<std::unique_ptr<Checkpoint>> Attach(const std::string& name);
+  // Exchanges a small blob (an NCCL unique id) among the `world` ranks of job `job` on
+  // this node. Rank 0 passes `value` (1 to 4096 bytes, any bytes) and gets it back at
+  // once; if the job was published before (a crashed run), it is replaced and ranks still
+  // waiting get the new value. Ranks 1..world-1 pass an empty `value` and wait up to
+  // `timeout_s` (0 to 3600) for rank 0's. Uses a connection of its own, so other calls
+  // on this Client (and other ranks' calls from this process) are not held up meanwhile.
+  // Errors: InvalidArgument (bad job name, rank, world or value; the job was published
+  // for another world), DeadlineExceeded (no rank 0 within timeout_s), Unavailable (no
+  // daemon, or it stopped meanwhile), ResourceExhausted (1024 jobs in progress).
+  // `job` must be unique to the run (e.g. include a launch id): a rank that comes after
+  // its job's entry was fully fetched waits for a new publish, and one that comes before
+  // rank 0 of a new run may get an earlier run's value still unfetched.
+  Result<std::string> Rendezvous(const std::string& job, int rank, int world, const std::string& value,
+                                 double timeout_s = 60.0);
 
  private:
   Client(std::string socket_path, std::unique_ptr<protocol::DaemonConnection> connection);

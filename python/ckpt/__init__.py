@@ -268,6 +268,15 @@ class Client:
     def state_dict(self, name: str, rank: int = 0, world: int = 1, plan: Plan = None, **kwargs) -> Dict[str, torch.Tensor]:
         return self.attach(name).state_dict(rank, world, plan, **kwargs)
 
+    def rendezvous(self, job: str, rank: int, world: int, value: bytes = b"", timeout: float = 60.0) -> bytes:
+        """Exchanges a small blob (an NCCL unique id) among the `world` ranks of `job` on
+        this node. Rank 0 passes `value` (1 to 4096 bytes) and gets it back at once; ranks
+        1..world-1 wait up to `timeout` seconds (0 to 3600) for it. Raises DeadlineExceeded
+        (a TimeoutError) if rank 0 never published, InvalidArgument (a ValueError) for a bad
+        job name, rank, world or value, or a world other than the one rank 0 published for.
+        `job` must be unique to the run (e.g. include a launch id)."""
+        return self._c.rendezvous(job, rank, world, bytes(value), float(timeout))
+
 
 def connect(socket: Optional[str] = None, wait: float = 0.0) -> Client:
     """Connects to ckptd at `socket` ($CKPTD_SOCKET or /run/ckptd/ckptd.sock by default),

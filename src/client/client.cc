@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "common/hex.h"
 #include "protocol/daemon_connection.h"
 #include "protocol/wire.h"
 #include "shm/segment_reader.h"
@@ -144,6 +145,22 @@ Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
     return Corrupt("segment " + *shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
   }
   return std::unique_ptr<Checkpoint>(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
+}
+
+Result<std::string> Client::Rendezvous(const std::string& job, int rank, int world, const std::string& value,
+                                       double timeout_s) {
+  // A connection of its own: a wait must not hold the shared connection's mutex (rank 0
+  // may be another thread of this process, calling through this same Client). There is
+  // no client-side read timeout; the daemon bounds the wait by timeout_s.
+  CKPT_ASSIGN_OR_RETURN(auto connection, DaemonConnection::Open(socket_path_));
+  json fields{{"job", job}, {"rank", rank}, {"world", world}, {"timeout_s", timeout_s}};
+  if (rank == 0 || !value.empty()) fields["value"] = HexEncode(value);
+  CKPT_ASSIGN_OR_RETURN(json response, connection->Call("rendezvous", std::move(fields)));
+  auto hex = Decode("rendezvous", [&] { return response.at("value").get<std::string>(); });
+  if (!hex.ok()) return hex.status();
+  auto bytes = HexDecode(*hex);
+  if (!bytes.ok()) return Corrupt("malformed rendezvous response from ckptd: " + bytes.status().message());
+  return bytes;
 }
 
 }  // namespace ckpt

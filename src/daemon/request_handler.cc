@@ -1,6 +1,7 @@
 #include "daemon/request_handler.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include <thread>
 #include <spdlog/spdlog.h>
 
+#include "common/hex.h"
 #include "format/checkpoint_formats.h"
 #include "loader/checkpoint_loader.h"
 #include "loader/segment_verifier.h"
@@ -40,6 +42,13 @@ Result<bool> BoolField(const json& request, const char* key) {
   return it->get<bool>();
 }
 
+Result<int64_t> IntField(const json& request, const char* key) {
+  auto it = request.find(key);
+  if (it == request.end()) return InvalidArgument(std::string("request lacks '") + key + "'");
+  if (!it->is_number_integer()) return InvalidArgument(std::string("'") + key + "' must be an integer");
+  return it->get<int64_t>();
+}
+
 bool NameChar(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
          c == '-' || c == '.';
@@ -67,6 +76,16 @@ Status ValidateCheckpointName(const std::string& name) {
     if (!NameChar(c)) {
       return InvalidArgument("checkpoint name '" + name + "' may hold only letters, digits, '_', '-' and '.'");
     }
+  }
+  return Status::Ok();
+}
+
+Status ValidateJobName(const std::string& job) {
+  bool ok = !job.empty() && job.size() <= 200;
+  for (char c : job) ok = ok && (NameChar(c) || c == ':');
+  if (!ok) {
+    return InvalidArgument("job name must be 1 to 200 characters of letters, digits, '_', '-', '.' and ':': '" +
+                           job.substr(0, 220) + "'");
   }
   return Status::Ok();
 }
@@ -163,6 +182,7 @@ Result<json> RequestHandler::Dispatch(const json& request) {
   if (op == "evict") return Evict(request);
   if (op == "attach") return Attach(request);
   if (op == "verify") return Verify(request);
+  if (op == "rendezvous") return Rendezvous(request);
   return InvalidArgument("unknown op '" + op + "'");
 }
 
@@ -333,6 +353,59 @@ Result<json> RequestHandler::Verify(const json& request) {
               {"mismatched", report.mismatched}};
 }
 
+Result<json> RequestHandler::Rendezvous(const json& request) {
+  ++ctx_.counters->rendezvous;
+  CKPT_ASSIGN_OR_RETURN(std::string job, StringField(request, "job"));
+  CKPT_RETURN_IF_ERROR(ValidateJobName(job));
+  CKPT_ASSIGN_OR_RETURN(int64_t rank, IntField(request, "rank"));
+  CKPT_ASSIGN_OR_RETURN(int64_t world, IntField(request, "world"));
+  if (world < 1 || world > 65536) return InvalidArgument("'world' must be 1 to 65536, not " + std::to_string(world));
+  if (rank < 0 || rank >= world) {
+    return InvalidArgument("'rank' must be in [0, world): rank " + std::to_string(rank) + ", world " +
+                           std::to_string(world));
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string hex, StringField(request, "value", /*required=*/false));
+  double timeout_s = 60;
+  if (auto t = request.find("timeout_s"); t != request.end()) {
+    if (!t->is_number() || !(t->get<double>() >= 0) || t->get<double>() > 3600) {
+      return InvalidArgument("'timeout_s' must be a number of seconds from 0 to 3600");
+    }
+    timeout_s = t->get<double>();
+  }
+  if (rank != 0) {
+    if (request.contains("value")) {
+      return InvalidArgument("only rank 0 publishes a 'value'; rank " + std::to_string(rank) + " waits for it");
+    }
+    // Wait without blocking other connections; give up when the daemon stops or the
+    // client hangs up (nobody would read the answer).
+    auto interrupted = [this]() -> Status {
+      if (ctx_.stopping->load()) return Unavailable("ckptd is stopping");
+      if (fd_ >= 0) {
+        pollfd p{fd_, POLLRDHUP, 0};
+        if (::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+          return Unavailable("the client hung up while waiting");
+        }
+      }
+      return Status::Ok();
+    };
+    CKPT_ASSIGN_OR_RETURN(std::string value,
+                          ctx_.rendezvous->Await(job, static_cast<int>(rank), static_cast<int>(world),
+                                                 std::chrono::duration<double>(timeout_s), interrupted));
+    spdlog::debug("rendezvous '{}': rank {} of {} fetched {} bytes", job, rank, world, value.size());
+    return json{{"value", HexEncode(value)}};
+  }
+  if (hex.empty()) return InvalidArgument("rank 0 of job '" + job + "' must publish a non-empty 'value'");
+  if (hex.size() > kMaxRendezvousHexChars) {
+    return InvalidArgument("'value' is " + std::to_string(hex.size()) + " hex characters; at most " +
+                           std::to_string(kMaxRendezvousHexChars) + " are accepted");
+  }
+  CKPT_ASSIGN_OR_RETURN(std::string bytes, HexDecode(hex));
+  CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx_.rendezvous->Publish(job, static_cast<int>(world), std::move(bytes)));
+  spdlog::info("rendezvous '{}': rank 0 published {} bytes for world {} (generation {})", job, hex.size() / 2, world,
+               generation);
+  return json{{"value", hex}};
+}
+
 Result<json> RequestHandler::Info(const json& request) {
   CKPT_ASSIGN_OR_RETURN(std::string name, StringField(request, "name"));
   CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Get(name));
@@ -471,6 +544,8 @@ json RequestHandler::Metrics() const {
   value("ckptd_connections_refused_total", static_cast<double>(c.connections_refused.load()));
   metric("ckptd_bad_frames_total", "counter", "malformed frames received");
   value("ckptd_bad_frames_total", static_cast<double>(c.bad_frames.load()));
+  metric("ckptd_rendezvous_total", "counter", "rendezvous requests (published and awaited)");
+  value("ckptd_rendezvous_total", static_cast<double>(c.rendezvous.load()));
   return json{{"text", out}};
 }
 

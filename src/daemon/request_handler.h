@@ -15,6 +15,7 @@
 #include "daemon/access_policy.h"
 #include "daemon/catalog.h"
 #include "daemon/model_roots.h"
+#include "daemon/rendezvous_table.h"
 #include "daemon/server.h"
 
 namespace ckpt::daemon {
@@ -28,6 +29,7 @@ struct DaemonContext {
   const AccessPolicy* access;
   const ModelRoots* roots;
   DaemonCounters* counters;
+  RendezvousTable* rendezvous;
 };
 
 class RequestHandler {
@@ -59,6 +61,9 @@ class RequestHandler {
   // Re-hashes a published checkpoint's tensors against its index checksums. OK with
   // "passed": false and the first mismatching tensors when bytes differ; NotFound if unknown.
   Result<nlohmann::json> Verify(const nlohmann::json& request);
+  // Rank 0 publishes a job's hex "value" (answered at once with it); the other ranks wait
+  // up to "timeout_s" for it. See RendezvousTable and docs/architecture.md.
+  Result<nlohmann::json> Rendezvous(const nlohmann::json& request);
   nlohmann::json List() const;
   nlohmann::json DaemonStatus() const;
   Status Require(Role needed, const std::string& op) const;
@@ -73,6 +78,10 @@ class RequestHandler {
 
 // Checks a checkpoint name: 1 to 100 bytes of [A-Za-z0-9_.-], not starting with '.'.
 Status ValidateCheckpointName(const std::string& name);
+// Checks a rendezvous job name: 1 to 200 bytes of [A-Za-z0-9_.:-].
+Status ValidateJobName(const std::string& job);
+// The longest rendezvous value, in hex characters (4096 bytes).
+inline constexpr size_t kMaxRendezvousHexChars = 8192;
 // The default name for a checkpoint at `path`: its file name without the extension, or
 // the folder's name for a model folder or a file that names one (*.index.json,
 // model.safetensors, pytorch_model.bin), with characters outside the allowed set

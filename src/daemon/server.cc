@@ -114,6 +114,7 @@ Server::~Server() {
 
 void Server::Stop() {
   stopping_.store(true);
+  rendezvous_.Shutdown();  // waiting ranks get Unavailable now
   if (wake_fd_.valid()) {
     uint64_t one = 1;
     (void)!::write(wake_fd_.get(), &one, sizeof(one));
@@ -135,7 +136,7 @@ void Server::ReapFinishedConnections() {
 void Server::WriteMetricsFile() {
   // The daemon's own view, rendered as for an admin's "metrics" request.
   RequestHandler handler(DaemonContext{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
-                                       access_.get(), roots_.get(), &counters_},
+                                       access_.get(), roots_.get(), &counters_, &rendezvous_},
                          -1, PeerCredentials{static_cast<int32_t>(::getpid()), 0, 0}, Role::kAdmin);
   const std::string text = handler.Metrics().value("text", "");
   const std::string tmp = options_.metrics_file + ".tmp";
@@ -227,7 +228,7 @@ void Server::Serve(Connection* connection) {
     PeerCredentials cred = peer.ok() ? *peer : PeerCredentials{0, 65534, 65534};  // unknown: nobody
     const Role role = peer.ok() ? access_->RoleOf(cred) : Role::kNone;
     DaemonContext context{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
-                          access_.get(), roots_.get(), &counters_};
+                          access_.get(), roots_.get(), &counters_, &rendezvous_};
     RequestHandler handler(context, fd, cred, role);
     // A frame must arrive whole within 30 s once it began, and a response must be taken
     // within 30 s; a connection idle for 10 minutes is dropped unless it holds an

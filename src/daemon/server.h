@@ -17,6 +17,7 @@
 #include "daemon/access_policy.h"
 #include "daemon/catalog.h"
 #include "daemon/model_roots.h"
+#include "daemon/rendezvous_table.h"
 
 namespace ckpt::daemon {
 
@@ -48,6 +49,7 @@ struct DaemonCounters {
   std::atomic<uint64_t> connections_total{0};
   std::atomic<uint64_t> connections_refused{0};
   std::atomic<uint64_t> bad_frames{0};
+  std::atomic<uint64_t> rendezvous{0};
 };
 
 // Gives the segment open at `fd` the reader group (if configured) and mode `mode`;
@@ -88,6 +90,7 @@ class Server {
 
   ServerOptions options_;
   Catalog catalog_;
+  RendezvousTable rendezvous_;  // blobs ranks of a job exchange (NCCL unique ids)
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<ModelRoots> roots_;
   DaemonCounters counters_;

@@ -263,7 +263,22 @@ PYBIND11_MODULE(_ckpt, m) {
            })
       .def("attach", [](ckpt::Client& c, const std::string& name) {
         return CheckpointPtr(Unwrap(c.Attach(name)));
-      });
+      })
+      // Rank 0 publishes `value`; the other ranks wait (the GIL released) for it.
+      .def(
+          "rendezvous",
+          [](ckpt::Client& c, const std::string& job, int rank, int world, const py::bytes& value,
+             double timeout) {
+            const std::string blob = value;
+            ckpt::Result<std::string> r = ckpt::Internal("unreached");
+            {
+              py::gil_scoped_release release;
+              r = c.Rendezvous(job, rank, world, blob, timeout);
+            }
+            return py::bytes(Unwrap(std::move(r)));
+          },
+          py::arg("job"), py::arg("rank"), py::arg("world"), py::arg("value") = py::bytes(),
+          py::arg("timeout") = 60.0);
 
   py::class_<TensorBuffer>(m, "TensorBuffer", py::buffer_protocol())
       .def_buffer([](TensorBuffer& b) {

@@ -198,6 +198,32 @@ class CkptModuleTest(unittest.TestCase):
         with self.assertRaisesRegex(ckpt.InvalidArgument, "unknown plan"):
             self.client.state_dict("gpt", 0, 2, "no-such-family")
 
+    def test_rendezvous_across_threads_returns_rank_zeros_bytes(self):
+        import threading
+        blob = os.urandom(128)
+        got = {}
+
+        def rank(r):
+            c = ckpt.connect(self.daemon.socket)
+            got[r] = c.rendezvous("py-job:1", r, 2, blob if r == 0 else b"", timeout=30)
+
+        waiter = threading.Thread(target=rank, args=(1,))
+        waiter.start()  # before rank 0: it waits, with the GIL released
+        time.sleep(0.2)
+        rank(0)
+        waiter.join(timeout=30)
+        self.assertEqual(got, {0: blob, 1: blob})
+
+    def test_rendezvous_timeout_raises_deadline_exceeded(self):
+        start = time.monotonic()
+        with self.assertRaises(ckpt.DeadlineExceeded) as cm:
+            self.client.rendezvous("py-orphan", 1, 2, timeout=0.5)
+        self.assertGreaterEqual(time.monotonic() - start, 0.5)
+        self.assertIsInstance(cm.exception, TimeoutError)
+        self.assertIn("py-orphan", str(cm.exception))
+        with self.assertRaises(ckpt.InvalidArgument):
+            self.client.rendezvous("bad job", 0, 2, b"x")
+
     def test_no_daemon_and_daemon_restart(self):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaisesRegex(ckpt.Unavailable, "is the daemon running"):
