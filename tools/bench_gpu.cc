@@ -5,7 +5,12 @@
 //   ckpt-bench-gpu segment FILE.safetensors SHM_NAME      write a segment, print seconds
 //   ckpt-bench-gpu limit DEVICE [GiB] [START_AT]           pinned/pageable H2D bandwidth
 //   ckpt-bench-gpu load SHM_NAME RANK WORLD DEVICE PATH FAMILY [DTYPE|-] [START_AT] [STREAMS] [CHUNK_MIB] [REG_THREADS]
+//   ckpt-bench-gpu collective SHM_NAME RANK WORLD DEVICE replica|tp independent|collective|auto ID_FILE [START_AT] [STREAMS] [CHUNK_MIB]
 //   ckpt-bench-gpu unlink SHM_NAME
+// collective: WORLD processes (one per GPU) each load a whole replica (replica) or their
+// gpt-neo TP shards (tp); "independent" is GpuLoader::Load, the others LoadCollective in
+// that mode. Rank 0 writes the NCCL unique id to ID_FILE, the others wait for it; the group
+// is formed before START_AT, like the CUDA context.
 // START_AT: a CLOCK_REALTIME second at which to start (after CUDA context creation), so
 // several processes start together. Output: one JSON object per line.
 #include <cuda_runtime.h>
@@ -18,6 +23,10 @@
 #include <thread>
 #include <vector>
 
+#include <fstream>
+#include <sstream>
+
+#include "ckpt/collective.h"
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
 #include "cuda/gpu_loader_impl.h"
@@ -143,11 +152,79 @@ static int Load(int argc, char** argv) {
   return 0;
 }
 
+// Rank 0 writes a new NCCL unique id to `file` (atomically); the others wait for it.
+static Result<std::string> ShareUniqueId(int rank, const std::string& file) {
+  if (rank == 0) {
+    CKPT_ASSIGN_OR_RETURN(std::string id, NcclGroup::NewUniqueId());
+    std::ofstream(file + ".tmp", std::ios::binary) << id;
+    if (std::rename((file + ".tmp").c_str(), file.c_str()) != 0) return IoError("rename " + file);
+    return id;
+  }
+  for (int i = 0; i < 60000; ++i) {
+    std::ifstream in(file, std::ios::binary);
+    if (in) {
+      std::stringstream ss;
+      ss << in.rdbuf();
+      if (ss.str().size() == 128) return ss.str();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return DeadlineExceeded("no unique id in " + file);
+}
+
+static int Collective(int argc, char** argv) {
+  const std::string shm = argv[2];
+  const int rank = std::atoi(argv[3]), world = std::atoi(argv[4]), device = std::atoi(argv[5]);
+  const std::string kind = argv[6], mode = argv[7], id_file = argv[8];
+  const double start_at = argc > 9 ? std::atof(argv[9]) : 0;
+  GpuLoadOptions o;
+  if (argc > 10) o.streams = std::atoi(argv[10]);
+  if (argc > 11) o.chunk_bytes = std::strtoull(argv[11], nullptr, 10) << 20;
+  CHECK_CUDA(cudaSetDevice(device));
+  CHECK_CUDA(cudaFree(nullptr));
+  std::unique_ptr<NcclGroup> group;
+  if (mode != "independent") {
+    auto id = ShareUniqueId(rank, id_file);
+    if (!id.ok()) return Die("unique id", id.status());
+    auto g = NcclGroup::Create(*id, rank, world, device, {120});
+    if (!g.ok()) return Die("group", g.status());
+    group = std::move(*g);
+  }
+  auto plan = TpPlan::BuiltIn("gpt-neo");
+  if (!plan.ok()) return Die("plan", plan.status());
+  WaitUntil(start_at);
+
+  auto t0 = Clock::now();
+  auto reader = shm::SegmentReader::Open(shm);
+  if (!reader.ok()) return Die("attach", reader.status());
+  const shm::SegmentReader* r = reader->get();
+  auto outs = kind == "tp" ? plan->Resolve(r->tensors(), rank, world) : plan->Resolve(r->tensors(), 0, 1);
+  if (!outs.ok()) return Die("resolve", outs.status());
+  auto loader = GpuLoaderImpl::Create(TensorSource{&r->tensors(), [r](size_t i) { return r->tensor_data(i); }}, device, o);
+  if (!loader.ok()) return Die("loader", loader.status());
+  CollectiveOptions co;
+  co.mode = mode == "collective" ? CollectiveOptions::Mode::kCollective : CollectiveOptions::Mode::kAuto;
+  auto dict = group ? (*loader)->LoadCollective(*outs, *group, co) : (*loader)->Load(*outs);
+  if (!dict.ok()) return Die("load", dict.status());
+  const double total_s = Since(t0);
+  uint64_t out_bytes = 0;
+  for (const auto& [n, t] : dict->tensors()) out_bytes += t.nbytes;
+  const auto& st = dict->stats();
+  std::printf("{\"what\":\"collective\",\"kind\":\"%s\",\"mode\":\"%s\",\"rank\":%d,\"world\":%d,\"streams\":%d,"
+              "\"seconds\":%.4f,\"exchange_s\":%.4f,\"shared\":%s,\"host_GiB\":%.3f,\"received_GiB\":%.3f,"
+              "\"sent_GiB\":%.3f,\"out_GiB\":%.3f}\n",
+              kind.c_str(), mode.c_str(), rank, world, o.streams, total_s, st.exchange_seconds,
+              st.collective ? "true" : "false", st.copied_bytes / 1073741824.0, st.received_bytes / 1073741824.0,
+              st.sent_bytes / 1073741824.0, out_bytes / 1073741824.0);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "segment" && argc == 4) return Segment(argv[2], argv[3]);
   if (mode == "limit" && argc >= 3) return Limit(std::atoi(argv[2]), argc > 3 ? std::atof(argv[3]) : 2.0, argc > 4 ? std::atof(argv[4]) : 0);
   if (mode == "load" && argc >= 8) return Load(argc, argv);
+  if (mode == "collective" && argc >= 9) return Collective(argc, argv);
   if (mode == "unlink" && argc == 3) return shm::RemoveShmObject(argv[2]).ok() ? 0 : 1;
   std::fprintf(stderr, "usage: see the comment at the top of tools/bench_gpu.cc\n");
   return 2;

@@ -28,6 +28,7 @@ __all__ = [
     "connect", "Client", "Checkpoint", "Rule", "REPLICATE", "column", "row", "fused", "partition_rule",
     "CkptError", "InvalidArgument", "NotFound", "AlreadyExists", "Corrupt", "Unsupported", "ResourceExhausted",
     "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "DeadlineExceeded",
+    "NcclGroup", "nccl_group",
     "ds_partition_size",
 ]
 
@@ -190,7 +191,8 @@ class Checkpoint:
 
     def state_dict(self, rank: int = 0, world: int = 1, plan: Plan = None, *,
                    device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
-                   copy: bool = False, names=None, engine: str = "auto") -> Dict[str, torch.Tensor]:
+                   copy: bool = False, names=None, engine: str = "auto", group=None,
+                   collective: str = "auto") -> Dict[str, torch.Tensor]:
         """{name: this rank's shard} for every tensor (or `names`), sharded by `plan`: a
         {regex: Rule} dict, a callable, a built-in family name ("gpt-neo", "llama", ...;
         see _ckpt.plan_families()) or a JSON plan file. dtype converts floating-point
@@ -200,8 +202,21 @@ class Checkpoint:
         several streams, conversion on the GPU) into one device allocation; "torch" copies
         tensor by tensor with torch; "auto" takes "gpu" for a CUDA device when the engine
         is available, world == 1 and the plan has a tensor-parallel form. (From Python,
-        the engine with world > 1 crashed on the GPU machine and is not yet the default.)"""
+        the engine with world > 1 crashed on the GPU machine and is not yet the default.)
+
+        group: load collectively with the other ranks of a node (they must all call this,
+        each with its own rank/world/plan): a torch.distributed ProcessGroup (an NCCL
+        communicator is set up once per group and device and cached) or a NcclGroup from
+        nccl_group() / Client.nccl_group(). Tensors several ranks need are copied from host
+        memory by one of them and sent over NVLink. collective: "auto" (only where it pays),
+        "always", "never". Implies engine "gpu"."""
         device = torch.device(device)
+        if group is not None:
+            if engine == "torch":
+                raise InvalidArgument("a collective load (group=) needs the gpu engine")
+            engine = "gpu"
+            if device.type == "cuda" and not isinstance(group, _ckpt.NcclGroup):
+                group = nccl_group(group, device=device)
         gpu_plan = _plan_for_gpu(plan) if device.type == "cuda" and names is None else None
         # "auto" takes the engine only where it was verified from Python on a GPU (whole
         # tensors, world == 1); a TP load through it crashed there (issue 5's notes).
@@ -212,7 +227,8 @@ class Checkpoint:
                 raise InvalidArgument("the GPU engine needs a CUDA device, all tensors, and a dict, family or file plan")
             index = device.index if device.index is not None else 0
             capsules = self._h.load_gpu(gpu_plan[0], gpu_plan[1], rank, world, index,
-                                        _DTYPE_NAMES.get(dtype, "") if dtype is not None else "")
+                                        _DTYPE_NAMES.get(dtype, "") if dtype is not None else "",
+                                        group=group, collective=collective)
             return {name: torch.utils.dlpack.from_dlpack(c) for name, c in capsules.items()}
         if engine not in ("auto", "torch"):
             raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")
@@ -276,6 +292,43 @@ class Client:
         job name, rank, world or value, or a world other than the one rank 0 published for.
         `job` must be unique to the run (e.g. include a launch id)."""
         return self._c.rendezvous(job, rank, world, bytes(value), float(timeout))
+
+    def nccl_group(self, job: str, rank: int, size: int, device: Union[str, torch.device, int],
+                   timeout: float = 300.0) -> "NcclGroup":
+        """An NcclGroup of `size` ranks of this node with the NCCL unique id handed out by the
+        daemon under `job` (unique per run), for state_dict(group=...). Raises
+        DeadlineExceeded if a rank does not join within `timeout` seconds."""
+        index = device if isinstance(device, int) else torch.device(device).index or 0
+        return _ckpt.NcclGroup.join(self._c, job, rank, size, index, float(timeout))
+
+
+NcclGroup = _ckpt.NcclGroup
+_GROUPS = {}  # (id(process group), device index) -> (process group, NcclGroup)
+
+
+def nccl_group(process_group=None, *, device: Union[str, torch.device, int, None] = None,
+               timeout: float = 300.0) -> "NcclGroup":
+    """The NcclGroup of a torch.distributed process group (the default group if None) on
+    `device` (default: the current CUDA device), for state_dict(group=...). Every rank of
+    the group must call it; rank 0 makes an NCCL unique id and torch.distributed hands it
+    to the others (any backend). Cached per group and device. Raises DeadlineExceeded if
+    a rank does not join within `timeout` seconds."""
+    import torch.distributed as dist
+    if device is None:
+        device = torch.cuda.current_device()
+    index = device if isinstance(device, int) else torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    key = (id(process_group), index)
+    if key in _GROUPS:
+        return _GROUPS[key][1]
+    rank = dist.get_rank(process_group)
+    size = dist.get_world_size(process_group)
+    box = [_ckpt.NcclGroup.unique_id() if rank == 0 else None]
+    src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+    dist.broadcast_object_list(box, src=src, group=process_group)
+    group = _ckpt.NcclGroup.create(box[0], rank, size, index, float(timeout))
+    _GROUPS[key] = (process_group, group)
+    return group
 
 
 def connect(socket: Optional[str] = None, wait: float = 0.0) -> Client:

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "ckpt/client.h"
+#include "ckpt/collective.h"
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
 
@@ -280,6 +281,40 @@ PYBIND11_MODULE(_ckpt, m) {
           py::arg("job"), py::arg("rank"), py::arg("world"), py::arg("value") = py::bytes(),
           py::arg("timeout") = 60.0);
 
+  // An NCCL communicator for collective loads (include/ckpt/collective.h). Joining waits
+  // (GIL released) for the other ranks, at most `timeout` seconds.
+  using GroupPtr = std::shared_ptr<ckpt::NcclGroup>;
+  py::class_<ckpt::NcclGroup, GroupPtr>(m, "NcclGroup")
+      .def_static("unique_id", [] { return py::bytes(Unwrap(ckpt::NcclGroup::NewUniqueId())); })
+      .def_static(
+          "create",
+          [](const py::bytes& unique_id, int rank, int size, int device, double timeout) {
+            const std::string id = unique_id;
+            ckpt::Result<std::unique_ptr<ckpt::NcclGroup>> g = ckpt::Internal("unreached");
+            {
+              py::gil_scoped_release release;
+              g = ckpt::NcclGroup::Create(id, rank, size, device, {timeout});
+            }
+            return GroupPtr(Unwrap(std::move(g)));
+          },
+          py::arg("unique_id"), py::arg("rank"), py::arg("size"), py::arg("device"), py::arg("timeout") = 300.0)
+      .def_static(
+          "join",
+          [](ckpt::Client& client, const std::string& job, int rank, int size, int device, double timeout) {
+            ckpt::Result<std::unique_ptr<ckpt::NcclGroup>> g = ckpt::Internal("unreached");
+            {
+              py::gil_scoped_release release;
+              g = ckpt::NcclGroup::Join(client, job, rank, size, device, {timeout});
+            }
+            return GroupPtr(Unwrap(std::move(g)));
+          },
+          py::arg("client"), py::arg("job"), py::arg("rank"), py::arg("size"), py::arg("device"),
+          py::arg("timeout") = 300.0)
+      .def_property_readonly("rank", &ckpt::NcclGroup::rank)
+      .def_property_readonly("size", &ckpt::NcclGroup::size)
+      .def_property_readonly("device", &ckpt::NcclGroup::device)
+      .def_property_readonly("broken", &ckpt::NcclGroup::broken);
+
   py::class_<TensorBuffer>(m, "TensorBuffer", py::buffer_protocol())
       .def_buffer([](TensorBuffer& b) {
         return py::buffer_info(const_cast<std::byte*>(b.data), 1, py::format_descriptor<uint8_t>::format(), 1,
@@ -305,7 +340,7 @@ PYBIND11_MODULE(_ckpt, m) {
           "load_gpu",
           [](const CheckpointPtr& c, const std::string& plan_kind, const std::string& plan, int rank, int world,
              int device, const std::string& float_dtype, const std::string& host_path, int streams,
-             bool allow_overflow) {
+             bool allow_overflow, std::shared_ptr<ckpt::NcclGroup> group, const std::string& collective) {
             ckpt::TpPlan tp = Unwrap(PlanFrom(plan_kind, plan));
             auto outputs = Unwrap(tp.Resolve(c->tensors(), rank, world));
             ckpt::GpuLoadOptions options;
@@ -320,11 +355,17 @@ PYBIND11_MODULE(_ckpt, m) {
             else if (host_path == "pageable") options.path = ckpt::HostPath::kPageable;
             else if (host_path == "bounce" || host_path.empty()) options.path = ckpt::HostPath::kBounce;
             else Raise(ckpt::InvalidArgument("host path must be bounce, register or pageable"));
+            ckpt::CollectiveOptions shared;
+            if (collective == "always") shared.mode = ckpt::CollectiveOptions::Mode::kCollective;
+            else if (collective == "never") shared.mode = ckpt::CollectiveOptions::Mode::kIndependent;
+            else if (collective != "auto") Raise(ckpt::InvalidArgument("collective must be auto, always or never"));
             ckpt::Result<ckpt::GpuStateDict> loaded = ckpt::Internal("unreached");
             {
               py::gil_scoped_release release;
               auto loader = ckpt::GpuLoader::Create(*c, device, options);
-              loaded = loader.ok() ? (*loader)->Load(outputs) : ckpt::Result<ckpt::GpuStateDict>(loader.status());
+              if (!loader.ok()) loaded = loader.status();
+              else if (group) loaded = (*loader)->LoadCollective(outputs, *group, shared);
+              else loaded = (*loader)->Load(outputs);
             }
             ckpt::GpuStateDict dict = Unwrap(std::move(loaded));
             py::dict out;
@@ -335,7 +376,7 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           py::arg("plan_kind"), py::arg("plan"), py::arg("rank"), py::arg("world"), py::arg("device"),
           py::arg("float_dtype") = "", py::arg("host_path") = "bounce", py::arg("streams") = 8,
-          py::arg("allow_overflow") = false)
+          py::arg("allow_overflow") = false, py::arg("group") = nullptr, py::arg("collective") = "auto")
       // A read-only buffer (buffer protocol) over a whole tensor's bytes; it keeps the
       // mapping alive for as long as it, or anything viewing it, lives.
       .def("buffer",

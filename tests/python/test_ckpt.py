@@ -224,6 +224,21 @@ class CkptModuleTest(unittest.TestCase):
         with self.assertRaises(ckpt.InvalidArgument):
             self.client.rendezvous("bad job", 0, 2, b"x")
 
+    def test_collective_load_errors_without_a_gpu(self):
+        # NCCL unique ids need no GPU; joining a group does, and says so.
+        try:
+            self.assertEqual(len(ckpt.NcclGroup.unique_id()), 128)
+        except ckpt.Unsupported:
+            pass  # a build without NCCL
+        if ckpt._ckpt.gpu_available():
+            self.skipTest("a GPU is present: covered by tests/cuda/collective_test.cc")
+        with self.assertRaisesRegex(ckpt.Unsupported, "CUDA|NCCL"):
+            ckpt.NcclGroup.create(b"\0" * 128, 0, 2, 0, 1.0)
+        with self.assertRaisesRegex(ckpt.Unsupported, "CUDA|NCCL"):
+            self.client.nccl_group("py-job", 0, 2, 0, timeout=1.0)
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "gpu engine"):
+            self.client.attach("gpt").state_dict(0, 1, device="cpu", group=object(), engine="torch")
+
     def test_no_daemon_and_daemon_restart(self):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaisesRegex(ckpt.Unavailable, "is the daemon running"):
