@@ -1,36 +1,74 @@
 #!/usr/bin/env bash
-# The GPU-machine checks of issues 4 and 5 in one go: builds everything there (C++
-# dependencies from Debian .debs in DEBS_DIR, see tools/device_deps.sh), runs the ctest
-# label gpu, the GPT-Neo checks (small and 2.7B shapes) and the host-memory reproduction
-# for 1, 2, 4, 8 and 10 ranks. Results and logs go to OUT_DIR (default /tmp/ckpt-gpu-out),
-# each step's as soon as it ends.
-#   tools/gpu/run_checks.sh [OUT_DIR]
+# The GPU-machine checks in one go: builds everything there (C++ dependencies from the
+# Debian .debs in DEBS_DIR, see tools/device_deps.sh; NCCL from PyTorch's nvidia-nccl
+# wheel), then runs, each step's log going to OUT_DIR as soon as it ends:
+#   gpu       ctest -L gpu (copy engine, collective loads)
+#   coll      tools/bench_collective.sh (issue 7)
+#   neo       tools/gpu/check_gpt_neo.py, small shape (issue 5; a crash is re-run under cuda-gdb)
+#   warm      ckpt-bench-load --mode warm on the 9.88 GiB file (issue 3: page cache vs one thread)
+#   repro     tools/repro_host_memory.py, 1..10 ranks (issues 4 and 5)
+#   neo27     tools/gpu/check_gpt_neo.py, 2.7B shape
+#   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-/tmp/ckpt-gpu-out}
+steps=${2:-gpu coll neo warm repro neo27}
 mkdir -p "$out"
 cd "$root"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 log() { echo "[$(date +%T)] $*" | tee -a "$out/steps.log"; }
 {
-  nvidia-smi -L; nproc; free -g | head -2; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
+  nvidia-smi -L; nvidia-smi topo -m; nproc; free -g | head -2
+  python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__, torch.cuda.nccl.version())'
+  cat /sys/kernel/mm/transparent_hugepage/shmem_enabled; mount | grep -E ' /dev/shm | /tmp ' ; df -h /tmp /dev/shm
 } > "$out/machine.txt" 2>&1
 eval "$(tools/device_deps.sh "${DEBS_DIR:-.debs}" /opt/ckpt-deps)"
-log "build"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release $CMAKE_ARGS -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON \
-  -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DPython3_EXECUTABLE="$(command -v python3)" \
-  -DCKPT_TORCH_PYTHON="$(command -v python3)" > "$out/build.log" 2>&1 &&
-  cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1 || { log "build failed"; tail -40 "$out/build.log"; exit 1; }
+nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+if [ ! -f build-gpu/build.ninja ] || [ "${REBUILD:-1}" = 1 ]; then
+  log "build (NCCL_ROOT=$nccl_root)"
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release $CMAKE_ARGS -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON \
+    -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DPython3_EXECUTABLE="$(command -v python3)" \
+    -DCKPT_TORCH_PYTHON="$(command -v python3)" -DNCCL_ROOT="$nccl_root" > "$out/build.log" 2>&1 &&
+    cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1 || { log "build failed"; tail -40 "$out/build.log"; exit 1; }
+  log "built"
+fi
 export PYTHONPATH=$root/build-gpu/python
-log "ctest -L gpu"
-ctest --test-dir build-gpu -L gpu --output-on-failure > "$out/gpu_tests.log" 2>&1; log "ctest rc=$?"
-log "GPT-Neo small"
-python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape small > "$out/neo_small.log" 2>&1
-log "rc=$?"
-log "host memory reproduction"
-python3 tools/repro_host_memory.py --workdir /tmp/repro --ranks 1,2,4,8,10 --ckptd build-gpu/bin/ckptd \
-  --plot "$out/host_memory.png" --markdown "$out/host_memory.md" > "$out/repro.log" 2>&1
-log "rc=$?"
-log "GPT-Neo 2.7B"
-python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1
-log "rc=$?"
+data=${DATA:-/tmp/ckpt-bench}
+for step in $steps; do
+  case $step in
+  gpu)
+    log "ctest -L gpu"
+    ctest --test-dir build-gpu -L gpu --output-on-failure > "$out/gpu_tests.log" 2>&1; log "rc=$?" ;;
+  coll)
+    log "collective benchmark"
+    SKIP_BUILD=1 BUILD_DIR=build-gpu DATA=$data tools/bench_collective.sh "$out" "${COLL_REPS:-2}" > "$out/collective.log" 2>&1
+    log "rc=$?" ;;
+  neo)
+    log "GPT-Neo small"
+    python3 -X faulthandler tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape small \
+      > "$out/neo_small.log" 2>&1
+    rc=$?; log "rc=$rc"
+    if [ $rc -ne 0 ]; then
+      log "GPT-Neo small again under cuda-gdb"
+      timeout 300 cuda-gdb -batch -ex "set pagination off" -ex run -ex "info threads" -ex "thread apply all bt 25" \
+        --args python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape small \
+        > "$out/neo_small_gdb.log" 2>&1
+      log "rc=$?"
+    fi ;;
+  warm)
+    log "warm load vs one thread"
+    [ -f "$data/model.safetensors" ] || python3 tools/bench_baselines.py gen "$data" > /dev/null
+    build-gpu/bin/ckpt-bench-load "$data/model.safetensors" --mode warm --runs 3 \
+      --warm-configs "pread:1,pread:4,pread:8,pread:16" > "$out/warm.log" 2>&1; log "rc=$?" ;;
+  repro)
+    log "host memory reproduction"
+    python3 tools/repro_host_memory.py --workdir /tmp/repro --ranks ${RANKS:-1,2,4,8,10} --ckptd build-gpu/bin/ckptd \
+      --plot "$out/host_memory.png" --markdown "$out/host_memory.md" > "$out/repro.log" 2>&1
+    log "rc=$?" ;;
+  neo27)
+    log "GPT-Neo 2.7B"
+    python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1
+    log "rc=$?" ;;
+  esac
+done
 log "done"
