@@ -50,7 +50,7 @@ for step in $steps; do
     rc=$?; log "rc=$rc"
     if [ $rc -ne 0 ]; then
       log "GPT-Neo small again under cuda-gdb"
-      timeout 300 cuda-gdb -batch -ex "set pagination off" -ex run -ex "info threads" -ex "thread apply all bt 25" \
+      timeout 180 cuda-gdb -batch -ex "set pagination off" -ex run -ex "info threads" -ex "thread apply all bt 25" \
         --args python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape small \
         > "$out/neo_small_gdb.log" 2>&1
       log "rc=$?"
