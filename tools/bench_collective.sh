@@ -6,7 +6,8 @@
 # loads it into a shared-memory segment, then with all N GPUs at once (rank r on GPU r):
 #   replica: every rank loads the whole checkpoint: independent copies vs collective;
 #   tp:      TP=N gpt-neo shards: independent vs replicated tensors collective (forced, and auto).
-# Each configuration runs REPS times (default 2) in alternation, in the same run. Prints the
+# Each configuration runs REPS times (default 2) in alternation, in the same run, for each
+# number of copy streams per rank in STREAMS (default "8"). Prints the
 # slowest rank per run and a summary; JSON lines go to OUT_DIR/collective.jsonl.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,14 +38,16 @@ t=$(start_at 4)
 for g in $(seq 0 $((ngpu - 1))); do "$bench" limit $g 2 $t > "$out/crun.$g" & done; wait
 cat "$out"/crun.* | sed 's/"what":"limit"/"what":"limit_all"/' | tee -a "$res"
 for rep in $(seq "$reps"); do
+  for st in ${STREAMS:-8}; do
   for cfg in replica:independent replica:collective tp:independent tp:collective tp:auto; do
     IFS=: read kind mode <<< "$cfg"
     rm -f "$out"/crun.* "$out"/ncclid.*; t=$(start_at ${LEAD_S:-6})
     pids=(); for r in $(seq 0 $((ngpu - 1))); do
-      "$bench" collective $shm $r $ngpu $r $kind $mode "$out/ncclid.$rep" $t > "$out/crun.$r" 2> "$out/crun.$r.err" & pids+=($!)
+      "$bench" collective $shm $r $ngpu $r $kind $mode "$out/ncclid.$rep" $t $st > "$out/crun.$r" 2> "$out/crun.$r.err" & pids+=($!)
     done
     wait "${pids[@]}" || { echo "run $cfg failed:"; cat "$out"/crun.*.err; }
     cat "$out"/crun.? | sed "s/^{/{\"rep\":$rep,/" | tee -a "$res"
+  done
   done
 done
 "$py" - "$res" <<'PY'
@@ -55,18 +58,17 @@ print(f"\npinned H2D limit, all GPUs at once: {min(limit):.1f}-{max(limit):.1f} 
 runs = collections.defaultdict(list)
 for r in rows:
     if r["what"] == "collective":
-        runs[(r["kind"], r["mode"], r["rep"])].append(r)
+        runs[(r["kind"], r["streams"], r["mode"], r["rep"])].append(r)
 best = {}
-print("| load | mode | rep | slowest rank s | host GiB/rank (max) | received GiB/rank (max) | exchange s | shared |")
-print("|---|---|---|---|---|---|---|---|")
-for (kind, mode, rep), rs in sorted(runs.items()):
+print("| load | streams | mode | rep | slowest rank s | host GiB/rank (max) | received GiB/rank (max) | exchange s | shared |")
+print("|---|---|---|---|---|---|---|---|---|")
+for (kind, st, mode, rep), rs in sorted(runs.items()):
     s = max(r["seconds"] for r in rs)
-    best[(kind, mode)] = min(best.get((kind, mode), 1e9), s)
-    print(f"| {kind} x{len(rs)} | {mode} | {rep} | {s:.3f} | {max(r['host_GiB'] for r in rs):.2f} | "
+    best[(kind, st, mode)] = min(best.get((kind, st, mode), 1e9), s)
+    print(f"| {kind} x{len(rs)} | {st} | {mode} | {rep} | {s:.3f} | {max(r['host_GiB'] for r in rs):.2f} | "
           f"{max(r['received_GiB'] for r in rs):.2f} | {max(r['exchange_s'] for r in rs):.3f} | {rs[0]['shared']} |")
-for kind in ("replica", "tp"):
-    ind = best.get((kind, "independent"))
-    for mode in ("collective", "auto"):
-        if ind and (kind, mode) in best:
-            print(f"{kind}: independent {ind:.3f} s / {mode} {best[(kind, mode)]:.3f} s = {ind / best[(kind, mode)]:.2f}x (best of reps)")
+for (kind, st, mode), b in sorted(best.items()):
+    ind = best.get((kind, st, "independent"))
+    if mode != "independent" and ind:
+        print(f"{kind}, {st} streams: independent {ind:.3f} s / {mode} {b:.3f} s = {ind / b:.2f}x (best of reps)")
 PY

@@ -201,8 +201,8 @@ class Checkpoint:
         engine: "gpu" copies through the CUDA copy engine (pinned bounce buffers, 2D DMA,
         several streams, conversion on the GPU) into one device allocation; "torch" copies
         tensor by tensor with torch; "auto" takes "gpu" for a CUDA device when the engine
-        is available, world == 1 and the plan has a tensor-parallel form. (From Python,
-        the engine with world > 1 crashed on the GPU machine and is not yet the default.)
+        is available and the plan has a tensor-parallel form (a dict of split/replicate
+        rules, a family name or a plan file; not a callable).
 
         group: load collectively with the other ranks of a node (they must all call this,
         each with its own rank/world/plan): a torch.distributed ProcessGroup (an NCCL
@@ -218,9 +218,7 @@ class Checkpoint:
             if device.type == "cuda" and not isinstance(group, _ckpt.NcclGroup):
                 group = nccl_group(group, device=device)
         gpu_plan = _plan_for_gpu(plan) if device.type == "cuda" and names is None else None
-        # "auto" takes the engine only where it was verified from Python on a GPU (whole
-        # tensors, world == 1); a TP load through it crashed there (issue 5's notes).
-        use_gpu = engine == "gpu" or (engine == "auto" and world == 1 and gpu_plan is not None
+        use_gpu = engine == "gpu" or (engine == "auto" and gpu_plan is not None
                                        and _ckpt.gpu_available() and (dtype is None or dtype in _DTYPE_NAMES))
         if use_gpu:
             if gpu_plan is None:

@@ -8,6 +8,7 @@
 #   warm      ckpt-bench-load --mode warm on the 9.88 GiB file (issue 3: page cache vs one thread)
 #   repro     tools/repro_host_memory.py, 1..10 ranks (issues 4 and 5)
 #   neo27     tools/gpu/check_gpt_neo.py, 2.7B shape
+#   huge      tools/gpu/huge_pages.sh (issue 4: the segment on 4 KiB vs huge pages)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,11 +46,15 @@ for step in $steps; do
     log "rc=$?" ;;
   neo)
     log "GPT-Neo small"
+    { echo "std::regex instantiations exported: _ckpt $(nm -D --defined-only build-gpu/python/ckpt/_ckpt*.so | grep -c regex)," \
+        "libtorch_cpu $(nm -D --defined-only "$(python3 -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))')" | grep -c regex)"; } \
+      > "$out/symbols.txt" 2>&1
     python3 -X faulthandler tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape small \
       > "$out/neo_small.log" 2>&1
     rc=$?; log "rc=$rc"
     if [ $rc -ne 0 ]; then
       log "GPT-Neo small again under cuda-gdb"
+      pkill -f "ckptd --socket /tmp/neo" ; rm -rf /tmp/neo/*.sock
       timeout 180 cuda-gdb -batch -ex "set pagination off" -ex run -ex "info threads" -ex "thread apply all bt 25" \
         --args python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape small \
         > "$out/neo_small_gdb.log" 2>&1
@@ -65,6 +70,9 @@ for step in $steps; do
     python3 tools/repro_host_memory.py --workdir /tmp/repro --ranks ${RANKS:-1,2,4,8,10} --ckptd build-gpu/bin/ckptd \
       --plot "$out/host_memory.png" --markdown "$out/host_memory.md" > "$out/repro.log" 2>&1
     log "rc=$?" ;;
+  huge)
+    log "huge pages experiment"
+    tools/gpu/huge_pages.sh "${HUGE_REPS:-2}" > "$out/huge_pages.log" 2>&1; log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
     python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1
