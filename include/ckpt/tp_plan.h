@@ -13,7 +13,8 @@
 //      {"pattern": "^(.*)\\.(q|k|v)_proj\\.weight$", "rule": "column",
 //       "fuse_into": "$1.qkv_proj.weight", "fuse_key": 2, "fuse_order": ["q", "k", "v"]},
 //      {"pattern": "wte", "rule": {"split": 0, "chunks": 1, "uneven": true}}]}
-// Patterns are ECMAScript regular expressions searched in the tensor name. Rules:
+// Patterns are regular expressions (an ECMAScript subset: src/common/pattern.h) searched in
+// the tensor name. Rules:
 //   replicate          the whole tensor
 //   column             Linear layout [out, in]: split dim 0 (weights and their biases)
 //   row                Linear layout: split the last dim (a 1-d tensor is replicated)

@@ -3,11 +3,12 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
+
+#include "common/pattern.h"
 
 namespace ckpt {
 
@@ -66,7 +67,7 @@ Result<Rule> ParseRule(const nlohmann::json& j) {
 
 struct TpPlan::Entry {
   std::string pattern_text;
-  std::regex pattern;
+  Pattern pattern;
   Rule rule;
   bool transpose = false;
   std::string fuse_into;  // empty: no fusion
@@ -114,11 +115,9 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
       }
       auto entry = std::make_shared<Entry>();
       entry->pattern_text = e["pattern"].get<std::string>();
-      try {
-        entry->pattern = std::regex(entry->pattern_text, std::regex::ECMAScript);
-      } catch (const std::regex_error& err) {
-        return InvalidArgument(where + ": bad pattern '" + entry->pattern_text + "': " + err.what());
-      }
+      auto compiled = Pattern::Compile(entry->pattern_text);
+      if (!compiled.ok()) return compiled.status().WithContext(where);
+      entry->pattern = std::move(*compiled);
       auto rule = ParseRule(e["rule"]);
       if (!rule.ok()) return rule.status().WithContext(where);
       entry->rule = *rule;
@@ -132,7 +131,7 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
         entry->fuse_into = e["fuse_into"].get<std::string>();
         if (e.contains("fuse_key")) {
           if (!e["fuse_key"].is_number_integer() || e["fuse_key"].get<int>() < 0 ||
-              static_cast<size_t>(e["fuse_key"].get<int>()) > entry->pattern.mark_count())
+              static_cast<size_t>(e["fuse_key"].get<int>()) > entry->pattern.groups())
             return InvalidArgument(where + ": \"fuse_key\" must name a capture group of the pattern");
           entry->fuse_key = e["fuse_key"].get<int>();
         }
@@ -257,9 +256,10 @@ Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& 
 
   for (const TensorInfo& t : tensors) {
     const Entry* match = nullptr;
-    std::smatch m;
+    std::vector<std::string> m;  // the match's groups
     for (const auto& e : entries_) {
-      if (std::regex_search(t.name, m, e->pattern)) {
+      m = e->pattern.Search(t.name);
+      if (!m.empty()) {
         match = e.get();
         break;
       }
@@ -284,7 +284,7 @@ Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& 
       }
     }
     std::string out_name = t.name;
-    if (match && !match->fuse_into.empty()) out_name = m.format(match->fuse_into);
+    if (match && !match->fuse_into.empty()) out_name = Pattern::Expand(match->fuse_into, m);
     auto it = by_name.find(out_name);
     if (it == by_name.end()) {
       it = by_name.emplace(out_name, outputs.size()).first;
@@ -297,7 +297,7 @@ Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& 
     }
     ShardOutput& out = outputs[it->second];
     if (match && !match->fuse_into.empty()) {
-      const std::string key = m[match->fuse_key].str();
+      const std::string key = m[match->fuse_key];
       auto pos = std::find(match->fuse_order.begin(), match->fuse_order.end(), key);
       std::string sort_key = (pos != match->fuse_order.end())
                                  ? "0" + std::string(1, static_cast<char>('A' + (pos - match->fuse_order.begin())))
