@@ -8,6 +8,7 @@
 #   warm      ckpt-bench-load --mode warm on the 9.88 GiB file (issue 3: page cache vs one thread)
 #   repro     tools/repro_host_memory.py, 1..10 ranks (issues 4 and 5)
 #   neo27     tools/gpu/check_gpt_neo.py, 2.7B shape
+#   pycoll    tools/gpu/check_collective.py (issue 7 from Python; after neo)
 #   huge      tools/gpu/huge_pages.sh (issue 4: the segment on 4 KiB vs huge pages)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 set -uo pipefail
@@ -70,6 +71,10 @@ for step in $steps; do
     python3 tools/repro_host_memory.py --workdir /tmp/repro --ranks ${RANKS:-1,2,4,8,10} --modes ${REPRO_MODES:-today,ckptd} --ckptd build-gpu/bin/ckptd \
       --plot "$out/host_memory.png" --markdown "$out/host_memory.md" > "$out/repro.log" 2>&1
     log "rc=$?" ;;
+  pycoll)
+    log "collective loads from Python"
+    python3 -X faulthandler tools/gpu/check_collective.py --ckptd build-gpu/bin/ckptd \
+      --checkpoint /tmp/neo/small/model.safetensors > "$out/pycoll.log" 2>&1; log "rc=$?" ;;
   huge)
     log "huge pages experiment"
     tools/gpu/huge_pages.sh "${HUGE_REPS:-2}" > "$out/huge_pages.log" 2>&1; log "rc=$?" ;;
