@@ -13,7 +13,7 @@ same N processes cost when they load nothing (Python, torch, CUDA contexts):
           with ckpt.state_dict(plan=ckpt.plans.GPT_NEO) to its GPU (CPU: zero-copy views).
 
   tools/repro_host_memory.py --workdir DIR [--ranks 1,2,4,8,10] [--scale 1.0]
-        [--ckptd build/bin/ckptd] [--plot docs/img/host_memory.png] [--markdown OUT.md]
+        [--ckptd build/bin/ckptd] [--host-path bounce|register] [--plot docs/img/host_memory.png] [--markdown OUT.md]
 
 --scale shrinks the model (hidden and layers) for machines with less memory. Needs torch
 and the ckpt module on PYTHONPATH (build/python).
@@ -97,11 +97,13 @@ def rank_today(rank, world, path, ready, release, results):
     del sd, shards
 
 
-def rank_ckptd(rank, world, socket, ready, release, results):
+def rank_ckptd(rank, world, arg, ready, release, results):
+    socket, host_path = arg
     start = time.perf_counter()
     device = rank_device(rank)
     client = ckpt.connect(socket)
-    shards = client.state_dict("gpt-neo", rank, world, ckpt.plans.GPT_NEO, device=device)
+    kwargs = {"host_path": host_path} if device.type == "cuda" else {}
+    shards = client.state_dict("gpt-neo", rank, world, ckpt.plans.GPT_NEO, device=device, **kwargs)
     results.put((rank, time.perf_counter() - start))
     ready.wait()
     release.wait()
@@ -173,6 +175,8 @@ def main():
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--ckptd", default=os.path.join(os.path.dirname(__file__), "..", "build", "bin", "ckptd"))
     ap.add_argument("--modes", default="today,ckptd")
+    ap.add_argument("--host-path", default="bounce", choices=["bounce", "register", "pageable"],
+                    help="the CUDA engine's host path for the ckptd ranks (register: no pinned staging buffers)")
     ap.add_argument("--plot")
     ap.add_argument("--markdown")
     args = ap.parse_args()
@@ -218,9 +222,9 @@ def main():
             shm = node_bytes() - base
             print(f"ckptd load: {load_s:.2f} s, +{shm / 2**30:.2f} GiB shared memory", flush=True)
             for n in ranks:
-                mem, times = run_ranks(rank_ckptd, n, sock)
+                mem, times = run_ranks(rank_ckptd, n, (sock, args.host_path))
                 mem -= idle[n]
-                rows.append(("ckptd (one shared copy)", n, mem + shm, times))
+                rows.append((f"ckptd (one shared copy, {args.host_path})", n, mem + shm, times))
                 print(f"ckptd  N={n:2d}: node memory +{(mem + shm) / 2**30:6.2f} GiB = {(mem + shm) / size:5.2f} x "
                       f"checkpoint; per-rank attach+shard {times[0]:.2f}-{times[-1]:.2f} s", flush=True)
         finally:

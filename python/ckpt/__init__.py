@@ -192,7 +192,7 @@ class Checkpoint:
     def state_dict(self, rank: int = 0, world: int = 1, plan: Plan = None, *,
                    device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
                    copy: bool = False, names=None, engine: str = "auto", group=None,
-                   collective: str = "auto") -> Dict[str, torch.Tensor]:
+                   collective: str = "auto", host_path: str = "bounce") -> Dict[str, torch.Tensor]:
         """{name: this rank's shard} for every tensor (or `names`), sharded by `plan`: a
         {regex: Rule} dict, a callable, a built-in family name ("gpt-neo", "llama", ...;
         see _ckpt.plan_families()) or a JSON plan file. dtype converts floating-point
@@ -209,7 +209,11 @@ class Checkpoint:
         communicator is set up once per group and device and cached) or a NcclGroup from
         nccl_group() / Client.nccl_group(). Tensors several ranks need are copied from host
         memory by one of them and sent over NVLink. collective: "auto" (only where it pays),
-        "always", "never". Implies engine "gpu"."""
+        "always", "never". Implies engine "gpu".
+
+        host_path (gpu engine): "bounce" (pinned staging buffers, 256 MiB per call while it
+        runs; the fastest), "register" (pins the mapping's pages in place: no extra host
+        memory), "pageable"."""
         device = torch.device(device)
         if group is not None:
             if engine == "torch":
@@ -226,7 +230,7 @@ class Checkpoint:
             index = device.index if device.index is not None else 0
             capsules = self._h.load_gpu(gpu_plan[0], gpu_plan[1], rank, world, index,
                                         _DTYPE_NAMES.get(dtype, "") if dtype is not None else "",
-                                        group=group, collective=collective)
+                                        group=group, collective=collective, host_path=host_path)
             return {name: torch.utils.dlpack.from_dlpack(c) for name, c in capsules.items()}
         if engine not in ("auto", "torch"):
             raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")

@@ -68,7 +68,7 @@ for step in $steps; do
       --warm-configs "pread:1,pread:4,pread:8,pread:16" > "$out/warm.log" 2>&1; log "rc=$?" ;;
   repro)
     log "host memory reproduction"
-    python3 tools/repro_host_memory.py --workdir /tmp/repro --ranks ${RANKS:-1,2,4,8,10} --modes ${REPRO_MODES:-today,ckptd} --ckptd build-gpu/bin/ckptd \
+    python3 tools/repro_host_memory.py --workdir /tmp/repro --ranks ${RANKS:-1,2,4,8,10} --modes ${REPRO_MODES:-today,ckptd} --host-path ${HOST_PATH:-bounce} --ckptd build-gpu/bin/ckptd \
       --plot "$out/host_memory.png" --markdown "$out/host_memory.md" > "$out/repro.log" 2>&1
     log "rc=$?" ;;
   pycoll)
