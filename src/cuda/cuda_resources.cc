@@ -72,4 +72,17 @@ CurrentDeviceGuard::~CurrentDeviceGuard() {
   if (saved_ >= 0) cudaSetDevice(saved_);
 }
 
+Status CheckDevice(int device) {
+  int count = 0;
+  cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaError("no usable CUDA device", err);
+  }
+  if (device < 0 || device >= count)
+    return InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
+                           " present)");
+  return Status::Ok();
+}
+
 }  // namespace ckpt::cuda

@@ -115,6 +115,10 @@ class HostRegistration {
   void* ptr_ = nullptr;
 };
 
+// OK if CUDA device `device` exists; Unsupported without a usable driver, InvalidArgument
+// naming the count otherwise.
+Status CheckDevice(int device);
+
 // Restores the calling thread's current CUDA device when it goes out of scope, so a loader
 // never changes the device its caller (e.g. PyTorch) had selected.
 class CurrentDeviceGuard {

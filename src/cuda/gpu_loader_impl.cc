@@ -96,15 +96,7 @@ Result<std::unique_ptr<GpuLoaderImpl>> GpuLoaderImpl::Create(TensorSource source
   if (options.float_dtype && !IsFloat(*options.float_dtype))
     return InvalidArgument(std::string("float_dtype must be F64, F32, F16 or BF16, not ") +
                            DTypeName(*options.float_dtype) + " (floating-point tensors are never converted to integers)");
-  int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return CudaError("no usable CUDA device", err);
-  }
-  if (device < 0 || device >= count)
-    return InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
-                           " present)");
+  CKPT_RETURN_IF_ERROR(cuda::CheckDevice(device));
   cuda::CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device));
   CKPT_CUDA_RETURN("CUDA context", cudaFree(nullptr));

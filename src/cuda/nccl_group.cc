@@ -213,15 +213,7 @@ Status CheckMembership(int rank, int size, int device, const NcclGroupOptions& o
     return InvalidArgument("rank " + std::to_string(rank) + " out of range for a group of " + std::to_string(size));
   if (!(options.timeout_s > 0) || options.timeout_s > 86400)
     return InvalidArgument("timeout_s must be in (0, 86400], not " + std::to_string(options.timeout_s));
-  int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    return CudaError("no usable CUDA device", err);
-  }
-  if (device < 0 || device >= count)
-    return InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(count) +
-                           " present)");
+  CKPT_RETURN_IF_ERROR(cuda::CheckDevice(device));
   return Status::Ok();
 }
 
