@@ -27,8 +27,9 @@ namespace ckpt {
 class Client;
 
 struct NcclGroupOptions {
-  // Bound on every wait for the other ranks (joining, exchanging descriptors, transfers).
-  // On expiry the call fails with DeadlineExceeded and the communicator is aborted.
+  // Bound on each wait for the other ranks (joining; in a load: exchanging descriptors,
+  // the copy verdicts, the transfers, each bounded separately). On expiry the call fails
+  // with DeadlineExceeded and the communicator is aborted.
   double timeout_s = 300;
 };
 
@@ -50,9 +51,11 @@ class NcclGroup {
   // to connect and times out.
   static Result<std::unique_ptr<NcclGroup>> Join(Client& client, const std::string& job, int rank, int size,
                                                  int device, const NcclGroupOptions& options);
-  // Wraps the caller's communicator (an ncclComm_t) for `device`; not owned, not destroyed.
-  // Timeouts abort it. Only a nonblocking communicator (ncclConfig_t::blocking = 0) lets the
-  // timeout cover NCCL's connection setup as well as the transfers.
+  // Wraps the caller's communicator (an ncclComm_t) for `device`; not destroyed with the
+  // group. But on a timeout or a peer's error the group calls ncclCommAbort on it, which
+  // frees it: after broken() the caller must drop the handle without destroying it. Only a
+  // nonblocking communicator (ncclConfig_t::blocking = 0) lets the timeout cover NCCL's
+  // connection setup as well as the transfers.
   static Result<std::unique_ptr<NcclGroup>> Borrow(void* nccl_comm, int device, const NcclGroupOptions& options);
 
   virtual ~NcclGroup();
@@ -65,12 +68,14 @@ class NcclGroup {
   NcclGroup() = default;
 };
 
-// How LoadCollective shares (GpuLoader::LoadCollective).
+// How LoadCollective shares (GpuLoader::LoadCollective). Every rank must pass the same
+// options; ranks that differ all fail with InvalidArgument.
 struct CollectiveOptions {
   enum class Mode {
     kAuto,         // share when it pays: some output is needed by several ranks, that
                    // saves at least min_saved_bytes of host-to-device copies, and every
-                   // rank's GPU has peer access to the node's others; else independent copies
+                   // rank's GPU has peer access to the other GPUs it sees; else independent
+                   // copies
     kCollective,   // share whatever is shared, even where it may not pay
     kIndependent,  // every rank copies all its outputs itself (still a collective call)
   };

@@ -227,7 +227,7 @@ class Checkpoint:
         if use_gpu:
             if gpu_plan is None:
                 raise InvalidArgument("the GPU engine needs a CUDA device, all tensors, and a dict, family or file plan")
-            index = device.index if device.index is not None else 0
+            index = device.index if device.index is not None else torch.cuda.current_device()
             capsules = self._h.load_gpu(gpu_plan[0], gpu_plan[1], rank, world, index,
                                         _DTYPE_NAMES.get(dtype, "") if dtype is not None else "",
                                         group=group, collective=collective, host_path=host_path)
@@ -321,8 +321,10 @@ def nccl_group(process_group=None, *, device: Union[str, torch.device, int, None
     index = device if isinstance(device, int) else torch.device(device).index
     index = torch.cuda.current_device() if index is None else index
     key = (id(process_group), index)
-    if key in _GROUPS:
+    if key in _GROUPS and _GROUPS[key][0] is process_group and not _GROUPS[key][1].broken:
         return _GROUPS[key][1]
+    # (A broken group, after a timeout or a dead rank, is replaced: every rank of the group
+    # must then call again, as for the first time.)
     rank = dist.get_rank(process_group)
     size = dist.get_world_size(process_group)
     box = [_ckpt.NcclGroup.unique_id() if rank == 0 else None]

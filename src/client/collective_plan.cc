@@ -157,6 +157,8 @@ Result<ExchangePlan> PlanExchange(const std::vector<RankDescriptor>& ranks, int 
 std::string EncodeDescriptor(const RankDescriptor& d) {
   std::string s;
   Put(&s, (d.ok ? 1 : 0) | (d.peer_access ? 2 : 0));
+  Put(&s, d.mode);
+  Put(&s, d.min_saved_bytes);
   Put(&s, d.outputs.size());
   for (const OutputDescriptor& o : d.outputs) {
     Put(&s, o.key);
@@ -166,14 +168,21 @@ std::string EncodeDescriptor(const RankDescriptor& d) {
 }
 
 Result<RankDescriptor> DecodeDescriptor(const std::string& s) {
-  if (s.size() < 16) return Corrupt("rank descriptor of " + std::to_string(s.size()) + " bytes");
+  constexpr size_t kHead = 32;
+  if (s.size() < kHead) return Corrupt("rank descriptor of " + std::to_string(s.size()) + " bytes");
   RankDescriptor d;
   d.ok = (Get(s, 0) & 1) != 0;
   d.peer_access = (Get(s, 0) & 2) != 0;
-  const uint64_t count = Get(s, 8);
-  if (count > (s.size() - 16) / 16) return Corrupt("rank descriptor lists " + std::to_string(count) + " outputs in " +
-                                                   std::to_string(s.size()) + " bytes");
-  for (uint64_t i = 0; i < count; ++i) d.outputs.push_back({Get(s, 16 + 16 * i), Get(s, 24 + 16 * i)});
+  d.mode = Get(s, 8);
+  d.min_saved_bytes = Get(s, 16);
+  const uint64_t count = Get(s, 24);
+  if (count != (s.size() - kHead) / 16 || (s.size() - kHead) % 16 != 0)
+    return Corrupt("rank descriptor lists " + std::to_string(count) + " outputs in " + std::to_string(s.size()) + " bytes");
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t bytes = Get(s, kHead + 8 + 16 * i);
+    if (bytes > (uint64_t{1} << 50)) return Corrupt("rank descriptor: an output of " + std::to_string(bytes) + " bytes");
+    d.outputs.push_back({Get(s, kHead + 16 * i), bytes});
+  }
   return d;
 }
 

@@ -29,6 +29,9 @@ struct OutputDescriptor {
 struct RankDescriptor {
   bool ok = true;           // false: this rank failed before it could say what it needs
   bool peer_access = true;  // this rank's GPU reaches the node's other GPUs directly
+  // The rank's CollectiveOptions: every rank must pass the same (else every rank refuses).
+  uint64_t mode = 0;
+  uint64_t min_saved_bytes = 0;
   std::vector<OutputDescriptor> outputs;
 };
 

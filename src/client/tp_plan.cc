@@ -258,7 +258,9 @@ Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& 
     const Entry* match = nullptr;
     std::vector<std::string> m;  // the match's groups
     for (const auto& e : entries_) {
-      m = e->pattern.Search(t.name);
+      auto found = e->pattern.Search(t.name);
+      if (!found.ok()) return found.status().WithContext("tensor '" + t.name + "'");
+      m = std::move(*found);
       if (!m.empty()) {
         match = e.get();
         break;

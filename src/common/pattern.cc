@@ -27,7 +27,9 @@ constexpr size_t kInfinite = static_cast<size_t>(-1);
 constexpr size_t kMaxRepeat = 1000;
 constexpr size_t kStepBudget = 1u << 22;
 
-bool IsWord(unsigned char c) { return std::isalnum(c) || c == '_'; }
+bool IsWord(unsigned char c) {  // ASCII, whatever the C locale says
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+}
 
 std::bitset<256> ClassOf(char e) {
   std::bitset<256> s;
@@ -338,14 +340,19 @@ Result<Pattern> Pattern::Compile(const std::string& text) {
   return p;
 }
 
-std::vector<std::string> Pattern::Search(std::string_view subject) const {
+Result<std::vector<std::string>> Pattern::Search(std::string_view subject) const {
+  if (subject.size() > kMaxSubject)
+    return InvalidArgument("pattern /" + text_ + "/: a name of " + std::to_string(subject.size()) +
+                           " bytes is longer than the " + std::to_string(kMaxSubject) + " that patterns are matched against");
   Matcher m(subject, groups_);
   for (size_t start = 0; start <= subject.size(); ++start) {
     m.Reset();
     if (m.MatchAt(root_.get(), start)) return m.Groups();
-    if (m.out_of_steps()) break;
+    if (m.out_of_steps())
+      return InvalidArgument("pattern /" + text_ + "/ needs too many backtracking steps on '" + std::string(subject) +
+                             "': simplify it (nested quantifiers such as (a*)* backtrack exponentially)");
   }
-  return {};
+  return std::vector<std::string>{};
 }
 
 std::string Pattern::Expand(const std::string& format, const std::vector<std::string>& groups) {

@@ -28,15 +28,17 @@ class Pattern {
 
   // The text of each group of the first match found searching `subject` left to right
   // (group 0: the whole match; "" for a group that did not take part), or an empty vector
-  // if nothing matches (or the step budget ran out).
-  std::vector<std::string> Search(std::string_view subject) const;
-  bool Matches(std::string_view subject) const { return !Search(subject).empty(); }
+  // if nothing matches. InvalidArgument if `subject` is longer than kMaxSubject bytes (the
+  // matcher recurses per byte consumed) or the search needs more than a bounded number of
+  // steps (a pathological pattern): never a silent "no match".
+  Result<std::vector<std::string>> Search(std::string_view subject) const;
+  static constexpr size_t kMaxSubject = 1024;  // = the segment format's longest tensor name
   // Number of capture groups.
   size_t groups() const { return groups_; }
   const std::string& text() const { return text_; }
 
-  // `format` with $n / $nn (a group, "" if absent), $& (the match) and $$ ($) replaced, as
-  // std::match_results::format does for ECMAScript.
+  // `format` with $n / $nn (a group; two digits only where that group exists, as ECMAScript
+  // says; "" for a group that does not), $& (the match) and $$ ($) replaced.
   static std::string Expand(const std::string& format, const std::vector<std::string>& groups);
 
   struct Node;  // internal

@@ -463,9 +463,10 @@ uint64_t NodeId() {
   return XXH3_64bits(id.data(), id.size());
 }
 
-// What determines an output's bytes on the device: its name, shape, dtype and transpose,
-// and for each piece the source tensor's checksum and size and the regions read.
-uint64_t OutputKey(const ShardOutput& out, const OutputLayout& layout, DType to,
+// What determines an output's bytes on the device: its name, shape, dtypes, transpose and
+// whether an overflowing conversion is accepted, and for each piece the source tensor's
+// checksum and size and the regions read.
+uint64_t OutputKey(const ShardOutput& out, const OutputLayout& layout, DType to, bool allow_overflow,
                    const std::vector<TensorInfo>& tensors, const std::vector<size_t>& sources, uint64_t node) {
   std::string k = out.name;
   auto put = [&k](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
@@ -474,6 +475,7 @@ uint64_t OutputKey(const ShardOutput& out, const OutputLayout& layout, DType to,
   put(static_cast<uint64_t>(to));
   put(static_cast<uint64_t>(layout.dtype));
   put(out.transpose ? 1 : 0);
+  put(to != layout.dtype && allow_overflow ? 1 : 0);  // a conversion that may write inf
   for (int64_t d : layout.shape) put(static_cast<uint64_t>(d));
   for (size_t p = 0; p < layout.pieces.size(); ++p) {
     const TensorInfo& t = tensors[sources[p]];
@@ -506,23 +508,25 @@ Result<GpuStateDict> GpuLoaderImpl::LoadCollective(const std::vector<ShardOutput
   auto* ops = dynamic_cast<cuda::NcclGroupOps*>(&group);
   if (!ops) return InvalidArgument("the group was not made by NcclGroup::Create, Join or Borrow");
   if (group.broken()) return FailedPrecondition("the NCCL group is broken (a rank failed or timed out earlier)");
-  if (group.device() != device_)
-    return FailedPrecondition("the NCCL group is on CUDA device " + std::to_string(group.device()) +
-                              ", the loader on " + std::to_string(device_));
   cuda::CurrentDeviceGuard keep_callers_device;
-  CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
 
-  // 1. Plan locally and tell every rank what this one needs. A rank whose own plan fails
-  // still takes part, flagged, so that the others stop too instead of waiting for it.
-  Result<Planned> planned = Plan(outputs);
+  // 1. Plan locally and tell every rank what this one needs. A rank whose own checks or
+  // plan fail still takes part, flagged, so that the others stop too instead of waiting.
+  Result<Planned> planned =
+      group.device() != device_
+          ? Result<Planned>(FailedPrecondition("the NCCL group is on CUDA device " + std::to_string(group.device()) +
+                                               ", the loader on " + std::to_string(device_)))
+          : Plan(outputs);
   collective::RankDescriptor mine;
   mine.ok = planned.ok();
   mine.peer_access = PeerAccessToAll(device_);
+  mine.mode = static_cast<uint64_t>(options.mode);
+  mine.min_saved_bytes = options.min_saved_bytes;
   if (planned.ok()) {
     const uint64_t node = NodeId();
     for (size_t o = 0; o < outputs.size(); ++o) {
-      mine.outputs.push_back({OutputKey(outputs[o], planned->layouts[o], planned->dtypes[o], *source_.tensors,
-                                        planned->sources[o], node),
+      mine.outputs.push_back({OutputKey(outputs[o], planned->layouts[o], planned->dtypes[o], options_.allow_overflow,
+                                        *source_.tensors, planned->sources[o], node),
                               planned->bytes[o]});
     }
   }
@@ -536,7 +540,11 @@ Result<GpuStateDict> GpuLoaderImpl::LoadCollective(const std::vector<ShardOutput
   for (size_t r = 0; r < ranks.size(); ++r) {
     if (!ranks[r].ok)
       return FailedPrecondition("rank " + std::to_string(r) + " of the group could not plan its load (its own error says why)");
+    if (ranks[r].mode != ranks[0].mode || ranks[r].min_saved_bytes != ranks[0].min_saved_bytes)
+      return InvalidArgument("the ranks of the group passed different CollectiveOptions (rank 0 and rank " +
+                             std::to_string(r) + " differ in mode or min_saved_bytes); every rank must pass the same");
   }
+  CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
   CKPT_ASSIGN_OR_RETURN(collective::ExchangePlan plan,
                         collective::PlanExchange(ranks, group.rank(), options.mode, options.min_saved_bytes));
 

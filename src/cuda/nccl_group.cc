@@ -57,8 +57,44 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
   int device() const override { return device_; }
   bool broken() const override { return comm_ == nullptr; }
 
+  // Once the group is usable, any failure (local ones too: this rank may have dropped out
+  // of a collective the others are in) breaks the group, so that no later call is paired
+  // with a stale one of another rank.
   Result<std::vector<std::string>> AllGatherBytes(const std::string& mine) override {
     CKPT_RETURN_IF_ERROR(Usable());
+    auto gathered = DoAllGatherBytes(mine);
+    if (!gathered.ok()) Abort();
+    return gathered;
+  }
+
+  Status Exchange(const std::vector<collective::Transfer>& transfers, std::byte* base) override {
+    CKPT_RETURN_IF_ERROR(Usable());
+    Status done = DoExchange(transfers, base);
+    if (!done.ok()) Abort();
+    return done;
+  }
+
+  // Joins as `rank` of `size` through `id`; bounded by timeout_s.
+  static Result<std::unique_ptr<NcclGroup>> Init(const ncclUniqueId& id, int rank, int size, int device,
+                                                 double timeout_s) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+    if (!Pending(r)) {
+      if (comm) ncclCommAbort(comm);
+      return Unavailable("NCCL group of " + std::to_string(size) + " ranks: rank " + std::to_string(rank) +
+                         " could not join: " + NcclText(r));
+    }
+    auto group = std::make_unique<NcclGroupImpl>(comm, true, rank, size, device, timeout_s);
+    Status joined = group->WaitForComm("waiting for the group's " + std::to_string(size) + " ranks to join");
+    if (!joined.ok()) return joined;
+    CKPT_RETURN_IF_ERROR(group->Connect());
+    return std::unique_ptr<NcclGroup>(std::move(group));
+  }
+
+ private:
+  Result<std::vector<std::string>> DoAllGatherBytes(const std::string& mine) {
     cuda::CurrentDeviceGuard keep;
     CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
     CKPT_RETURN_IF_ERROR(EnsureStream());
@@ -93,8 +129,7 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
     return Exchange(all_pairs, static_cast<std::byte*>(buf.get()));
   }
 
-  Status Exchange(const std::vector<collective::Transfer>& transfers, std::byte* base) override {
-    CKPT_RETURN_IF_ERROR(Usable());
+  Status DoExchange(const std::vector<collective::Transfer>& transfers, std::byte* base) {
     cuda::CurrentDeviceGuard keep;
     CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
     CKPT_RETURN_IF_ERROR(EnsureStream());
@@ -111,26 +146,6 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
     return WaitForStream("transfers between the ranks");
   }
 
-  // Joins as `rank` of `size` through `id`; bounded by timeout_s.
-  static Result<std::unique_ptr<NcclGroup>> Init(const ncclUniqueId& id, int rank, int size, int device,
-                                                 double timeout_s) {
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    ncclComm_t comm = nullptr;
-    ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-    if (!Pending(r)) {
-      if (comm) ncclCommAbort(comm);
-      return Unavailable("NCCL group of " + std::to_string(size) + " ranks: rank " + std::to_string(rank) +
-                         " could not join: " + NcclText(r));
-    }
-    auto group = std::make_unique<NcclGroupImpl>(comm, true, rank, size, device, timeout_s);
-    Status joined = group->WaitForComm("waiting for the group's " + std::to_string(size) + " ranks to join");
-    if (!joined.ok()) return joined;
-    CKPT_RETURN_IF_ERROR(group->Connect());
-    return std::unique_ptr<NcclGroup>(std::move(group));
-  }
-
- private:
   Status Usable() const {
     if (!comm_) return FailedPrecondition("the NCCL group is broken (a rank failed or timed out earlier)");
     return Status::Ok();

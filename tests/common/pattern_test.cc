@@ -44,7 +44,9 @@ void ExpectSame(const std::string& pattern) {
   for (const std::string& name : kNames) {
     std::smatch m;
     const bool want = std::regex_search(name, m, reference);
-    std::vector<std::string> got = compiled->Search(name);
+    auto found = compiled->Search(name);
+    ASSERT_TRUE(found.ok()) << found.status().ToString();
+    std::vector<std::string> got = *found;
     ASSERT_EQ(!got.empty(), want) << "name '" << name << "'";
     if (!want) continue;
     ASSERT_EQ(got.size(), m.size());
@@ -68,6 +70,12 @@ TEST(PatternTest, PlanPatternsMatchLikeStdRegex) {
   }
 }
 
+TEST(PatternTest, ExpandTakesTwoDigitsOnlyForAGroupThatExists) {
+  const std::vector<std::string> groups = {"all", "g1", "g2", "", "", "", "", "", "", "", "", "g11"};
+  EXPECT_EQ(Pattern::Expand("$11|$1|$10|$2x|$$|$&|$", groups), "g11|g1||g2x|$|all|$");
+  EXPECT_EQ(Pattern::Expand("$1$12", {"m", "a"}), "aa2");
+}
+
 TEST(PatternTest, RandomPatternsMatchLikeStdRegex) {
   std::mt19937 rng(7);
   const std::vector<std::string> atoms = {"a", "b", ".", "\\.", "\\d", "\\w", "[a-c]", "[^.]", "_", "h", "0",
@@ -88,10 +96,20 @@ TEST(PatternTest, RandomPatternsMatchLikeStdRegex) {
   }
 }
 
-TEST(PatternTest, PathologicalPatternsEndWithoutHanging) {
+TEST(PatternTest, PathologicalPatternsAndLongNamesAreErrorsNotSilentMisses) {
   auto p = Pattern::Compile("(a*)*(a*)*(a*)*b");
   ASSERT_TRUE(p.ok());
-  EXPECT_TRUE(p->Search(std::string(40, 'a')).empty());
+  auto slow = p->Search(std::string(40, 'a'));
+  ASSERT_FALSE(slow.ok());
+  EXPECT_NE(slow.status().message().find("backtracking steps"), std::string::npos) << slow.status().ToString();
+  auto dot = Pattern::Compile("^(.*)\\.weight$");
+  ASSERT_TRUE(dot.ok());
+  // The longest name the segment format allows matches (deep recursion, no crash)...
+  auto longest = dot->Search(std::string(Pattern::kMaxSubject - 7, 'x') + ".weight");
+  ASSERT_TRUE(longest.ok()) << longest.status().ToString();
+  EXPECT_EQ((*longest)[1].size(), Pattern::kMaxSubject - 7);
+  // ...and a longer one is refused.
+  EXPECT_FALSE(dot->Search(std::string(Pattern::kMaxSubject + 1, 'x')).ok());
   EXPECT_FALSE(Pattern::Compile("a{1001}").ok());
   auto bad = Pattern::Compile("(a");
   ASSERT_FALSE(bad.ok());
