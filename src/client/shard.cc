@@ -49,11 +49,17 @@ Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
   layout.shape = shape;
 
   if (spec.kind == ShardSpec::Kind::kReplicate) {
-    layout.nbytes = NumElements(shape) * elem;
+    auto bytes = TensorBytes(dtype, NumElements(shape));
+    if (!bytes) return InvalidArgument(std::string("a ") + DTypeName(dtype) + " tensor of that shape is not whole bytes");
+    layout.nbytes = *bytes;
     if (layout.nbytes > 0) layout.regions.push_back({0, layout.nbytes, 0, layout.nbytes, layout.nbytes, 1});
     return layout;
   }
 
+  if (elem == 0) {
+    return Unsupported(std::string("a ") + DTypeName(dtype) + " tensor packs several elements per byte: " +
+                       "it can only be taken whole (replicate), not split or partitioned");
+  }
   if (spec.world < 1) return InvalidArgument("world must be >= 1, got " + std::to_string(spec.world));
   if (spec.rank < 0 || spec.rank >= spec.world) {
     return InvalidArgument("rank " + std::to_string(spec.rank) + " out of range for world " +

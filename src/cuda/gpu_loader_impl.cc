@@ -122,6 +122,9 @@ Result<GpuLoaderImpl::Planned> GpuLoaderImpl::Plan(const std::vector<ShardOutput
       sources.push_back(it->second);
     }
     CKPT_ASSIGN_OR_RETURN(OutputLayout layout, PlanOutput(out, infos));
+    if (DTypeSize(layout.dtype) == 0)
+      return Unsupported("output '" + out.name + "': the GPU loader does not take packed sub-byte " +
+                         DTypeName(layout.dtype) + " tensors (attach them and copy their bytes)");
     for (const ShardLayout& piece : layout.pieces) {
       if (piece.padding_bytes > 0) {
         return Unsupported("output '" + out.name + "': zero-padded flat (ZeRO-3) partitions are not loaded by the GPU loader");

@@ -37,18 +37,24 @@ Status ParseEntry(const std::string& name, const json& desc, uint64_t data_bytes
                        " dimensions, at most " + std::to_string(shm::kMaxDims) + " supported");
   }
   // Element count with overflow checks; every dim must be a non-negative integer.
-  uint64_t bytes = DTypeSize(*dtype);
+  uint64_t numel = 1;
   std::vector<int64_t> shape;
   for (const json& d : *shape_it) {
     if (!d.is_number_unsigned()) return Bad(name, "shape has a value that is not a non-negative integer");
     uint64_t v = d.get<uint64_t>();
     if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        (v != 0 && bytes > std::numeric_limits<uint64_t>::max() / v)) {
+        (v != 0 && numel > std::numeric_limits<uint64_t>::max() / 128 / v)) {
       return Bad(name, "shape is too large");
     }
-    bytes *= v;
+    numel *= v;
     shape.push_back(static_cast<int64_t>(v));
   }
+  const std::optional<uint64_t> tensor_bytes = TensorBytes(*dtype, numel);
+  if (!tensor_bytes) {
+    return Bad(name, std::to_string(numel) + " elements of " + std::to_string(DTypeBits(*dtype)) +
+                         " bits are not a whole number of bytes");
+  }
+  const uint64_t bytes = *tensor_bytes;
 
   auto off_it = desc.find("data_offsets");
   if (off_it == desc.end() || !off_it->is_array() || off_it->size() != 2 ||

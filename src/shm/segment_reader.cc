@@ -71,14 +71,14 @@ Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<
     TensorInfo t;
     t.name.assign(strings + e.name_offset, e.name_bytes);
     t.dtype = static_cast<DType>(e.dtype);
-    unsigned __int128 bytes = DTypeSize(t.dtype);
+    unsigned __int128 bits = DTypeBits(t.dtype);
     for (uint32_t d = 0; d < e.ndim; ++d) {
       if (e.shape[d] > static_cast<uint64_t>(INT64_MAX)) return Corrupt(where + ": bad shape");
       t.shape.push_back(static_cast<int64_t>(e.shape[d]));
-      bytes *= e.shape[d];
-      if (bytes > size) return Corrupt(where + ": shape larger than the segment");
+      bits *= e.shape[d];
+      if (bits > static_cast<unsigned __int128>(size) * 8) return Corrupt(where + ": shape larger than the segment");
     }
-    if (bytes != e.nbytes) return Corrupt(where + ": byte size does not match shape");
+    if (bits % 8 != 0 || bits / 8 != e.nbytes) return Corrupt(where + ": byte size does not match shape");
     if (e.data_offset < h.data_offset || e.data_offset > size || e.nbytes > size - e.data_offset ||
         e.data_offset % kDataAlignment != 0) {
       return Corrupt(where + ": data out of range");

@@ -35,7 +35,7 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
       return InvalidArgument("tensor name must be 1 to " + std::to_string(kMaxNameBytes) + " bytes");
     }
     if (t.shape.size() > kMaxDims) return InvalidArgument("tensor '" + t.name + "' has too many dims");
-    if (t.nbytes != NumElements(t.shape) * DTypeSize(t.dtype)) {
+    if (TensorBytes(t.dtype, NumElements(t.shape)) != t.nbytes) {
       return InvalidArgument("tensor '" + t.name + "': byte size does not match shape and dtype");
     }
     strings_bytes += t.name.size();

@@ -21,6 +21,24 @@ TEST(DTypeTest, NamesAndSizesOfSafetensorsTypes) {
   }
 }
 
+TEST(DTypeTest, SubByteTypesHaveBitsNotBytes) {
+  for (const char* name : {"F4", "F6_E2M3", "F6_E3M2"}) {
+    auto dtype = DTypeFromName(name);
+    ASSERT_TRUE(dtype.has_value()) << name;
+    EXPECT_EQ(DTypeSize(*dtype), 0u) << name;
+    EXPECT_STREQ(DTypeName(*dtype), name);
+  }
+  EXPECT_EQ(DTypeBits(DType::kF4), 4u);
+  EXPECT_EQ(DTypeBits(DType::kF6E3M2), 6u);
+  EXPECT_EQ(DTypeBits(DType::kF32), 32u);
+  EXPECT_EQ(TensorBytes(DType::kF4, 6), 3u);
+  EXPECT_EQ(TensorBytes(DType::kF4, 5), std::nullopt);       // 20 bits
+  EXPECT_EQ(TensorBytes(DType::kF6E2M3, 4), 3u);             // 24 bits
+  EXPECT_EQ(TensorBytes(DType::kF6E2M3, 3), std::nullopt);   // 18 bits
+  EXPECT_EQ(TensorBytes(DType::kC128, 3), 48u);
+  EXPECT_EQ(TensorBytes(DType::kF64, UINT64_MAX / 4), std::nullopt);
+}
+
 TEST(DTypeTest, UnknownNamesAndValues) {
   EXPECT_FALSE(DTypeFromName("F32 ").has_value());
   EXPECT_FALSE(DTypeFromName("f32").has_value());

@@ -43,6 +43,23 @@ TEST(SafetensorsTest, ParsesTensorsAndOffsets) {
   EXPECT_EQ(a->nbytes, 24u);
 }
 
+TEST(SafetensorsTest, SubByteDtypesTakeTheirBitsInBytes) {
+  LoadPlan plan;
+  ASSERT_TRUE(Parse(R"({"f4":{"dtype":"F4","shape":[3,4],"data_offsets":[0,6]},
+      "f6":{"dtype":"F6_E2M3","shape":[2,2],"data_offsets":[6,9]},
+      "g6":{"dtype":"F6_E3M2","shape":[8],"data_offsets":[9,15]}})", 15, &plan).ok());
+  ASSERT_EQ(plan.tensors.size(), 3u);
+  for (const auto& t : plan.tensors) {
+    if (t.name == "f4") EXPECT_EQ(t.nbytes, 6u);
+    if (t.name == "f6") EXPECT_EQ(t.nbytes, 3u);
+    if (t.name == "g6") EXPECT_EQ(t.nbytes, 6u);
+  }
+  LoadPlan bad;
+  Status st = Parse(R"({"x":{"dtype":"F6_E2M3","shape":[3],"data_offsets":[0,3]}})", 3, &bad);
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt) << st.ToString();
+  EXPECT_NE(st.message().find("not a whole number of bytes"), std::string::npos) << st.ToString();
+}
+
 struct BadHeader {
   const char* what;
   const char* header;

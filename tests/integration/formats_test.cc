@@ -97,6 +97,41 @@ TEST_F(FormatsTest, CtlLoadsFoldersAndNamesThemAfterTheFolder) {
   EXPECT_NE(r.out.find("loaded 'views'"), std::string::npos) << r.out;
 }
 
+// Packed sub-byte floats (safetensors F4, F6_*; torch cannot write them, so the file is
+// made here): stored and attached byte for byte, taken whole, never split.
+TEST_F(FormatsTest, SubByteDtypesAreStoredWholeAndRefuseShards) {
+  testing::ScratchDir files;
+  const std::string header = R"({"f4":{"dtype":"F4","shape":[4,6],"data_offsets":[0,12]},)"
+                             R"("f6":{"dtype":"F6_E3M2","shape":[2,4],"data_offsets":[12,18]}})";
+  std::string image(8, '\0');
+  for (int i = 0; i < 8; ++i) image[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  image += header;
+  for (int i = 0; i < 18; ++i) image.push_back(static_cast<char>(0x11 * i + 3));
+  testing::WriteFile(files.File("packed.safetensors"), image);
+  auto summary = client_->Load(files.File("packed.safetensors"), "packed");
+  ASSERT_TRUE(summary.ok()) << summary.status().ToString();
+  auto ckpt = client_->Attach("packed");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  EXPECT_TRUE((*ckpt)->Verify().ok());
+  auto f4 = (*ckpt)->Tensor("f4");
+  ASSERT_TRUE(f4.ok());
+  EXPECT_EQ(f4->info->dtype, DType::kF4);
+  EXPECT_EQ(f4->info->shape, (std::vector<int64_t>{4, 6}));
+  ASSERT_EQ(f4->info->nbytes, 12u);
+  EXPECT_EQ(std::memcmp(f4->data, image.data() + 8 + header.size(), 12), 0);
+  auto f6 = (*ckpt)->Tensor("f6");
+  ASSERT_TRUE(f6.ok());
+  ASSERT_EQ(f6->info->nbytes, 6u);
+  EXPECT_EQ(std::memcmp(f6->data, image.data() + 8 + header.size() + 12, 6), 0);
+  auto whole = (*ckpt)->PlanShard("f4", ShardSpec::Replicate());
+  ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+  EXPECT_EQ(whole->nbytes, 12u);
+  auto split = (*ckpt)->PlanShard("f4", ShardSpec::Split(0, 0, 2));
+  EXPECT_EQ(split.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(split.status().message().find("only be taken whole"), std::string::npos) << split.status().ToString();
+  EXPECT_EQ((*ckpt)->PlanShard("f6", ShardSpec::FlatPartition(0, 2)).status().code(), StatusCode::kUnsupported);
+}
+
 TEST_F(FormatsTest, RefusedFilesLeaveTheDaemonServing) {
   ASSERT_TRUE(client_->Load(dir_ + "/module.pt", "good").ok());
   for (const char* file : {"legacy.pt", "evil.pt", "eval.pt", "nested.pt", "compressed.pt", "bigendian.pt"}) {
