@@ -547,16 +547,21 @@ Result<GpuStateDict> GpuLoaderImpl::LoadCollective(const std::vector<ShardOutput
       return InvalidArgument("the ranks of the group passed different CollectiveOptions (rank 0 and rank " +
                              std::to_string(r) + " differ in mode or min_saved_bytes); every rank must pass the same");
   }
-  CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+  // (A plan that fails, fails alike on every rank: they all see the same descriptors.)
   CKPT_ASSIGN_OR_RETURN(collective::ExchangePlan plan,
                         collective::PlanExchange(ranks, group.rank(), options.mode, options.min_saved_bytes));
 
-  // 2. Copy this rank's part from host memory; then all ranks learn whether everyone did.
+  // 2. Copy this rank's part from host memory; then all ranks learn whether everyone did
+  // (every local failure from here on is reported through that verdict).
   GpuStateDict dict;
-  Result<std::shared_ptr<cuda::DeviceBuffer>> arena = AllocateArena(plan.allocation_bytes);
-  Status copied = arena.ok() ? Copy(outputs, *planned, plan.from_host, static_cast<std::byte*>((*arena)->get()),
-                                    plan.offsets, &dict.stats_)
-                             : arena.status();
+  Status copied;
+  if (cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) copied = cuda::CudaError("cudaSetDevice", e);
+  Result<std::shared_ptr<cuda::DeviceBuffer>> arena = copied.ok() ? AllocateArena(plan.allocation_bytes) : copied;
+  if (copied.ok()) copied = arena.status();
+  if (copied.ok()) {
+    copied = Copy(outputs, *planned, plan.from_host, static_cast<std::byte*>((*arena)->get()), plan.offsets,
+                  &dict.stats_);
+  }
   CKPT_ASSIGN_OR_RETURN(std::vector<std::string> verdicts, ops->AllGatherBytes(copied.ok() ? "1" : "0"));
   if (!copied.ok()) return copied;
   for (size_t r = 0; r < verdicts.size(); ++r) {
