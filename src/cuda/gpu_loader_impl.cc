@@ -22,14 +22,7 @@ namespace ckpt {
 
 using cuda::CudaError;
 
-bool GpuAvailable() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return n > 0;
-}
+bool GpuAvailable() { return cuda::CheckDevice(0).ok(); }
 
 namespace {
 

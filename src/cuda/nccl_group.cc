@@ -31,24 +31,34 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
     cudaSetDevice(device_);
     stream_.Reset();
     // Finalize flushes outstanding work; it is bounded like everything else.
-    if (Pending(ncclCommFinalize(comm_)) && WaitForComm("finalizing the communicator").ok()) {
+    if (Pending(ncclCommFinalize(comm_)) && Wait("finalizing the communicator").ok()) {
       ncclCommDestroy(comm_);
     } else if (comm_) {
       ncclCommAbort(comm_);
     }
   }
 
-  // Polls the communicator until its pending operation (init, a nonblocking call) is done.
-  Status WaitForComm(const std::string& what) {
+  // Polls until the communicator's pending operation (init, a nonblocking call, finalize)
+  // is done and, with a `stream`, the work queued on it too; a peer's error or the
+  // deadline ends the wait (and aborts the communicator).
+  Status Wait(const std::string& what, cudaStream_t stream = nullptr) {
     const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
       if (r != ncclSuccess) state = r;
-      if (state == ncclSuccess) return Status::Ok();
-      if (state != ncclInProgress) return Fail(what, state);
+      if (state != ncclSuccess && state != ncclInProgress) return Fail(what, state);
+      if (state == ncclSuccess) {
+        if (!stream) return Status::Ok();
+        cudaError_t e = cudaStreamQuery(stream);
+        if (e == cudaSuccess) return Status::Ok();
+        if (e != cudaErrorNotReady) {
+          Abort();
+          return CudaError(what, e);
+        }
+      }
       if (Clock::now() > deadline) return TimedOut(what);
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
   }
 
@@ -87,7 +97,7 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
                          " could not join: " + NcclText(r));
     }
     auto group = std::make_unique<NcclGroupImpl>(comm, true, rank, size, device, timeout_s);
-    Status joined = group->WaitForComm("waiting for the group's " + std::to_string(size) + " ranks to join");
+    Status joined = group->Wait("waiting for the group's " + std::to_string(size) + " ranks to join");
     if (!joined.ok()) return joined;
     CKPT_RETURN_IF_ERROR(group->Connect());
     return std::unique_ptr<NcclGroup>(std::move(group));
@@ -143,7 +153,7 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
     ncclResult_t end = ncclGroupEnd();
     if (!Pending(r)) return Fail("queueing the transfers", r);
     if (!Pending(end)) return Fail("queueing the transfers", end);
-    return WaitForStream("transfers between the ranks");
+    return Wait("transfers between the ranks", stream_.get());
   }
 
   Status Usable() const {
@@ -166,31 +176,10 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
                      cudaMemcpyAsync(dev + n * rank_, mine.data(), n, cudaMemcpyHostToDevice, stream_.get()));
     ncclResult_t r = ncclAllGather(dev + n * rank_, dev, n, ncclUint8, comm_, stream_.get());
     if (!Pending(r)) return Fail("all-gather", r);
-    CKPT_RETURN_IF_ERROR(WaitForStream("exchanging what each rank needs"));
+    CKPT_RETURN_IF_ERROR(Wait("exchanging what each rank needs", stream_.get()));
     std::string all(n * size_, '\0');
     CKPT_CUDA_RETURN("copying from the device", cudaMemcpy(all.data(), dev, all.size(), cudaMemcpyDeviceToHost));
     return all;
-  }
-
-  // Polls until the stream's work is done, a peer's error surfaces, or the deadline.
-  Status WaitForStream(const std::string& what) {
-    const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s_);
-    for (;;) {
-      ncclResult_t state = ncclSuccess;
-      ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
-      if (r != ncclSuccess) state = r;
-      if (state != ncclSuccess && state != ncclInProgress) return Fail(what, state);
-      if (state == ncclSuccess) {
-        cudaError_t e = cudaStreamQuery(stream_.get());
-        if (e == cudaSuccess) return Status::Ok();
-        if (e != cudaErrorNotReady) {
-          Abort();
-          return CudaError(what, e);
-        }
-      }
-      if (Clock::now() > deadline) return TimedOut(what);
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
   }
 
   Status Fail(const std::string& what, ncclResult_t r) {
