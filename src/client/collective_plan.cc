@@ -18,16 +18,23 @@ struct Shared {
   int owner = -1;
 };
 
+// Lays output `i` (of `bytes`) out next in the plan's allocation; `from_host`: this rank
+// copies it from the shared memory. plan->offsets must have a slot for every output.
+void Place(ExchangePlan* plan, size_t i, uint64_t bytes, bool from_host) {
+  plan->offsets[i] = plan->allocation_bytes;
+  plan->allocation_bytes += Align(bytes);
+  if (from_host) {
+    plan->from_host.push_back(i);
+    plan->host_bytes += bytes;
+  }
+}
+
 // A plan in which rank `me` copies everything itself.
 ExchangePlan Independent(const RankDescriptor& mine, std::string reason) {
   ExchangePlan plan;
   plan.reason = std::move(reason);
-  for (size_t i = 0; i < mine.outputs.size(); ++i) {
-    plan.offsets.push_back(plan.allocation_bytes);
-    plan.allocation_bytes += Align(mine.outputs[i].bytes);
-    plan.from_host.push_back(i);
-    plan.host_bytes += mine.outputs[i].bytes;
-  }
+  plan.offsets.assign(mine.outputs.size(), 0);
+  for (size_t i = 0; i < mine.outputs.size(); ++i) Place(&plan, i, mine.outputs[i].bytes, true);
   return plan;
 }
 
@@ -114,11 +121,7 @@ Result<ExchangePlan> PlanExchange(const std::vector<RankDescriptor>& ranks, int 
   plan.offsets.assign(mine.outputs.size(), 0);
   // This rank's unshared outputs first, in its own order.
   for (size_t i = 0; i < mine.outputs.size(); ++i) {
-    if (by_key.at(mine.outputs[i].key).holders.size() > 1) continue;
-    plan.offsets[i] = plan.allocation_bytes;
-    plan.allocation_bytes += Align(mine.outputs[i].bytes);
-    plan.from_host.push_back(i);
-    plan.host_bytes += mine.outputs[i].bytes;
+    if (by_key.at(mine.outputs[i].key).holders.size() == 1) Place(&plan, i, mine.outputs[i].bytes, true);
   }
   // Then each segment this rank holds.
   for (size_t b = 0; b < shared.size();) {
@@ -128,25 +131,17 @@ Result<ExchangePlan> PlanExchange(const std::vector<RankDescriptor>& ranks, int 
     const int owner = shared[b]->owner;
     if (std::binary_search(holders.begin(), holders.end(), me)) {
       const uint64_t begin = plan.allocation_bytes;
-      for (size_t k = b; k < e; ++k) {
-        const size_t i = my_index.at(shared[k]->key);
-        plan.offsets[i] = plan.allocation_bytes;
-        plan.allocation_bytes += Align(shared[k]->bytes);
-        if (owner == me) {
-          plan.from_host.push_back(i);
-          plan.host_bytes += shared[k]->bytes;
-        }
-      }
+      for (size_t k = b; k < e; ++k) Place(&plan, my_index.at(shared[k]->key), shared[k]->bytes, owner == me);
       const uint64_t bytes = plan.allocation_bytes - begin;
-      for (int h : holders) {
-        if (h == me || (owner != me && h != owner)) continue;
-        if (owner == me) {
+      if (owner == me) {  // send the segment to every other holder
+        for (int h : holders) {
+          if (h == me) continue;
           plan.transfers.push_back({h, true, begin, bytes});
           plan.sent_bytes += bytes;
-        } else {
-          plan.transfers.push_back({owner, false, begin, bytes});
-          plan.received_bytes += bytes;
         }
+      } else {  // receive it from its owner
+        plan.transfers.push_back({owner, false, begin, bytes});
+        plan.received_bytes += bytes;
       }
     }
     b = e;
