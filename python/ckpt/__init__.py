@@ -227,8 +227,7 @@ class Checkpoint:
         if use_gpu:
             if gpu_plan is None:
                 raise InvalidArgument("the GPU engine needs a CUDA device, all tensors, and a dict, family or file plan")
-            index = device.index if device.index is not None else torch.cuda.current_device()
-            capsules = self._h.load_gpu(gpu_plan[0], gpu_plan[1], rank, world, index,
+            capsules = self._h.load_gpu(gpu_plan[0], gpu_plan[1], rank, world, _cuda_index(device),
                                         _DTYPE_NAMES.get(dtype, "") if dtype is not None else "",
                                         group=group, collective=collective, host_path=host_path)
             return {name: torch.utils.dlpack.from_dlpack(c) for name, c in capsules.items()}
@@ -300,8 +299,7 @@ class Client:
         """An NcclGroup of `size` ranks of this node with the NCCL unique id handed out by the
         daemon under `job` (unique per run), for state_dict(group=...). Raises
         DeadlineExceeded if a rank does not join within `timeout` seconds."""
-        index = device if isinstance(device, int) else torch.device(device).index or 0
-        return _ckpt.NcclGroup.join(self._c, job, rank, size, index, float(timeout))
+        return _ckpt.NcclGroup.join(self._c, job, rank, size, _cuda_index(device), float(timeout))
 
 
 NcclGroup = _ckpt.NcclGroup
@@ -316,10 +314,7 @@ def nccl_group(process_group=None, *, device: Union[str, torch.device, int, None
     to the others (any backend). Cached per group and device. Raises DeadlineExceeded if
     a rank does not join within `timeout` seconds."""
     import torch.distributed as dist
-    if device is None:
-        device = torch.cuda.current_device()
-    index = device if isinstance(device, int) else torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
+    index = _cuda_index(device)
     key = (id(process_group), index)
     if key in _GROUPS and _GROUPS[key][0] is process_group and not _GROUPS[key][1].broken:
         return _GROUPS[key][1]
@@ -348,6 +343,15 @@ def connect(socket: Optional[str] = None, wait: float = 0.0) -> Client:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(0.02)
+
+
+def _cuda_index(device) -> int:
+    """The CUDA device index of an int, "cuda:N", torch.device or None; "cuda" and None
+    mean the current device (as torch itself reads them)."""
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index if device is not None else None
+    return torch.cuda.current_device() if index is None else index
 
 
 def _torch_dtype(name: str) -> torch.dtype:
