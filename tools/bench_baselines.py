@@ -3,13 +3,13 @@
 
   bench_baselines.py gen DIR              GPT-Neo-2.7B-shaped fp32 state dict (420 tensors,
                                           9.88 GiB, random) as DIR/model.safetensors + DIR/model.pt
-  bench_baselines.py safetensors FILE RANK WORLD START_AT
-  bench_baselines.py torchload FILE RANK WORLD START_AT    torch.load(mmap=True)
-  bench_baselines.py torchfull FILE RANK WORLD START_AT    torch.load (whole file into memory)
+  bench_baselines.py safetensors FILE RANK WORLD START_AT [DEVICE]
+  bench_baselines.py torchload FILE RANK WORLD START_AT [DEVICE]    torch.load(mmap=True)
+  bench_baselines.py torchfull FILE RANK WORLD START_AT [DEVICE]    torch.load (whole file into memory)
 
 The loaders take the rank's tensor-parallel shards (same rules as TpPlan "gpt-neo":
 q/k/v/c_fc column-parallel, out_proj/c_proj weights row-parallel, wte vocab-split
-(torch.tensor_split), the rest replicated) onto cuda:RANK and print one JSON line: the
+(torch.tensor_split), the rest replicated) onto cuda:DEVICE (default: RANK) and print one JSON line: the
 time from START_AT (after CUDA init) to all shards on the GPU.
 """
 import json
@@ -67,8 +67,8 @@ def wait(start_at):
         time.sleep(0.0002)
 
 
-def run(kind, f, rank, world, start_at):
-    dev = torch.device("cuda", rank)
+def run(kind, f, rank, world, start_at, device):
+    dev = torch.device("cuda", device)
     torch.cuda.set_device(dev)
     torch.empty(1, device=dev)
     torch.cuda.synchronize()
@@ -77,7 +77,7 @@ def run(kind, f, rank, world, start_at):
     out = {}
     if kind == "safetensors":
         from safetensors import safe_open
-        with safe_open(f, framework="pt", device=f"cuda:{rank}") as sf:
+        with safe_open(f, framework="pt", device=f"cuda:{device}") as sf:
             for name in sf.keys():
                 sl = sf.get_slice(name)
                 shape = sl.get_shape()
@@ -106,4 +106,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "gen":
         gen(sys.argv[2])
     else:
-        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]))
+        run(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]),
+            int(sys.argv[6]) if len(sys.argv) > 6 else int(sys.argv[3]))

@@ -7,6 +7,8 @@
 # each rank's time from attach to all shards on its GPU, for each host path, next to the
 # pinned host->device limit and the safetensors get_slice / torch.load(mmap=True) baselines
 # run on the same files in the same run. JSON lines go to OUT_DIR/results.jsonl.
+# ALONE=1 runs the W ranks of each TP degree one after another on GPU 0 instead (a machine
+# with fewer GPUs than W): each rank's time alone, without the other ranks' contention.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/bench-out}
@@ -49,31 +51,46 @@ sample_start() { (peak=0; while :; do m=$(memnow); [ $m -gt $peak ] && peak=$m &
 sample_stop() { kill $sampler; wait $sampler 2>/dev/null || true; echo $(( $(cat "$out/peak") - base0 )); }
 # configs: path:streams:chunk_MiB:register_threads
 configs=${CONFIGS:-bounce:8:16:1 bounce:4:32:1 register:4:32:4 register:4:32:1 pageable:4:32:1}
+alone=${ALONE:-0}
+# ranks W START_AT COMMAND...: runs COMMAND RANK W DEVICE START_AT for every rank (all at
+# once, rank r on GPU r; or, with ALONE=1, one after another on GPU 0), output in run.RANK.
+ranks() {
+  local w=$1 t=$2; shift 2
+  if [ "$alone" = 1 ]; then
+    for r in $(seq 0 $((w - 1))); do "$@" $r $w 0 "$(start_at 1)" > "$out/run.$r" || true; done
+  else
+    local pids=(); for r in $(seq 0 $((w - 1))); do "$@" $r $w $r $t > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+  fi
+}
+# load RANK WORLD DEVICE START_AT with path P, dtype D, streams ST, chunk CH, threads RT
+load() { "$bench" load $shm $2 $3 $4 $P gpt-neo $D $5 $ST $CH $RT; }
+fits() { [ "$1" -le "$ngpu" ] || [ "$alone" = 1 ]; }
 for w in $worlds; do
-  [ "$w" -le "$ngpu" ] || { echo "skip world $w: only $ngpu GPUs"; continue; }
+  fits $w || { echo "skip world $w: only $ngpu GPUs"; continue; }
   for c in $configs; do
-    IFS=: read p st ch rt <<< "$c"
+    IFS=: read P ST CH RT <<< "$c"; D=-
     for rep in $(seq ${REPS:-2}); do
       rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3}); sample_start
-      pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo - $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+      ranks $w $t load
       mem=$(sample_stop)
       cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,\"node_mem\":$mem,/" | tee -a "$res"
     done
   done
   if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, first config's host path
-    IFS=: read p st ch rt <<< "${configs%% *}"
+    IFS=: read P ST CH RT <<< "${configs%% *}"; D=F16
     rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3})
-    pids=(); for r in $(seq 0 $((w - 1))); do "$bench" load $shm $r $w $r $p gpt-neo F16 $t $st $ch $rt > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+    ranks $w $t load
     cat "$out"/run.* | tee -a "$res"
   fi
 done
 "$bench" unlink $shm
+baseline() { "$py" "$root/tools/bench_baselines.py" $B "$F" $1 $2 $4 $3; }
 for w in $worlds; do
-  [ "$w" -le "$ngpu" ] || continue
-  for b in ${BASELINES-safetensors torchload torchfull}; do
-    f=$data/model.safetensors; [ $b != safetensors ] && f=$data/model.pt
+  fits $w || continue
+  for B in ${BASELINES-safetensors torchload torchfull}; do
+    F=$data/model.safetensors; [ $B != safetensors ] && F=$data/model.pt
     rm -f "$out"/run.*; t=$(start_at ${PY_LEAD_S:-8}); sample_start
-    pids=(); for r in $(seq 0 $((w - 1))); do "$py" "$root/tools/bench_baselines.py" $b "$f" $r $w $t > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+    ranks $w $t baseline
     mem=$(sample_stop)
     cat "$out"/run.* | sed "s/^{/{\"node_mem\":$mem,/" | tee -a "$res"
   done

@@ -1,5 +1,7 @@
 #include "cuda/cuda_resources.h"
 
+#include <sys/mman.h>
+
 namespace ckpt::cuda {
 
 Status CudaError(const std::string& what, cudaError_t err) {
@@ -28,9 +30,38 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
 
 Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
   PinnedBuffer b;
+  if (bytes == 0) return b;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p != MAP_FAILED) {
+    madvise(p, bytes, MADV_HUGEPAGE);  // advice: ignored where THP is off
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0)
+#endif
+      for (size_t off = 0; off < bytes; off += 4096) static_cast<volatile char*>(p)[off] = 0;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) {
+      b.ptr_ = p;
+      b.size_ = bytes;
+      b.mapped_ = true;
+      return b;
+    }
+    cudaGetLastError();
+    munmap(p, bytes);
+  }
   CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
   b.size_ = bytes;
   return b;
+}
+
+void PinnedBuffer::Reset() {
+  if (!ptr_) return;
+  if (mapped_) {
+    cudaHostUnregister(ptr_);
+    munmap(ptr_, size_);
+  } else {
+    cudaFreeHost(ptr_);
+  }
+  ptr_ = nullptr;
+  size_ = 0;
 }
 
 Result<Stream> Stream::Create() {

@@ -1,0 +1,372 @@
+#include "cuda/copy_engine.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "cuda/convert_kernels.h"
+#include "cuda/copy_split.h"
+#include "cuda/cuda_resources.h"
+
+namespace ckpt::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// A strided rectangle of one region: rows [r0, r1), bytes [c0, c1) of each row.
+struct Rect {
+  uint64_t r0, r1, c0, c1;
+};
+
+// Calls f(rect) for rectangles of at most `chunk` bytes covering the region.
+template <typename F>
+void ForEachRect(const CopyRegion& r, uint64_t chunk, F&& f) {
+  if (r.row_bytes <= chunk) {
+    uint64_t per = std::max<uint64_t>(1, chunk / r.row_bytes);
+    for (uint64_t row = 0; row < r.rows; row += per) f(Rect{row, std::min(r.rows, row + per), 0, r.row_bytes});
+  } else {
+    for (uint64_t row = 0; row < r.rows; ++row)
+      for (uint64_t c = 0; c < r.row_bytes; c += chunk) f(Rect{row, row + 1, c, std::min(r.row_bytes, c + chunk)});
+  }
+}
+
+// One unit of work: one rectangle of one region of a job, or, for a transposed job, the
+// whole job (every region, then the transpose kernel).
+struct Task {
+  size_t job = 0;
+  int region = -1;  // -1: the whole job
+  Rect rect{};
+  uint64_t lo = 0, hi = 0;             // source bytes read: [lo, hi), absolute addresses
+  size_t reg_first = 0, reg_last = 0;  // registration groups those bytes lie in
+};
+
+std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk) {
+  std::vector<Task> tasks;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const CopyJob& job = jobs[j];
+    const auto base = reinterpret_cast<uint64_t>(job.src);
+    const auto& regions = job.layout->regions;
+    if (job.transpose) {
+      Task t;
+      t.job = j;
+      t.lo = UINT64_MAX;
+      for (const CopyRegion& r : regions) {
+        t.lo = std::min(t.lo, base + r.src_offset);
+        t.hi = std::max(t.hi, base + r.src_offset + (r.rows - 1) * r.src_pitch + r.row_bytes);
+      }
+      if (!regions.empty()) tasks.push_back(t);
+      continue;
+    }
+    for (size_t ri = 0; ri < regions.size(); ++ri) {
+      const CopyRegion& r = regions[ri];
+      if (r.rows == 0 || r.row_bytes == 0) continue;
+      ForEachRect(r, chunk, [&](const Rect& x) {
+        Task t;
+        t.job = j;
+        t.region = static_cast<int>(ri);
+        t.rect = x;
+        t.lo = base + r.src_offset + x.r0 * r.src_pitch + x.c0;
+        t.hi = base + r.src_offset + (x.r1 - 1) * r.src_pitch + x.c1;
+        tasks.push_back(t);
+      });
+    }
+  }
+  std::sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.lo < b.lo; });
+  return tasks;
+}
+
+// Registration groups for kRegister: the union of the page ranges read, cut into pieces
+// of at most `cap` bytes in address order, so copies start while later groups are still
+// being registered. Sets each task's reg_first/reg_last.
+struct Group {
+  uint64_t begin, end;
+};
+std::vector<Group> PlanGroups(std::vector<Task>& tasks, uint64_t page, uint64_t cap) {
+  cap = std::max<uint64_t>(page, cap & ~(page - 1));
+  std::vector<Group> runs, groups;
+  for (const Task& t : tasks) {
+    uint64_t b = t.lo & ~(page - 1), e = (t.hi + page - 1) & ~(page - 1);
+    if (!runs.empty() && b <= runs.back().end) runs.back().end = std::max(runs.back().end, e);
+    else runs.push_back({b, e});
+  }
+  for (const Group& r : runs)
+    for (uint64_t b = r.begin; b < r.end; b += cap) groups.push_back({b, std::min(r.end, b + cap)});
+  std::vector<uint64_t> begins;
+  for (const Group& g : groups) begins.push_back(g.begin);
+  for (Task& t : tasks) {
+    t.reg_first = static_cast<size_t>(std::upper_bound(begins.begin(), begins.end(), t.lo) - begins.begin() - 1);
+    t.reg_last = static_cast<size_t>(std::upper_bound(begins.begin(), begins.end(), t.hi - 1) - begins.begin() - 1);
+  }
+  return groups;
+}
+
+cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t dpitch, uint64_t w, uint64_t h,
+                    cudaStream_t stream) {
+  if (w == 0 || h == 0) return cudaSuccess;
+  return h == 1 ? cudaMemcpyAsync(dst, src, w, cudaMemcpyHostToDevice, stream)
+                : cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, h, cudaMemcpyHostToDevice, stream);
+}
+
+// The state every worker of one RunCopyJobs shares.
+class Run {
+ public:
+  Run(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options)
+      : jobs_(jobs), device_(device), options_(options), chunk_(options.chunk_bytes) {}
+
+  Result<CopyResult> Go(GpuLoadStats* stats);
+
+ private:
+  // A worker: its stream, its overflow flag, its part of the bounce slab and scratch.
+  struct Worker {
+    cudaStream_t stream = nullptr;
+    int* flag = nullptr;
+    std::byte* pinned[2] = {nullptr, nullptr};
+    Event done[2];
+    int which = 0;
+    DeviceBuffer scratch;
+  };
+  void Fail(Status s);
+  void WorkerLoop(Worker& w);
+  Status RunTask(Worker& w, const Task& t);
+  Status CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const Rect& x);
+  Status NeedScratch(Worker& w, uint64_t bytes);
+  bool WaitRegistered(const Task& t);
+  void RegisterLoop();
+
+  const std::vector<CopyJob>& jobs_;
+  const int device_;
+  const GpuLoadOptions& options_;
+  const uint64_t chunk_;
+  std::vector<Task> tasks_;
+  std::atomic<size_t> next_task_{0};
+  std::atomic<uint64_t> copied_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> abort_{false};
+  Status first_error_;  // guarded by mu_
+
+  // kRegister only. bounds_: group begins (sorted), where copies must be split.
+  std::vector<Group> groups_;
+  std::vector<uint64_t> bounds_;
+  std::vector<char> group_done_;  // guarded by mu_
+  std::vector<HostRegistration> registrations_;  // guarded by mu_
+  std::atomic<size_t> next_group_{0};
+  std::atomic<uint64_t> registered_bytes_{0};
+};
+
+void Run::Fail(Status s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (first_error_.ok()) first_error_ = std::move(s);
+  abort_ = true;
+  cv_.notify_all();
+}
+
+void Run::RegisterLoop() {
+  cudaSetDevice(device_);
+  for (size_t g = next_group_++; g < groups_.size() && !abort_; g = next_group_++) {
+    auto reg = HostRegistration::Register(reinterpret_cast<void*>(groups_[g].begin), groups_[g].end - groups_[g].begin);
+    // A range the driver refuses is copied from pageable memory instead (slower, still
+    // correct); registered_bytes in the stats shows it.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reg.ok()) {
+      registered_bytes_ += groups_[g].end - groups_[g].begin;
+      registrations_.push_back(std::move(*reg));
+    }
+    group_done_[g] = 1;
+    cv_.notify_all();
+  }
+}
+
+// Waits until every group the task reads is registered; false if the run was aborted.
+bool Run::WaitRegistered(const Task& t) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    if (abort_) return true;
+    for (size_t g = t.reg_first; g <= t.reg_last; ++g)
+      if (!group_done_[g]) return false;
+    return true;
+  });
+  return !abort_;
+}
+
+Status Run::NeedScratch(Worker& w, uint64_t bytes) {
+  if (w.scratch.size() >= bytes) return Status::Ok();
+  CKPT_CUDA_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(w.stream));
+  w.scratch.Reset();
+  CKPT_ASSIGN_OR_RETURN(w.scratch, DeviceBuffer::Allocate(bytes));
+  return Status::Ok();
+}
+
+// Copies rectangle x of region r of job j: straight to the output, or (conversion) to
+// scratch and converted from there into the output, or (transpose) to its place in
+// scratch, which holds the whole piece.
+Status Run::CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const Rect& x) {
+  const uint64_t esize = DTypeSize(j.from);
+  const bool direct = !j.transpose && j.from == j.to;
+  const uint64_t w_bytes = x.c1 - x.c0, h = x.r1 - x.r0;
+  const std::byte* src = j.src + r.src_offset + x.r0 * r.src_pitch + x.c0;
+  const uint64_t dst_rel = r.dst_offset + x.r0 * r.dst_pitch + x.c0;  // in the piece, source dtype bytes
+  std::byte* dst;
+  uint64_t dpitch;
+  if (direct) {
+    dst = j.out + j.piece_first_elem * esize + dst_rel;
+    dpitch = r.dst_pitch;
+  } else if (j.transpose) {
+    dst = static_cast<std::byte*>(w.scratch.get()) + dst_rel;
+    dpitch = r.dst_pitch;
+  } else {
+    dst = static_cast<std::byte*>(w.scratch.get());
+    dpitch = w_bytes;
+  }
+  cudaError_t err;
+  if (options_.path == HostPath::kBounce) {
+    CKPT_CUDA_RETURN("cudaEventSynchronize", cudaEventSynchronize(w.done[w.which].get()));
+    std::byte* buf = w.pinned[w.which];
+    if (h == 1 || w_bytes == r.src_pitch) {
+      std::memcpy(buf, src, w_bytes * h);
+    } else {
+      for (uint64_t row = 0; row < h; ++row) std::memcpy(buf + row * w_bytes, src + row * r.src_pitch, w_bytes);
+    }
+    err = CopyH2D(buf, w_bytes, dst, dpitch, w_bytes, h, w.stream);
+    if (err == cudaSuccess) err = cudaEventRecord(w.done[w.which].get(), w.stream);
+    w.which ^= 1;
+  } else {
+    // The driver refuses a copy whose source spans two registrations: split at bounds_.
+    err = static_cast<cudaError_t>(SplitAtBounds(
+        reinterpret_cast<uint64_t>(src), r.src_pitch, w_bytes, h, bounds_,
+        [&](uint64_t r0, uint64_t c0, uint64_t cw, uint64_t rows) {
+          return static_cast<int>(
+              CopyH2D(src + r0 * r.src_pitch + c0, r.src_pitch, dst + r0 * dpitch + c0, dpitch, cw, rows, w.stream));
+        }));
+  }
+  if (err != cudaSuccess) return CudaError("copy of '" + *j.name + "'", err);
+  copied_ += w_bytes * h;
+  if (!direct && !j.transpose) {
+    return LaunchConvertRows(j.from, j.to, w.scratch.get(), w_bytes / esize, h, j.out,
+                             j.piece_first_elem + dst_rel / esize, r.dst_pitch / esize, w.flag, j.tag, w.stream);
+  }
+  return Status::Ok();
+}
+
+Status Run::RunTask(Worker& w, const Task& t) {
+  const CopyJob& j = jobs_[t.job];
+  if (t.region >= 0) {
+    if (j.from != j.to) CKPT_RETURN_IF_ERROR(NeedScratch(w, chunk_));
+    return CopyRect(w, j, j.layout->regions[static_cast<size_t>(t.region)], t.rect);
+  }
+  // A transposed piece: every region into scratch, then the transpose kernel.
+  CKPT_RETURN_IF_ERROR(NeedScratch(w, j.layout->nbytes));
+  for (const CopyRegion& r : j.layout->regions) {
+    Status st;
+    ForEachRect(r, chunk_, [&](const Rect& x) {
+      if (st.ok() && !abort_) st = CopyRect(w, j, r, x);
+    });
+    CKPT_RETURN_IF_ERROR(st);
+  }
+  const uint64_t esize = DTypeSize(j.from);
+  const auto& shape = j.layout->shape;
+  const uint64_t rows = shape[0], cols = j.layout->nbytes / esize / std::max<uint64_t>(rows, 1);
+  const uint64_t row0 = j.piece_first_elem / std::max<uint64_t>(cols, 1);
+  return LaunchTranspose(j.from, j.to, w.scratch.get(), rows, cols, j.out, j.out_rows, row0, w.flag, j.tag, w.stream);
+}
+
+void Run::WorkerLoop(Worker& w) {
+  cudaSetDevice(device_);
+  for (size_t i = next_task_++; i < tasks_.size() && !abort_; i = next_task_++) {
+    const Task& t = tasks_[i];
+    if (options_.path == HostPath::kRegister && !WaitRegistered(t)) return;
+    if (Status s = RunTask(w, t); !s.ok()) return Fail(s.WithContext("output '" + *jobs_[t.job].name + "'"));
+  }
+  cudaError_t err = cudaStreamSynchronize(w.stream);
+  if (err != cudaSuccess) Fail(CudaError("cudaStreamSynchronize", err));
+}
+
+Result<CopyResult> Run::Go(GpuLoadStats* stats) {
+  CurrentDeviceGuard keep_callers_device;
+  CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+  tasks_ = CutIntoTasks(jobs_, chunk_);
+  const bool do_register = options_.path == HostPath::kRegister;
+  if (do_register) {
+    groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
+    for (const Group& g : groups_) bounds_.push_back(g.begin);
+    group_done_.assign(groups_.size(), 0);
+  }
+
+  // Resources, before any thread starts: streams, overflow flags, events, the bounce slab.
+  const int nworkers = std::max(1, std::min<int>(options_.streams, static_cast<int>(tasks_.size())));
+  std::vector<Worker> workers(static_cast<size_t>(nworkers));
+  std::vector<Stream> streams;
+  std::vector<DeviceBuffer> flags;
+  PinnedBuffer slab;
+  const bool bounce = options_.path == HostPath::kBounce;
+  if (bounce) {
+    CKPT_ASSIGN_OR_RETURN(slab, PinnedBuffer::Allocate(static_cast<size_t>(nworkers) * 2 * chunk_));
+  }
+  for (int i = 0; i < nworkers; ++i) {
+    Worker& w = workers[static_cast<size_t>(i)];
+    CKPT_ASSIGN_OR_RETURN(Stream s, Stream::Create());
+    CKPT_ASSIGN_OR_RETURN(DeviceBuffer f, DeviceBuffer::Allocate(sizeof(int)));
+    w.stream = s.get();
+    w.flag = static_cast<int*>(f.get());
+    CKPT_CUDA_RETURN("cudaMemsetAsync", cudaMemsetAsync(w.flag, 0, sizeof(int), w.stream));
+    if (bounce) {
+      for (int k = 0; k < 2; ++k) {
+        w.pinned[k] = slab.get() + (static_cast<size_t>(i) * 2 + static_cast<size_t>(k)) * chunk_;
+        CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
+      }
+    }
+    streams.push_back(std::move(s));
+    flags.push_back(std::move(f));
+  }
+
+  const auto r0 = Clock::now();
+  std::vector<std::thread> registrars, threads;
+  if (do_register) {
+    const int n = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups_.size())));
+    for (int t = 0; t < n; ++t) registrars.emplace_back([this] { RegisterLoop(); });
+  }
+  for (Worker& w : workers) threads.emplace_back([this, &w] { WorkerLoop(w); });
+  for (auto& t : threads) t.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!first_error_.ok()) abort_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : registrars) t.join();
+  stats->register_seconds = do_register ? Since(r0) : 0;
+  stats->registered_bytes = registered_bytes_;
+  // Every stream is idle: each worker synchronised its stream before returning, or
+  // failed, in which case synchronise here before the buffers it used go away.
+  for (Worker& w : workers) cudaStreamSynchronize(w.stream);
+  const auto u0 = Clock::now();
+  registrations_.clear();
+  stats->unregister_seconds = Since(u0);
+  if (!first_error_.ok()) return first_error_;
+
+  CopyResult result;
+  for (Worker& w : workers) {
+    int tag = 0;
+    CKPT_CUDA_RETURN("reading the overflow flag", cudaMemcpy(&tag, w.flag, sizeof(int), cudaMemcpyDeviceToHost));
+    if (tag != 0 && result.overflow_tag == 0) result.overflow_tag = tag;
+  }
+  stats->copied_bytes = copied_;
+  return result;
+}
+
+}  // namespace
+
+Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,
+                               GpuLoadStats* stats) {
+  Run run(jobs, device, options);
+  return run.Go(stats);
+}
+
+}  // namespace ckpt::cuda
