@@ -109,7 +109,7 @@ static int Load(int argc, char** argv) {
   const double start_at = argc > 9 ? std::atof(argv[9]) : 0;
   GpuLoadOptions o;
   if (argc > 10) o.streams = std::atoi(argv[10]);
-  if (argc > 11) o.chunk_bytes = std::strtoull(argv[11], nullptr, 10) << 20;
+  if (argc > 11) o.chunk_bytes = static_cast<uint64_t>(std::atof(argv[11]) * 1048576.0);
   if (argc > 12) o.register_threads = std::atoi(argv[12]);
   o.path = path_name == "bounce" ? HostPath::kBounce : path_name == "pageable" ? HostPath::kPageable : HostPath::kRegister;
   if (dtype != "-") {
@@ -141,11 +141,11 @@ static int Load(int argc, char** argv) {
   for (const auto& [n, t] : dict->tensors()) out_bytes += t.nbytes;
   const auto& st = dict->stats();
   std::printf("{\"what\":\"load\",\"path\":\"%s\",\"rank\":%d,\"world\":%d,\"device\":%d,\"dtype\":\"%s\",\"streams\":%d,"
-              "\"chunk_MiB\":%llu,\"reg_threads\":%d,\"context_s\":%.3f,\"attach_s\":%.4f,\"seconds\":%.4f,\"load_s\":%.4f,"
+              "\"chunk_MiB\":%g,\"reg_threads\":%d,\"context_s\":%.3f,\"attach_s\":%.4f,\"seconds\":%.4f,\"load_s\":%.4f,\"setup_s\":%.4f,"
               "\"register_s\":%.4f,\"registered_GiB\":%.3f,\"unregister_s\":%.4f,\"copied_GiB\":%.3f,\"out_GiB\":%.3f,"
               "\"GiBps\":%.2f,\"tensors\":%zu}\n",
               path_name.c_str(), rank, world, device, dtype.c_str(), o.streams,
-              static_cast<unsigned long long>(o.chunk_bytes >> 20), o.register_threads, context_s, attach_s, total_s, st.total_seconds,
+              o.chunk_bytes / 1048576.0, o.register_threads, context_s, attach_s, total_s, st.total_seconds, st.setup_seconds,
               st.register_seconds, st.registered_bytes / 1073741824.0, st.unregister_seconds,
               st.copied_bytes / 1073741824.0, out_bytes / 1073741824.0, st.copied_bytes / 1073741824.0 / total_s,
               dict->tensors().size());
@@ -179,7 +179,7 @@ static int Collective(int argc, char** argv) {
   const double start_at = argc > 9 ? std::atof(argv[9]) : 0;
   GpuLoadOptions o;
   if (argc > 10) o.streams = std::atoi(argv[10]);
-  if (argc > 11) o.chunk_bytes = std::strtoull(argv[11], nullptr, 10) << 20;
+  if (argc > 11) o.chunk_bytes = static_cast<uint64_t>(std::atof(argv[11]) * 1048576.0);
   CHECK_CUDA(cudaSetDevice(device));
   CHECK_CUDA(cudaFree(nullptr));
   std::unique_ptr<NcclGroup> group;

@@ -63,7 +63,7 @@ ranks() {
   fi
 }
 # load RANK WORLD DEVICE START_AT with path P, dtype D, streams ST, chunk CH, threads RT
-load() { "$bench" load $shm $2 $3 $4 $P gpt-neo $D $5 $ST $CH $RT; }
+load() { "$bench" load $shm $1 $2 $3 $P gpt-neo $D $4 $ST $CH $RT; }
 fits() { [ "$1" -le "$ngpu" ] || [ "$alone" = 1 ]; }
 for w in $worlds; do
   fits $w || { echo "skip world $w: only $ngpu GPUs"; continue; }

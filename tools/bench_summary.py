@@ -25,7 +25,7 @@ g = collections.defaultdict(list)
 for r in rows:
     if r["what"] in ("load", "safetensors", "torchload", "torchfull"):
         if r["what"] == "load":
-            name = "ckpt %s, %d streams, %d MiB chunks%s%s" % (
+            name = "ckpt %s, %d streams, %g MiB chunks%s%s" % (
                 r["path"], r["streams"], r["chunk_MiB"],
                 ", %d register threads" % r["reg_threads"] if r["path"] == "register" else "",
                 ", fp32->" + r["dtype"] if r.get("dtype", "-") != "-" else "")

@@ -7,8 +7,8 @@
 //   const ckpt::GpuTensor& w = dict->at("transformer.h.0.attn.attention.q_proj.weight");
 //
 // The bytes go from the shared-memory mapping to the device with no host copy of whole
-// tensors: by default (HostPath::kBounce, chosen by measurement, docs/benchmarks.md) 8
-// threads gather the rank's rows into double-buffered 16 MiB pinned buffers pipelined
+// tensors: by default (HostPath::kBounce, chosen by measurement, docs/benchmarks.md) 16
+// threads gather the rank's rows into double-buffered 1 MiB pinned buffers pipelined
 // with the DMA; kRegister registers only the pages the rank reads, in order, while
 // earlier tensors are already being copied. Column slices are 2D copies; dtype
 // conversion and transposes run on the GPU.
@@ -36,16 +36,19 @@ struct CollectiveOptions;
 // How host bytes reach the device.
 enum class HostPath {
   kRegister,  // cudaHostRegister (read-only) of the pages read, then DMA from the mapping
-  kBounce,    // memcpy threads fill pinned bounce buffers, pipelined with DMA (fastest
-              // measured: 0.41 s vs 0.78 s per rank at TP=4, docs/benchmarks.md)
+  kBounce,    // memcpy threads fill small pinned bounce buffers, pipelined with DMA
+              // (fastest measured: docs/benchmarks.md, "GPU load")
   kPageable,  // plain cudaMemcpy from the mapping (the driver stages it): a baseline
 };
 const char* HostPathName(HostPath path);
 
 struct GpuLoadOptions {
   HostPath path = HostPath::kBounce;
-  int streams = 8;                      // copy streams (= worker threads), >= 1
-  uint64_t chunk_bytes = 16ull << 20;   // largest single copy / bounce buffer size (x2 per stream)
+  int streams = 16;                     // copy streams (= worker threads), in [1, 64]
+  // Largest single copy, and the size of each bounce buffer (two per stream: 32 MiB of
+  // pinned memory by default, held only during a Load). Small buffers are faster: the
+  // staged bytes are still in the CPU cache when the DMA reads them.
+  uint64_t chunk_bytes = 1ull << 20;
   int register_threads = 1;             // kRegister: threads calling cudaHostRegister
   uint64_t register_group_bytes = 64ull << 20;  // kRegister: largest single registration
   // dtype of every floating-point output; nullopt keeps each tensor's own. Allowed:
@@ -66,6 +69,7 @@ struct GpuTensor {
 
 // Timings of one Load, in seconds from its start.
 struct GpuLoadStats {
+  double setup_seconds = 0;     // before the first copy: planning, device memory, streams, pinned buffers
   double register_seconds = 0;  // time spent in cudaHostRegister (on its own thread)
   double total_seconds = 0;     // until every copy and kernel finished
   double unregister_seconds = 0;

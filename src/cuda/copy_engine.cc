@@ -290,6 +290,7 @@ void Run::WorkerLoop(Worker& w) {
 }
 
 Result<CopyResult> Run::Go(GpuLoadStats* stats) {
+  const auto g0 = Clock::now();
   CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
   tasks_ = CutIntoTasks(jobs_, chunk_);
@@ -327,6 +328,7 @@ Result<CopyResult> Run::Go(GpuLoadStats* stats) {
     flags.push_back(std::move(f));
   }
 
+  stats->setup_seconds += Since(g0);
   const auto r0 = Clock::now();
   std::vector<std::thread> registrars, threads;
   if (do_register) {

@@ -37,8 +37,9 @@ struct CopyResult {
   int overflow_tag = 0;  // tag of a job whose conversion produced inf from a finite value; 0: none
 };
 
-// Runs every job on `device` (the calling thread's device is left as it was); fills the
-// register/unregister times and the registered/copied bytes of `stats`. Errors: those of
+// Runs every job on `device` (the calling thread's device is left as it was); adds its
+// setup time to stats->setup_seconds and fills the register/unregister times and the
+// registered/copied bytes of `stats`. Errors: those of
 // the driver (ResourceExhausted for device or pinned memory, Internal). On return, with
 // or without error, nothing is in flight and every registration is undone.
 Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,

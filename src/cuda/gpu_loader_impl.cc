@@ -102,6 +102,7 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
   }
   CKPT_ASSIGN_OR_RETURN(auto arena, AllocateArena(arena_bytes));
   GpuStateDict dict;
+  dict.stats_.setup_seconds = Since(t0);
   CKPT_RETURN_IF_ERROR(Copy(outputs, planned, all, static_cast<std::byte*>(arena->get()), offsets, &dict.stats_));
   dict.stats_.total_seconds = Since(t0);
   Assemble(outputs, planned, std::move(arena), offsets, &dict);

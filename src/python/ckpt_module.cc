@@ -344,7 +344,7 @@ PYBIND11_MODULE(_ckpt, m) {
             ckpt::TpPlan tp = Unwrap(PlanFrom(plan_kind, plan));
             auto outputs = Unwrap(tp.Resolve(c->tensors(), rank, world));
             ckpt::GpuLoadOptions options;
-            options.streams = streams;
+            if (streams > 0) options.streams = streams;  // 0: the library's default
             options.allow_overflow = allow_overflow;
             if (!float_dtype.empty()) {
               auto dt = ckpt::DTypeFromName(float_dtype);
@@ -375,7 +375,7 @@ PYBIND11_MODULE(_ckpt, m) {
             return out;
           },
           py::arg("plan_kind"), py::arg("plan"), py::arg("rank"), py::arg("world"), py::arg("device"),
-          py::arg("float_dtype") = "", py::arg("host_path") = "bounce", py::arg("streams") = 8,
+          py::arg("float_dtype") = "", py::arg("host_path") = "bounce", py::arg("streams") = 0,
           py::arg("allow_overflow") = false, py::arg("group") = nullptr, py::arg("collective") = "auto")
       // A read-only buffer (buffer protocol) over a whole tensor's bytes; it keeps the
       // mapping alive for as long as it, or anything viewing it, lives.
