@@ -96,4 +96,4 @@ for w in $worlds; do
   done
 done
 rm -f "$out"/run.* "$out"/limit.* "$out/peak"
-"$py" "$root/tools/bench_summary.py" "$res"
+"$py" "$root/tools/bench_summary.py" "$res" --plot "$out/gpu_load.png"

@@ -1,5 +1,11 @@
 #!/usr/bin/env python3
-"""Summarises tools/bench_gpu.sh's results.jsonl as a Markdown table (duplicates dropped)."""
+"""Summarises tools/bench_gpu.sh's results.jsonl as a Markdown table (duplicates dropped).
+
+  bench_summary.py RESULTS.jsonl [--plot FILE.png]
+
+--plot also draws per-rank time by TP degree (slowest rank, log scale): the fastest ckpt
+configuration, the Python loaders, and the time the pinned host->device limit allows.
+"""
 import collections
 import json
 import sys
@@ -46,3 +52,36 @@ for (w, name), rs in sorted(g.items(), key=lambda kv: (kv[0][0], min(x["seconds"
             max(x["register_s"] for x in rs), max(x["registered_GiB"] for x in rs), max(x["unregister_s"] for x in rs))
     print("| %d | %s | %.3f | %.2f | %.1f | %.0f%% | %s | %s |" % (
         w, name, sec, gib, gib / sec, 100 * gib / sec / limit, "%.2f" % (mem / 2**30) if mem >= 0 else "-", notes))
+
+
+def plot(path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    worlds = sorted({w for w, _ in g})
+    series = collections.OrderedDict()
+    for w in worlds:
+        best = min((max(x["seconds"] for x in rs), n) for (ww, n), rs in g.items() if ww == w and n.startswith("ckpt"))
+        series.setdefault("ckpt (fastest configuration)", {})[w] = best[0]
+        for (ww, n), rs in g.items():
+            if ww == w and not n.startswith("ckpt"):
+                series.setdefault(n, {})[w] = max(x["seconds"] for x in rs)
+        gib = max(x.get("copied_GiB", x["out_GiB"]) for (ww, n), rs in g.items() if ww == w for x in rs)
+        series.setdefault("pinned host->device limit", {})[w] = gib / limit
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(series)
+    for i, (name, by_w) in enumerate(series.items()):
+        xs = [k + i * width for k, w in enumerate(worlds) if w in by_w]
+        ax.bar(xs, [by_w[w] for w in worlds if w in by_w], width, label=name)
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(worlds))])
+    ax.set_xticklabels(["TP=%d" % w for w in worlds])
+    ax.set_yscale("log")
+    ax.set_ylabel("seconds per rank, attach to shards on GPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print("\nplot written to %s" % path)
+
+
+if "--plot" in sys.argv:
+    plot(sys.argv[sys.argv.index("--plot") + 1])

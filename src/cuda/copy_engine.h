@@ -7,7 +7,7 @@
 // tensor is spread over every worker. Each worker thread owns a stream; on the bounce
 // path it also owns two pinned buffers of chunk_bytes from one slab, filled by memcpy
 // while the other is in flight. Small chunks win there: on an H200 host 16 workers x 2 x
-// 1-4 MiB move 42-47 GiB/s against 33-35 GiB/s with 16 MiB (docs/benchmarks.md), because
+// 1-4 MiB move 42-47 GiB/s against 32-35 GiB/s with 16 MiB (docs/benchmarks.md), because
 // the staged bytes are still in the CPU cache when the DMA reads them.
 #pragma once
 

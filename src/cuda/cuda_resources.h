@@ -43,8 +43,8 @@ class DeviceBuffer {
 };
 
 // Page-locked host memory. Allocate maps anonymous memory with transparent huge pages
-// asked for, faults it in and registers it (about 3x faster than cudaMallocHost, which
-// pins 4 KiB pages: 256 MiB in 0.05 s against 0.13-0.16 s on an H200 host); where that
+// asked for, faults it in and registers it (2-3x faster than cudaMallocHost, which pins
+// 4 KiB pages: 256 MiB in 0.05-0.07 s against 0.09-0.16 s on an H200 host); where that
 // fails it falls back to cudaMallocHost.
 class PinnedBuffer {
  public:
