@@ -50,7 +50,7 @@ fi
 sample_start() { (peak=0; while :; do m=$(memnow); [ $m -gt $peak ] && peak=$m && echo $peak > "$out/peak"; sleep 0.02; done) & sampler=$!; }
 sample_stop() { kill $sampler; wait $sampler 2>/dev/null || true; echo $(( $(cat "$out/peak") - base0 )); }
 # configs: path:streams:chunk_MiB:register_threads
-configs=${CONFIGS:-bounce:8:16:1 bounce:4:32:1 register:4:32:4 register:4:32:1 pageable:4:32:1}
+configs=${CONFIGS:-bounce:16:1:1 bounce:8:16:1 register:4:16:1 register:4:16:4 pageable:4:16:1}
 alone=${ALONE:-0}
 # ranks W START_AT COMMAND...: runs COMMAND RANK W DEVICE START_AT for every rank (all at
 # once, rank r on GPU r; or, with ALONE=1, one after another on GPU 0), output in run.RANK.
@@ -73,7 +73,7 @@ for w in $worlds; do
       rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3}); sample_start
       ranks $w $t load
       mem=$(sample_stop)
-      cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,\"node_mem\":$mem,/" | tee -a "$res"
+      cat "$out"/run.* | sed "s/^{/{\"rep\":$rep,\"alone\":$alone,\"node_mem\":$mem,/" | tee -a "$res"
     done
   done
   if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, first config's host path
@@ -92,7 +92,7 @@ for w in $worlds; do
     rm -f "$out"/run.*; t=$(start_at ${PY_LEAD_S:-8}); sample_start
     ranks $w $t baseline
     mem=$(sample_stop)
-    cat "$out"/run.* | sed "s/^{/{\"node_mem\":$mem,/" | tee -a "$res"
+    cat "$out"/run.* | sed "s/^{/{\"alone\":$alone,\"node_mem\":$mem,/" | tee -a "$res"
   done
 done
 rm -f "$out"/run.* "$out"/limit.* "$out/peak"

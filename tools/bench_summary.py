@@ -61,8 +61,9 @@ def plot(path):
     worlds = sorted({w for w, _ in g})
     series = collections.OrderedDict()
     for w in worlds:
-        best = min((max(x["seconds"] for x in rs), n) for (ww, n), rs in g.items() if ww == w and n.startswith("ckpt"))
-        series.setdefault("ckpt (fastest configuration)", {})[w] = best[0]
+        ckpt = [max(x["seconds"] for x in rs) for (ww, n), rs in g.items() if ww == w and n.startswith("ckpt")]
+        if ckpt:
+            series.setdefault("ckpt (fastest configuration)", {})[w] = min(ckpt)
         for (ww, n), rs in g.items():
             if ww == w and not n.startswith("ckpt"):
                 series.setdefault(n, {})[w] = max(x["seconds"] for x in rs)
@@ -83,5 +84,10 @@ def plot(path):
     print("\nplot written to %s" % path)
 
 
+if any(r.get("alone") for r in rows):
+    print("\n(ALONE=1: each rank ran alone on GPU 0; node memory is one rank's)")
 if "--plot" in sys.argv:
-    plot(sys.argv[sys.argv.index("--plot") + 1])
+    try:
+        plot(sys.argv[sys.argv.index("--plot") + 1])
+    except ImportError as e:
+        print("\nno plot: %s" % e)

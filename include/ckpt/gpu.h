@@ -46,9 +46,10 @@ struct GpuLoadOptions {
   HostPath path = HostPath::kBounce;
   int streams = 16;                     // copy streams (= worker threads), in [1, 64]
   // Largest single copy, and the size of each bounce buffer (two per stream: 32 MiB of
-  // pinned memory by default, held only during a Load). Small buffers are faster: the
-  // staged bytes are still in the CPU cache when the DMA reads them.
-  uint64_t chunk_bytes = 1ull << 20;
+  // pinned memory by default, held only during a Load); 0: 1 MiB on the bounce path (small
+  // buffers are faster: the staged bytes are still in the CPU cache when the DMA reads
+  // them), 16 MiB on the others. Else >= 64 KiB.
+  uint64_t chunk_bytes = 0;
   int register_threads = 1;             // kRegister: threads calling cudaHostRegister
   uint64_t register_group_bytes = 64ull << 20;  // kRegister: largest single registration
   // dtype of every floating-point output; nullopt keeps each tensor's own. Allowed:
@@ -69,7 +70,8 @@ struct GpuTensor {
 
 // Timings of one Load, in seconds from its start.
 struct GpuLoadStats {
-  double setup_seconds = 0;     // before the first copy: planning, device memory, streams, pinned buffers
+  double setup_seconds = 0;     // before the first copy: planning (LoadCollective: and the ranks'
+                                // exchange of descriptors), device memory, streams, pinned buffers
   double register_seconds = 0;  // time spent in cudaHostRegister (on its own thread)
   double total_seconds = 0;     // until every copy and kernel finished
   double unregister_seconds = 0;

@@ -211,9 +211,9 @@ class Checkpoint:
         memory by one of them and sent over NVLink. collective: "auto" (only where it pays),
         "always", "never". Implies engine "gpu".
 
-        host_path (gpu engine): "bounce" (pinned staging buffers, 256 MiB per call while it
-        runs; the fastest), "register" (pins the mapping's pages in place: no extra host
-        memory), "pageable"."""
+        host_path (gpu engine): "bounce" (16 threads stage through 1 MiB pinned buffers,
+        32 MiB per call while it runs; the fastest), "register" (pins the mapping's pages
+        in place: no extra host memory, several times slower), "pageable"."""
         device = torch.device(device)
         if group is not None:
             if engine == "torch":

@@ -8,10 +8,12 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "cuda/convert_kernels.h"
 #include "cuda/copy_split.h"
+#include "cuda/copy_tasks.h"
 #include "cuda/cuda_resources.h"
 
 namespace ckpt::cuda {
@@ -19,93 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// A strided rectangle of one region: rows [r0, r1), bytes [c0, c1) of each row.
-struct Rect {
-  uint64_t r0, r1, c0, c1;
-};
-
-// Calls f(rect) for rectangles of at most `chunk` bytes covering the region.
-template <typename F>
-void ForEachRect(const CopyRegion& r, uint64_t chunk, F&& f) {
-  if (r.row_bytes <= chunk) {
-    uint64_t per = std::max<uint64_t>(1, chunk / r.row_bytes);
-    for (uint64_t row = 0; row < r.rows; row += per) f(Rect{row, std::min(r.rows, row + per), 0, r.row_bytes});
-  } else {
-    for (uint64_t row = 0; row < r.rows; ++row)
-      for (uint64_t c = 0; c < r.row_bytes; c += chunk) f(Rect{row, row + 1, c, std::min(r.row_bytes, c + chunk)});
-  }
-}
-
-// One unit of work: one rectangle of one region of a job, or, for a transposed job, the
-// whole job (every region, then the transpose kernel).
-struct Task {
-  size_t job = 0;
-  int region = -1;  // -1: the whole job
-  Rect rect{};
-  uint64_t lo = 0, hi = 0;             // source bytes read: [lo, hi), absolute addresses
-  size_t reg_first = 0, reg_last = 0;  // registration groups those bytes lie in
-};
-
-std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk) {
-  std::vector<Task> tasks;
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const CopyJob& job = jobs[j];
-    const auto base = reinterpret_cast<uint64_t>(job.src);
-    const auto& regions = job.layout->regions;
-    if (job.transpose) {
-      Task t;
-      t.job = j;
-      t.lo = UINT64_MAX;
-      for (const CopyRegion& r : regions) {
-        t.lo = std::min(t.lo, base + r.src_offset);
-        t.hi = std::max(t.hi, base + r.src_offset + (r.rows - 1) * r.src_pitch + r.row_bytes);
-      }
-      if (!regions.empty()) tasks.push_back(t);
-      continue;
-    }
-    for (size_t ri = 0; ri < regions.size(); ++ri) {
-      const CopyRegion& r = regions[ri];
-      if (r.rows == 0 || r.row_bytes == 0) continue;
-      ForEachRect(r, chunk, [&](const Rect& x) {
-        Task t;
-        t.job = j;
-        t.region = static_cast<int>(ri);
-        t.rect = x;
-        t.lo = base + r.src_offset + x.r0 * r.src_pitch + x.c0;
-        t.hi = base + r.src_offset + (x.r1 - 1) * r.src_pitch + x.c1;
-        tasks.push_back(t);
-      });
-    }
-  }
-  std::sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.lo < b.lo; });
-  return tasks;
-}
-
-// Registration groups for kRegister: the union of the page ranges read, cut into pieces
-// of at most `cap` bytes in address order, so copies start while later groups are still
-// being registered. Sets each task's reg_first/reg_last.
-struct Group {
-  uint64_t begin, end;
-};
-std::vector<Group> PlanGroups(std::vector<Task>& tasks, uint64_t page, uint64_t cap) {
-  cap = std::max<uint64_t>(page, cap & ~(page - 1));
-  std::vector<Group> runs, groups;
-  for (const Task& t : tasks) {
-    uint64_t b = t.lo & ~(page - 1), e = (t.hi + page - 1) & ~(page - 1);
-    if (!runs.empty() && b <= runs.back().end) runs.back().end = std::max(runs.back().end, e);
-    else runs.push_back({b, e});
-  }
-  for (const Group& r : runs)
-    for (uint64_t b = r.begin; b < r.end; b += cap) groups.push_back({b, std::min(r.end, b + cap)});
-  std::vector<uint64_t> begins;
-  for (const Group& g : groups) begins.push_back(g.begin);
-  for (Task& t : tasks) {
-    t.reg_first = static_cast<size_t>(std::upper_bound(begins.begin(), begins.end(), t.lo) - begins.begin() - 1);
-    t.reg_last = static_cast<size_t>(std::upper_bound(begins.begin(), begins.end(), t.hi - 1) - begins.begin() - 1);
-  }
-  return groups;
-}
 
 cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t dpitch, uint64_t w, uint64_t h,
                     cudaStream_t stream) {
@@ -118,7 +33,7 @@ cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint6
 class Run {
  public:
   Run(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options)
-      : jobs_(jobs), device_(device), options_(options), chunk_(options.chunk_bytes) {}
+      : jobs_(jobs), device_(device), options_(options), chunk_(ChunkBytes(options)) {}
 
   Result<CopyResult> Go(GpuLoadStats* stats);
 
@@ -265,6 +180,7 @@ Status Run::RunTask(Worker& w, const Task& t) {
   // A transposed piece: every region into scratch, then the transpose kernel.
   CKPT_RETURN_IF_ERROR(NeedScratch(w, j.layout->nbytes));
   for (const CopyRegion& r : j.layout->regions) {
+    if (r.rows == 0 || r.row_bytes == 0) continue;
     Status st;
     ForEachRect(r, chunk_, [&](const Rect& x) {
       if (st.ok() && !abort_) st = CopyRect(w, j, r, x);
@@ -301,41 +217,46 @@ Result<CopyResult> Run::Go(GpuLoadStats* stats) {
     group_done_.assign(groups_.size(), 0);
   }
 
-  // Resources, before any thread starts: streams, overflow flags, events, the bounce slab.
+  // Resources, before any thread starts and with no work in flight until then (an early
+  // return frees nothing a copy still uses): the overflow flags (zeroed synchronously),
+  // the bounce slab, streams and events.
   const int nworkers = std::max(1, std::min<int>(options_.streams, static_cast<int>(tasks_.size())));
-  std::vector<Worker> workers(static_cast<size_t>(nworkers));
-  std::vector<Stream> streams;
-  std::vector<DeviceBuffer> flags;
+  const size_t n = static_cast<size_t>(nworkers);
+  CKPT_ASSIGN_OR_RETURN(DeviceBuffer flags, DeviceBuffer::Allocate(n * sizeof(int)));
+  CKPT_CUDA_RETURN("cudaMemset", cudaMemset(flags.get(), 0, n * sizeof(int)));
   PinnedBuffer slab;
   const bool bounce = options_.path == HostPath::kBounce;
   if (bounce) {
-    CKPT_ASSIGN_OR_RETURN(slab, PinnedBuffer::Allocate(static_cast<size_t>(nworkers) * 2 * chunk_));
+    CKPT_ASSIGN_OR_RETURN(slab, PinnedBuffer::Allocate(n * 2 * chunk_));
   }
-  for (int i = 0; i < nworkers; ++i) {
-    Worker& w = workers[static_cast<size_t>(i)];
+  std::vector<Worker> workers(n);
+  std::vector<Stream> streams;
+  for (size_t i = 0; i < n; ++i) {
+    Worker& w = workers[i];
     CKPT_ASSIGN_OR_RETURN(Stream s, Stream::Create());
-    CKPT_ASSIGN_OR_RETURN(DeviceBuffer f, DeviceBuffer::Allocate(sizeof(int)));
     w.stream = s.get();
-    w.flag = static_cast<int*>(f.get());
-    CKPT_CUDA_RETURN("cudaMemsetAsync", cudaMemsetAsync(w.flag, 0, sizeof(int), w.stream));
+    streams.push_back(std::move(s));
+    w.flag = static_cast<int*>(flags.get()) + i;
     if (bounce) {
-      for (int k = 0; k < 2; ++k) {
-        w.pinned[k] = slab.get() + (static_cast<size_t>(i) * 2 + static_cast<size_t>(k)) * chunk_;
+      for (size_t k = 0; k < 2; ++k) {
+        w.pinned[k] = slab.get() + (i * 2 + k) * chunk_;
         CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
       }
     }
-    streams.push_back(std::move(s));
-    flags.push_back(std::move(f));
   }
 
   stats->setup_seconds += Since(g0);
   const auto r0 = Clock::now();
   std::vector<std::thread> registrars, threads;
-  if (do_register) {
-    const int n = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups_.size())));
-    for (int t = 0; t < n; ++t) registrars.emplace_back([this] { RegisterLoop(); });
+  try {
+    if (do_register) {
+      const int nreg = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups_.size())));
+      for (int t = 0; t < nreg; ++t) registrars.emplace_back([this] { RegisterLoop(); });
+    }
+    for (Worker& w : workers) threads.emplace_back([this, &w] { WorkerLoop(w); });
+  } catch (const std::system_error& e) {  // no thread: stop the ones started, report it
+    Fail(ResourceExhausted(std::string("starting a copy thread: ") + e.what()));
   }
-  for (Worker& w : workers) threads.emplace_back([this, &w] { WorkerLoop(w); });
   for (auto& t : threads) t.join();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -354,9 +275,10 @@ Result<CopyResult> Run::Go(GpuLoadStats* stats) {
   if (!first_error_.ok()) return first_error_;
 
   CopyResult result;
-  for (Worker& w : workers) {
-    int tag = 0;
-    CKPT_CUDA_RETURN("reading the overflow flag", cudaMemcpy(&tag, w.flag, sizeof(int), cudaMemcpyDeviceToHost));
+  std::vector<int> tags(n);
+  CKPT_CUDA_RETURN("reading the overflow flags",
+                   cudaMemcpy(tags.data(), flags.get(), n * sizeof(int), cudaMemcpyDeviceToHost));
+  for (int tag : tags) {
     if (tag != 0 && result.overflow_tag == 0) result.overflow_tag = tag;
   }
   stats->copied_bytes = copied_;
@@ -364,6 +286,11 @@ Result<CopyResult> Run::Go(GpuLoadStats* stats) {
 }
 
 }  // namespace
+
+uint64_t ChunkBytes(const GpuLoadOptions& options) {
+  if (options.chunk_bytes != 0) return options.chunk_bytes;
+  return options.path == HostPath::kBounce ? uint64_t{1} << 20 : uint64_t{16} << 20;
+}
 
 Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,
                                GpuLoadStats* stats) {

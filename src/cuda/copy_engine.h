@@ -2,12 +2,12 @@
 // mapping) into device memory over one host path (ckpt::HostPath), with dtype conversion
 // and transposes on the GPU. GpuLoaderImpl plans what goes where; this runs it.
 //
-// Work is cut into tasks of at most GpuLoadOptions::chunk_bytes of one piece (a
+// Work is cut into tasks of at most ChunkBytes(options) of one piece (a
 // transposed piece stays one task: it is rearranged on the GPU as a whole), so a large
 // tensor is spread over every worker. Each worker thread owns a stream; on the bounce
 // path it also owns two pinned buffers of chunk_bytes from one slab, filled by memcpy
 // while the other is in flight. Small chunks win there: on an H200 host 16 workers x 2 x
-// 1-4 MiB move 42-47 GiB/s against 32-35 GiB/s with 16 MiB (docs/benchmarks.md), because
+// 1-4 MiB move 41-47 GiB/s against 32-35 GiB/s with 16 MiB (docs/benchmarks.md), because
 // the staged bytes are still in the CPU cache when the DMA reads them.
 #pragma once
 
@@ -36,6 +36,10 @@ struct CopyJob {
 struct CopyResult {
   int overflow_tag = 0;  // tag of a job whose conversion produced inf from a finite value; 0: none
 };
+
+// The largest single copy (and, on the bounce path, each buffer's size): options.chunk_bytes,
+// or where that is 0, 1 MiB on the bounce path and 16 MiB on the others (measured best).
+uint64_t ChunkBytes(const GpuLoadOptions& options);
 
 // Runs every job on `device` (the calling thread's device is left as it was); adds its
 // setup time to stats->setup_seconds and fills the register/unregister times and the

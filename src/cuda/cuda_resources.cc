@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
+
 namespace ckpt::cuda {
 
 Status CudaError(const std::string& what, cudaError_t err) {
@@ -34,11 +36,14 @@ Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
   void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p != MAP_FAILED) {
     madvise(p, bytes, MADV_HUGEPAGE);  // advice: ignored where THP is off
+    // Fault the pages in first (huge pages where granted); where the kernel lacks
+    // MADV_POPULATE_WRITE, cudaHostRegister faults them in itself. Out of memory: fall
+    // back to cudaMallocHost, which reports it.
+    bool populated = true;
 #ifdef MADV_POPULATE_WRITE
-    if (madvise(p, bytes, MADV_POPULATE_WRITE) != 0)
+    populated = madvise(p, bytes, MADV_POPULATE_WRITE) == 0 || errno == EINVAL;
 #endif
-      for (size_t off = 0; off < bytes; off += 4096) static_cast<volatile char*>(p)[off] = 0;
-    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) {
+    if (populated && cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess) {
       b.ptr_ = p;
       b.size_ = bytes;
       b.mapped_ = true;
@@ -62,6 +67,7 @@ void PinnedBuffer::Reset() {
   }
   ptr_ = nullptr;
   size_ = 0;
+  mapped_ = false;
 }
 
 Result<Stream> Stream::Create() {

@@ -53,13 +53,13 @@ class PinnedBuffer {
   static Result<PinnedBuffer> Allocate(size_t bytes);
   ~PinnedBuffer() { Reset(); }
   PinnedBuffer(PinnedBuffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)), mapped_(o.mapped_) {}
+      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)), mapped_(std::exchange(o.mapped_, false)) {}
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
       ptr_ = std::exchange(o.ptr_, nullptr);
       size_ = std::exchange(o.size_, 0);
-      mapped_ = o.mapped_;
+      mapped_ = std::exchange(o.mapped_, false);
     }
     return *this;
   }

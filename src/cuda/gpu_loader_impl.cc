@@ -35,7 +35,8 @@ Result<std::unique_ptr<GpuLoaderImpl>> GpuLoaderImpl::Create(TensorSource source
                                                              const GpuLoadOptions& options) {
   if (!source.tensors || !source.data) return InvalidArgument("empty tensor source");
   if (options.streams < 1 || options.streams > 64) return InvalidArgument("streams must be in [1, 64]");
-  if (options.chunk_bytes < (1u << 16)) return InvalidArgument("chunk_bytes must be >= 64 KiB");
+  if (options.chunk_bytes != 0 && options.chunk_bytes < (1u << 16))
+    return InvalidArgument("chunk_bytes must be 0 (the default) or >= 64 KiB");
   if (options.float_dtype && !IsFloat(*options.float_dtype))
     return InvalidArgument(std::string("float_dtype must be F64, F32, F16 or BF16, not ") +
                            DTypeName(*options.float_dtype) + " (floating-point tensors are never converted to integers)");
@@ -278,6 +279,7 @@ Result<GpuStateDict> GpuLoaderImpl::LoadCollective(const std::vector<ShardOutput
   Result<std::shared_ptr<cuda::DeviceBuffer>> arena = copied.ok() ? AllocateArena(plan.allocation_bytes) : copied;
   if (copied.ok()) copied = arena.status();
   if (copied.ok()) {
+    dict.stats_.setup_seconds = Since(t0);
     copied = Copy(outputs, *planned, plan.from_host, static_cast<std::byte*>((*arena)->get()), plan.offsets,
                   &dict.stats_);
   }

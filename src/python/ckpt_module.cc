@@ -344,7 +344,7 @@ PYBIND11_MODULE(_ckpt, m) {
             ckpt::TpPlan tp = Unwrap(PlanFrom(plan_kind, plan));
             auto outputs = Unwrap(tp.Resolve(c->tensors(), rank, world));
             ckpt::GpuLoadOptions options;
-            if (streams > 0) options.streams = streams;  // 0: the library's default
+            if (streams != 0) options.streams = streams;  // 0: the library's default
             options.allow_overflow = allow_overflow;
             if (!float_dtype.empty()) {
               auto dt = ckpt::DTypeFromName(float_dtype);
