@@ -30,9 +30,9 @@ cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint6
 }
 
 // The state every worker of one RunCopyJobs shares.
-class Run {
+class CopyRun {
  public:
-  Run(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options)
+  CopyRun(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options)
       : jobs_(jobs), device_(device), options_(options), chunk_(ChunkBytes(options)) {}
 
   Result<CopyResult> Go(GpuLoadStats* stats);
@@ -77,14 +77,14 @@ class Run {
   std::atomic<uint64_t> registered_bytes_{0};
 };
 
-void Run::Fail(Status s) {
+void CopyRun::Fail(Status s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (first_error_.ok()) first_error_ = std::move(s);
   abort_ = true;
   cv_.notify_all();
 }
 
-void Run::RegisterLoop() {
+void CopyRun::RegisterLoop() {
   cudaSetDevice(device_);
   for (size_t g = next_group_++; g < groups_.size() && !abort_; g = next_group_++) {
     auto reg = HostRegistration::Register(reinterpret_cast<void*>(groups_[g].begin), groups_[g].end - groups_[g].begin);
@@ -101,7 +101,7 @@ void Run::RegisterLoop() {
 }
 
 // Waits until every group the task reads is registered; false if the run was aborted.
-bool Run::WaitRegistered(const Task& t) {
+bool CopyRun::WaitRegistered(const Task& t) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] {
     if (abort_) return true;
@@ -112,7 +112,7 @@ bool Run::WaitRegistered(const Task& t) {
   return !abort_;
 }
 
-Status Run::NeedScratch(Worker& w, uint64_t bytes) {
+Status CopyRun::NeedScratch(Worker& w, uint64_t bytes) {
   if (w.scratch.size() >= bytes) return Status::Ok();
   CKPT_CUDA_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(w.stream));
   w.scratch.Reset();
@@ -123,7 +123,7 @@ Status Run::NeedScratch(Worker& w, uint64_t bytes) {
 // Copies rectangle x of region r of job j: straight to the output, or (conversion) to
 // scratch and converted from there into the output, or (transpose) to its place in
 // scratch, which holds the whole piece.
-Status Run::CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const Rect& x) {
+Status CopyRun::CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const Rect& x) {
   const uint64_t esize = DTypeSize(j.from);
   const bool direct = !j.transpose && j.from == j.to;
   const uint64_t w_bytes = x.c1 - x.c0, h = x.r1 - x.r0;
@@ -171,7 +171,7 @@ Status Run::CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const Rec
   return Status::Ok();
 }
 
-Status Run::RunTask(Worker& w, const Task& t) {
+Status CopyRun::RunTask(Worker& w, const Task& t) {
   const CopyJob& j = jobs_[t.job];
   if (t.region >= 0) {
     if (j.from != j.to) CKPT_RETURN_IF_ERROR(NeedScratch(w, chunk_));
@@ -194,7 +194,7 @@ Status Run::RunTask(Worker& w, const Task& t) {
   return LaunchTranspose(j.from, j.to, w.scratch.get(), rows, cols, j.out, j.out_rows, row0, w.flag, j.tag, w.stream);
 }
 
-void Run::WorkerLoop(Worker& w) {
+void CopyRun::WorkerLoop(Worker& w) {
   cudaSetDevice(device_);
   for (size_t i = next_task_++; i < tasks_.size() && !abort_; i = next_task_++) {
     const Task& t = tasks_[i];
@@ -205,7 +205,7 @@ void Run::WorkerLoop(Worker& w) {
   if (err != cudaSuccess) Fail(CudaError("cudaStreamSynchronize", err));
 }
 
-Result<CopyResult> Run::Go(GpuLoadStats* stats) {
+Result<CopyResult> CopyRun::Go(GpuLoadStats* stats) {
   const auto g0 = Clock::now();
   CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
@@ -294,7 +294,7 @@ uint64_t ChunkBytes(const GpuLoadOptions& options) {
 
 Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,
                                GpuLoadStats* stats) {
-  Run run(jobs, device, options);
+  CopyRun run(jobs, device, options);
   return run.Go(stats);
 }
 
