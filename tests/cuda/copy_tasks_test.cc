@@ -58,7 +58,9 @@ TEST(CopyTasksTest, TasksCoverEveryByteOnceInChunksAndTransposedJobsStayWhole) {
     std::set<size_t> whole;
     for (size_t i = 0; i < tasks.size(); ++i) {
       const Task& t = tasks[i];
-      if (i > 0) ASSERT_LE(tasks[i - 1].lo, t.lo) << "not sorted";
+      if (i > 0) {
+        ASSERT_LE(tasks[i - 1].lo, t.lo) << "not sorted";
+      }
       const CopyJob& job = r.jobs[t.job];
       const auto base = reinterpret_cast<uint64_t>(job.src);
       ASSERT_LT(t.lo, t.hi);
@@ -89,7 +91,9 @@ TEST(CopyTasksTest, TasksCoverEveryByteOnceInChunksAndTransposedJobsStayWhole) {
         for (uint64_t row = 0; row < c.rows; ++row)
           for (uint64_t b = 0; b < c.row_bytes; ++b) ASSERT_EQ(seen[j][c.src_offset + row * c.src_pitch + b], 1);
       }
-      if (job.transpose) EXPECT_EQ(whole.count(j), any ? 1u : 0u);
+      if (job.transpose) {
+        EXPECT_EQ(whole.count(j), any ? 1u : 0u);
+      }
     }
   }
 }
@@ -111,7 +115,9 @@ TEST(CopyTasksTest, GroupsCoverExactlyThePagesReadAndEachTaskWaitsForItsOwn) {
       ASSERT_EQ(groups[g].end % page, 0u);
       ASSERT_LT(groups[g].begin, groups[g].end);
       ASSERT_LE(groups[g].end - groups[g].begin, std::max(page, cap / page * page));
-      if (g > 0) ASSERT_LE(groups[g - 1].end, groups[g].begin) << "groups overlap or are out of order";
+      if (g > 0) {
+        ASSERT_LE(groups[g - 1].end, groups[g].begin) << "groups overlap or are out of order";
+      }
       for (uint64_t p = groups[g].begin / page; p < groups[g].end / page; ++p) group_pages.insert(p);
     }
     // The groups hold exactly the pages of the tasks' spans (a strided task's span is
