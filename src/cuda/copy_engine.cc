@@ -39,13 +39,14 @@ class CopyRun {
 
  private:
   // A worker: its stream, its overflow flag, its part of the bounce slab and scratch.
+  // The stream is declared last, so destroyed (after synchronising) first.
   struct Worker {
-    cudaStream_t stream = nullptr;
     int* flag = nullptr;
     std::byte* pinned[2] = {nullptr, nullptr};
     Event done[2];
     int which = 0;
     DeviceBuffer scratch;
+    Stream stream;
   };
   void Fail(Status s);
   void WorkerLoop(Worker& w);
@@ -114,7 +115,7 @@ bool CopyRun::WaitRegistered(const Task& t) {
 
 Status CopyRun::NeedScratch(Worker& w, uint64_t bytes) {
   if (w.scratch.size() >= bytes) return Status::Ok();
-  CKPT_CUDA_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(w.stream));
+  CKPT_CUDA_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(w.stream.get()));
   w.scratch.Reset();
   CKPT_ASSIGN_OR_RETURN(w.scratch, DeviceBuffer::Allocate(bytes));
   return Status::Ok();
@@ -150,8 +151,8 @@ Status CopyRun::CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const
     } else {
       for (uint64_t row = 0; row < h; ++row) std::memcpy(buf + row * w_bytes, src + row * r.src_pitch, w_bytes);
     }
-    err = CopyH2D(buf, w_bytes, dst, dpitch, w_bytes, h, w.stream);
-    if (err == cudaSuccess) err = cudaEventRecord(w.done[w.which].get(), w.stream);
+    err = CopyH2D(buf, w_bytes, dst, dpitch, w_bytes, h, w.stream.get());
+    if (err == cudaSuccess) err = cudaEventRecord(w.done[w.which].get(), w.stream.get());
     w.which ^= 1;
   } else {
     // The driver refuses a copy whose source spans two registrations: split at bounds_.
@@ -159,14 +160,14 @@ Status CopyRun::CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const
         reinterpret_cast<uint64_t>(src), r.src_pitch, w_bytes, h, bounds_,
         [&](uint64_t r0, uint64_t c0, uint64_t cw, uint64_t rows) {
           return static_cast<int>(
-              CopyH2D(src + r0 * r.src_pitch + c0, r.src_pitch, dst + r0 * dpitch + c0, dpitch, cw, rows, w.stream));
+              CopyH2D(src + r0 * r.src_pitch + c0, r.src_pitch, dst + r0 * dpitch + c0, dpitch, cw, rows, w.stream.get()));
         }));
   }
   if (err != cudaSuccess) return CudaError("copy of '" + *j.name + "'", err);
   copied_ += w_bytes * h;
   if (!direct && !j.transpose) {
     return LaunchConvertRows(j.from, j.to, w.scratch.get(), w_bytes / esize, h, j.out,
-                             j.piece_first_elem + dst_rel / esize, r.dst_pitch / esize, w.flag, j.tag, w.stream);
+                             j.piece_first_elem + dst_rel / esize, r.dst_pitch / esize, w.flag, j.tag, w.stream.get());
   }
   return Status::Ok();
 }
@@ -191,7 +192,8 @@ Status CopyRun::RunTask(Worker& w, const Task& t) {
   const auto& shape = j.layout->shape;
   const uint64_t rows = shape[0], cols = j.layout->nbytes / esize / std::max<uint64_t>(rows, 1);
   const uint64_t row0 = j.piece_first_elem / std::max<uint64_t>(cols, 1);
-  return LaunchTranspose(j.from, j.to, w.scratch.get(), rows, cols, j.out, j.out_rows, row0, w.flag, j.tag, w.stream);
+  return LaunchTranspose(j.from, j.to, w.scratch.get(), rows, cols, j.out, j.out_rows, row0, w.flag, j.tag,
+                         w.stream.get());
 }
 
 void CopyRun::WorkerLoop(Worker& w) {
@@ -201,7 +203,7 @@ void CopyRun::WorkerLoop(Worker& w) {
     if (options_.path == HostPath::kRegister && !WaitRegistered(t)) return;
     if (Status s = RunTask(w, t); !s.ok()) return Fail(s.WithContext("output '" + *jobs_[t.job].name + "'"));
   }
-  cudaError_t err = cudaStreamSynchronize(w.stream);
+  cudaError_t err = cudaStreamSynchronize(w.stream.get());
   if (err != cudaSuccess) Fail(CudaError("cudaStreamSynchronize", err));
 }
 
@@ -230,12 +232,9 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats) {
     CKPT_ASSIGN_OR_RETURN(slab, PinnedBuffer::Allocate(n * 2 * chunk_));
   }
   std::vector<Worker> workers(n);
-  std::vector<Stream> streams;
   for (size_t i = 0; i < n; ++i) {
     Worker& w = workers[i];
-    CKPT_ASSIGN_OR_RETURN(Stream s, Stream::Create());
-    w.stream = s.get();
-    streams.push_back(std::move(s));
+    CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
     w.flag = static_cast<int*>(flags.get()) + i;
     if (bounce) {
       for (size_t k = 0; k < 2; ++k) {
@@ -257,18 +256,13 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats) {
   } catch (const std::system_error& e) {  // no thread: stop the ones started, report it
     Fail(ResourceExhausted(std::string("starting a copy thread: ") + e.what()));
   }
-  for (auto& t : threads) t.join();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!first_error_.ok()) abort_ = true;
-  }
-  cv_.notify_all();
+  for (auto& t : threads) t.join();  // a failed worker set abort_, which stops the registrars
   for (auto& t : registrars) t.join();
   stats->register_seconds = do_register ? Since(r0) : 0;
   stats->registered_bytes = registered_bytes_;
   // Every stream is idle: each worker synchronised its stream before returning, or
   // failed, in which case synchronise here before the buffers it used go away.
-  for (Worker& w : workers) cudaStreamSynchronize(w.stream);
+  for (Worker& w : workers) cudaStreamSynchronize(w.stream.get());
   const auto u0 = Clock::now();
   registrations_.clear();
   stats->unregister_seconds = Since(u0);

@@ -41,11 +41,8 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk)
 std::vector<Group> PlanGroups(std::vector<Task>& tasks, uint64_t page, uint64_t cap) {
   cap = std::max<uint64_t>(page, cap & ~(page - 1));
   std::vector<Group> runs, groups;
-  std::vector<Task*> by_lo;
-  for (Task& t : tasks) by_lo.push_back(&t);
-  std::sort(by_lo.begin(), by_lo.end(), [](const Task* a, const Task* b) { return a->lo < b->lo; });
-  for (const Task* t : by_lo) {
-    uint64_t b = t->lo & ~(page - 1), e = (t->hi + page - 1) & ~(page - 1);
+  for (const Task& t : tasks) {
+    uint64_t b = t.lo & ~(page - 1), e = (t.hi + page - 1) & ~(page - 1);
     if (!runs.empty() && b <= runs.back().end) runs.back().end = std::max(runs.back().end, e);
     else runs.push_back({b, e});
   }

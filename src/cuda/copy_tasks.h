@@ -52,7 +52,8 @@ struct Group {
 // to pages, at least one page) in address order, so that copies can start while later
 // groups are still being registered. Sets each task's reg_first/reg_last: the groups
 // holding its first and last byte (every group between them is read by it too).
-// Precondition: `page` is a power of two; every task has lo < hi.
+// Preconditions: `page` is a power of two; every task has lo < hi; tasks are sorted by lo
+// (as CutIntoTasks returns them).
 std::vector<Group> PlanGroups(std::vector<Task>& tasks, uint64_t page, uint64_t cap);
 
 }  // namespace ckpt::cuda
