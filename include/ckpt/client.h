@@ -25,10 +25,15 @@ namespace shm {
 class SegmentReader;
 }
 
-// One checkpoint as the daemon reports it.
+// The messages below are what the daemon answers; their JSON encoding (the wire format,
+// also what `ckptctl --json` prints) lives in one place, src/protocol/messages.cc.
+
+// One checkpoint generation as the daemon reports it.
 struct CheckpointSummary {
   std::string name;
   uint64_t generation = 0;
+  std::string shm_name;        // the segment's shared-memory object
+  std::string segment_id;      // 32 hex characters naming the segment's identity; empty if not reported
   std::string source;          // path it was loaded from
   std::string format;          // "safetensors", ...
   uint64_t segment_bytes = 0;  // shared memory it occupies
@@ -37,6 +42,43 @@ struct CheckpointSummary {
   double load_seconds = 0;
   int64_t loaded_unix_s = 0;
   uint32_t attached = 0;       // attachments at the time of the call
+  std::vector<int64_t> attached_pids;
+};
+
+// The published checkpoints and the names of loads in progress.
+struct CheckpointList {
+  std::vector<CheckpointSummary> checkpoints;
+  std::vector<std::string> loading;
+};
+
+// A checkpoint and its tensor index (with each tensor's XXH3-64 checksum).
+struct CheckpointInfo {
+  CheckpointSummary checkpoint;
+  std::vector<TensorInfo> tensors;
+};
+
+// What a load published, and the checkpoints it evicted to fit the memory budget.
+struct LoadResult {
+  CheckpointSummary checkpoint;
+  std::vector<std::string> evicted;
+};
+
+// A daemon-side re-hash of a checkpoint's tensors against its index checksums.
+struct VerifyResult {
+  std::string name;
+  uint64_t generation = 0;
+  bool passed = false;
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  uint64_t mismatch_count = 0;
+  std::vector<std::string> mismatched;  // the first mismatching tensors' names
+};
+
+struct EvictionCounters {
+  uint64_t by_request = 0;
+  uint64_t for_budget = 0;
+  uint64_t replaced = 0;
 };
 
 struct DaemonStatus {
@@ -44,16 +86,43 @@ struct DaemonStatus {
   int protocol = 0;
   int64_t pid = 0;
   int64_t uptime_s = 0;
+  std::string socket;
   std::string shm_prefix;
   uint64_t checkpoints = 0;
   uint64_t loading = 0;
   uint64_t shm_bytes = 0;
+  uint64_t memory_budget_bytes = 0;  // 0: no budget
+  uint64_t memory_used_bytes = 0;
   uint64_t attached = 0;
   int64_t connections = 0;
+  int64_t max_connections = 0;
+  int64_t max_connections_per_uid = 0;
+  int64_t admin_reserved_connections = 0;
+  std::vector<std::string> model_roots;
+  EvictionCounters evictions;
+  std::string your_role;  // "admin", "reader" (a caller with no role is refused at connect)
+  std::vector<CheckpointSummary> checkpoint_list;
+  std::vector<CheckpointSummary> retired;  // replaced or force-evicted generations still attached
 };
 
 // (bytes loaded so far, bytes in total)
 using ProgressCallback = std::function<void(uint64_t, uint64_t)>;
+// Like ProgressCallback; returning false cancels the load (see Client::Load).
+using CancellableProgress = std::function<bool(uint64_t done, uint64_t total)>;
+
+struct LoadOptions {
+  std::string name;              // default: derived from the path by the daemon
+  bool replace = false;          // publish a new generation under an existing name
+  bool allow_expansion = false;  // admit a checkpoint whose shared-memory size is far above its file size
+  // Called about every 100 ms while the daemon loads (on the calling thread). Returning
+  // false, or throwing, cancels the load. May be empty.
+  CancellableProgress progress;
+};
+
+struct EvictOptions {
+  bool force = false;  // evict even while attached (attached processes keep their mapping)
+  double wait_s = 0;   // wait up to this long (0 to 86400 s) for the last attachment to go
+};
 
 // A checkpoint generation mapped read-only into this process. While it lives, the daemon
 // counts it as attached and its bytes stay valid, even if the checkpoint is evicted.
@@ -89,35 +158,58 @@ class Checkpoint {
   class LeaseKeeper;
   Checkpoint(std::string name, std::string socket_path, std::unique_ptr<protocol::DaemonConnection> lease,
              std::unique_ptr<shm::SegmentReader> segment);
+  Status StartLeaseKeeper();
   std::string name_;
   std::unique_ptr<shm::SegmentReader> segment_;
   std::unique_ptr<LeaseKeeper> keeper_;  // holds the lease (connection) open while attached
 };
 
 // A connection to ckptd. Thread-safe: calls are serialised on the connection.
-// If the daemon restarted since the last call (the connection broke), a call reconnects
-// once and is retried, except Load, which reports Unavailable (it may have run).
+// The daemon closes connections that stay idle without an attachment (60 s by default)
+// and may restart: before sending, a call notices a connection the daemon closed and
+// connects again, so no request is lost to either. If the connection breaks after a
+// request was sent, a call that is safe to repeat reconnects once and is retried; Load
+// then reports Unavailable (it may have run).
 class Client {
  public:
   // $CKPTD_SOCKET if set, else "/run/ckptd/ckptd.sock".
   static std::string DefaultSocketPath();
-  // Unavailable if no daemon listens at `socket_path`.
+  // Unavailable if no daemon listens at `socket_path`; PermissionDenied if the daemon
+  // refused this user at connect (no role); ResourceExhausted if it has no slot free.
   static Result<std::unique_ptr<Client>> Connect(const std::string& socket_path = DefaultSocketPath());
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
   // Asks the daemon to load the checkpoint file at `path` (relative paths are taken from
-  // this process's working directory) under `name` (default: the file name without its
-  // extension). Blocks until it is published or failed; `progress` is called meanwhile.
+  // this process's working directory). Blocks until it is published or failed.
+  // Cancellation: when `options.progress` returns false, the daemon is told to cancel
+  // and Load returns Cancelled with nothing published (unless the daemon had already
+  // published it: then the summary is returned). When `options.progress` throws, the
+  // load is cancelled the same way and the exception is rethrown once the connection is
+  // back in step. Either way the next call on this Client gets its own answer.
+  Result<LoadResult> Load(const std::string& path, const LoadOptions& options);
+  // Load with a name and a progress callback that cannot cancel.
   Result<CheckpointSummary> Load(const std::string& path, const std::string& name = "",
                                  const ProgressCallback& progress = nullptr);
-  // Removes `name` from the daemon. FailedPrecondition if attached and !force; with
-  // force, attached processes keep their mapping until they detach.
+  // Removes `name` from the daemon and returns what was evicted. NotFound if unknown;
+  // FailedPrecondition if attached and !force (after waiting wait_s, if set).
+  Result<CheckpointSummary> Evict(const std::string& name, const EvictOptions& options);
+  // Evict with no wait. With force, attached processes keep their mapping until they detach.
   Status Evict(const std::string& name, bool force = false);
   Result<std::vector<CheckpointSummary>> List();
+  // List with the names of loads in progress.
+  Result<CheckpointList> ListAll();
+  // The tensor index of `name`. NotFound if it is not loaded.
   Result<std::vector<TensorInfo>> Info(const std::string& name);
+  // The summary and tensor index of `name`. NotFound if it is not loaded.
+  Result<CheckpointInfo> GetInfo(const std::string& name);
   Result<DaemonStatus> GetStatus();
+  // Re-hashes `name`'s shared memory in the daemon (admin only; reads it all). OK with
+  // passed == false on a mismatch; NotFound if unknown.
+  Result<VerifyResult> Verify(const std::string& name);
+  // The daemon's metrics in the Prometheus text format.
+  Result<std::string> Metrics();
   // Attaches to the current generation of `name` over a connection of its own, which
   // stays open as the attachment's lease. The daemon passes a read-only descriptor of the
   // segment over the socket (SCM_RIGHTS), which is mapped PROT_READ: the process needs no
@@ -130,9 +222,13 @@ class Client {
   // waiting get the new value. Ranks 1..world-1 pass an empty `value` and wait up to
   // `timeout_s` (0 to 3600) for rank 0's. Uses a connection of its own, so other calls
   // on this Client (and other ranks' calls from this process) are not held up meanwhile.
+  // Entries belong to the uid that published them: only that uid's ranks see or replace
+  // them (jobs of other users with the same name are separate).
   // Errors: InvalidArgument (bad job name, rank, world or value; the job was published
-  // for another world), DeadlineExceeded (no rank 0 within timeout_s), Unavailable (no
-  // daemon, or it stopped meanwhile), ResourceExhausted (1024 jobs in progress).
+  // for another world), DeadlineExceeded (no rank 0 within timeout_s), PermissionDenied
+  // (the timeout passed and only another user published a job of that name),
+  // Unavailable (no daemon, or it stopped meanwhile), ResourceExhausted (too many jobs in
+  // progress, for this uid or in all).
   // `job` must be unique to the run (e.g. include a launch id): a rank that comes after
   // its job's entry was fully fetched waits for a new publish, and one that comes before
   // rank 0 of a new run may get an earlier run's value still unfetched.

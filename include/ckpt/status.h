@@ -25,6 +25,7 @@ enum class StatusCode : int {
   kInternal = 10,         // a bug
   kPermissionDenied = 11, // the caller may not do this
   kDeadlineExceeded = 12, // a wait the caller bounded ran out (a peer that never came)
+  kCancelled = 13,        // the caller cancelled the operation (nothing was published)
 };
 
 // Returns the stable lower-case name of `code` ("invalid_argument", ...), used on the wire.
@@ -65,6 +66,7 @@ Status IoError(std::string message);
 Status Internal(std::string message);
 Status PermissionDenied(std::string message);
 Status DeadlineExceeded(std::string message);
+Status Cancelled(std::string message);
 // IoError whose message is "what: strerror(err)".
 Status ErrnoError(const std::string& what, int err);
 

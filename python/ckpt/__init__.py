@@ -20,14 +20,14 @@ from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 import torch
 
 from . import _ckpt
-from ._ckpt import (AlreadyExists, CkptError, Corrupt, DeadlineExceeded, FailedPrecondition, Internal,
+from ._ckpt import (AlreadyExists, Cancelled, CkptError, Corrupt, DeadlineExceeded, FailedPrecondition, Internal,
                     InvalidArgument, IoError, NotFound, PermissionDenied, ResourceExhausted, Unavailable,
                     Unsupported)
 
 __all__ = [
     "connect", "Client", "Checkpoint", "Rule", "REPLICATE", "column", "row", "fused", "partition_rule",
     "CkptError", "InvalidArgument", "NotFound", "AlreadyExists", "Corrupt", "Unsupported", "ResourceExhausted",
-    "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "DeadlineExceeded",
+    "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "DeadlineExceeded", "Cancelled",
     "NcclGroup", "nccl_group",
     "ds_partition_size",
 ]
@@ -264,11 +264,24 @@ class Client:
     def __init__(self, socket: Optional[str] = None):
         self._c = _ckpt.Client.connect(socket or "")
 
-    def load(self, path: str, name: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None) -> dict:
-        return self._c.load(str(path), name or "", progress)
+    def load(self, path: str, name: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None,
+             replace: bool = False, allow_expansion: bool = False) -> dict:
+        """Has the daemon load `path` under `name` and returns its summary. `progress(done,
+        total)` is called about every 100 ms. If it raises (or Ctrl-C arrives), the load is
+        cancelled, nothing is published, and the exception propagates; the client stays
+        usable (its next call gets its own answer)."""
+        return self._c.load(str(path), name or "", progress, replace, allow_expansion)
 
-    def evict(self, name: str, force: bool = False) -> None:
-        self._c.evict(name, force)
+    def evict(self, name: str, force: bool = False, wait: float = 0.0) -> dict:
+        """Removes `name`; returns what was evicted. NotFound if unknown."""
+        return self._c.evict(name, force, float(wait))
+
+    def verify(self, name: str) -> dict:
+        """Has the daemon re-hash `name` against its checksums (admin only)."""
+        return self._c.verify(name)
+
+    def metrics(self) -> str:
+        return self._c.metrics()
 
     def list(self):
         return self._c.list()

@@ -2,11 +2,14 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <system_error>
 #include <thread>
 
 #include "ckpt/client.h"
 #include "common/unique_fd.h"
 #include "protocol/daemon_connection.h"
+#include "protocol/messages.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt {
@@ -19,8 +22,18 @@ class Checkpoint::LeaseKeeper {
   LeaseKeeper(std::string socket_path, std::string name, uint64_t generation,
               std::unique_ptr<protocol::DaemonConnection> lease)
       : socket_path_(std::move(socket_path)), name_(std::move(name)), generation_(generation),
-        lease_(std::move(lease)), stop_(::eventfd(0, EFD_CLOEXEC)), owner_pid_(::getpid()) {
-    if (stop_.valid()) thread_ = std::make_unique<std::thread>([this] { Run(); });
+        lease_(std::move(lease)), owner_pid_(::getpid()) {}
+  // Starts the watching thread. IoError without an eventfd; ResourceExhausted if the
+  // thread cannot be started (std::thread throws std::system_error).
+  Status Start() {
+    stop_.reset(::eventfd(0, EFD_CLOEXEC));
+    if (!stop_.valid()) return ErrnoError("eventfd for the lease keeper", errno);
+    try {
+      thread_ = std::make_unique<std::thread>([this] { Run(); });
+    } catch (const std::system_error& e) {
+      return ResourceExhausted(std::string("cannot start the lease keeper thread: ") + e.what());
+    }
+    return Status::Ok();
   }
   ~LeaseKeeper() {
     if (!thread_) return;
@@ -56,8 +69,10 @@ class Checkpoint::LeaseKeeper {
         auto connection = protocol::DaemonConnection::Open(socket_path_);
         if (!connection.ok()) continue;
         UniqueFd unused;  // the descriptor of the segment, already mapped
-        auto r = (*connection)->Call("attach", nlohmann::json{{"name", name_}, {"generation", generation_}},
-                                     nullptr, &unused);
+        protocol::AttachRequest request;
+        request.name = name_;
+        request.generation = generation_;
+        auto r = (*connection)->Call(protocol::AttachRequest::kOp, protocol::Encode(request), nullptr, &unused);
         if (r.ok()) {
           lease_ = std::move(connection).value();
           break;
@@ -81,6 +96,8 @@ Checkpoint::Checkpoint(std::string name, std::string socket_path, std::unique_pt
     : name_(std::move(name)), segment_(std::move(segment)) {
   keeper_ = std::make_unique<LeaseKeeper>(std::move(socket_path), name_, segment_->generation(), std::move(lease));
 }
+
+Status Checkpoint::StartLeaseKeeper() { return keeper_->Start(); }
 
 // Unmaps first, then closes the lease, so the daemon never sees a detach while mapped.
 Checkpoint::~Checkpoint() {

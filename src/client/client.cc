@@ -2,45 +2,28 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 
 #include "common/hex.h"
 #include "protocol/daemon_connection.h"
+#include "protocol/messages.h"
 #include "protocol/wire.h"
 #include "shm/segment_reader.h"
 #include "shm/shm_object.h"
 
 namespace ckpt {
 
-using protocol::DaemonConnection;
 using nlohmann::json;
+using protocol::DaemonConnection;
 
 namespace {
 
-// Reads the fields of a daemon response; wrong types raise json exceptions, which the
-// callers below turn into Corrupt.
-CheckpointSummary SummaryFromJson(const json& j) {
-  CheckpointSummary s;
-  s.name = j.at("name").get<std::string>();
-  s.generation = j.at("generation").get<uint64_t>();
-  s.source = j.value("source", "");
-  s.format = j.value("format", "");
-  s.segment_bytes = j.value("segment_bytes", uint64_t{0});
-  s.data_bytes = j.value("data_bytes", uint64_t{0});
-  s.tensor_count = j.value("tensor_count", uint64_t{0});
-  s.load_seconds = j.value("load_seconds", 0.0);
-  s.loaded_unix_s = j.value("loaded_unix_s", int64_t{0});
-  s.attached = j.value("attached", uint32_t{0});
-  return s;
-}
-
-template <typename F>
-auto Decode(const char* what, F&& f) -> Result<decltype(f())> {
-  try {
-    return f();
-  } catch (const json::exception& e) {
-    return Corrupt(std::string("malformed ") + what + " response from ckptd: " + e.what());
-  }
+Result<std::string> Absolute(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) == nullptr) return ErrnoError("getcwd", errno);
+  return std::string(cwd) + "/" + path;
 }
 
 }  // namespace
@@ -56,95 +39,120 @@ Result<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path) 
   return std::unique_ptr<Client>(new Client(socket_path, std::move(connection)));
 }
 
+Result<LoadResult> Client::Load(const std::string& path, const LoadOptions& options) {
+  protocol::LoadRequest request;
+  CKPT_ASSIGN_OR_RETURN(request.path, Absolute(path));
+  request.name = options.name;
+  request.replace = options.replace;
+  request.allow_expansion = options.allow_expansion;
+  request.progress = static_cast<bool>(options.progress);
+  DaemonConnection::EventHandler on_event;
+  if (options.progress) {
+    on_event = [&](const json& frame) {
+      if (protocol::EventName(frame) != protocol::kProgressEvent) return true;
+      protocol::ProgressEvent event;
+      if (!protocol::Decode(frame, &event).ok()) return true;  // a malformed event is not worth a cancel
+      return options.progress(event.done, event.total);
+    };
+  }
+  CKPT_ASSIGN_OR_RETURN(json response,
+                        connection_->Call(protocol::LoadRequest::kOp, protocol::Encode(request), on_event));
+  return protocol::DecodeAs<LoadResult>(response);
+}
+
 Result<CheckpointSummary> Client::Load(const std::string& path, const std::string& name,
                                        const ProgressCallback& progress) {
-  std::string absolute = path;
-  if (!absolute.empty() && absolute[0] != '/') {
-    char cwd[4096];
-    if (::getcwd(cwd, sizeof(cwd)) == nullptr) return ErrnoError("getcwd", errno);
-    absolute = std::string(cwd) + "/" + path;
+  LoadOptions options;
+  options.name = name;
+  if (progress) {
+    options.progress = [&progress](uint64_t done, uint64_t total) {
+      progress(done, total);
+      return true;
+    };
   }
-  json fields{{"path", absolute}, {"progress", static_cast<bool>(progress)}};
-  if (!name.empty()) fields["name"] = name;
-  auto on_event = [&](const json& event) {
-    if (progress && event.value("event", "") == "progress") {
-      progress(event.value("done", uint64_t{0}), event.value("total", uint64_t{0}));
-    }
-  };
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->Call("load", fields, on_event));
-  return Decode("load", [&] { return SummaryFromJson(response.at("checkpoint")); });
+  CKPT_ASSIGN_OR_RETURN(LoadResult result, Load(path, options));
+  return std::move(result.checkpoint);
+}
+
+Result<CheckpointSummary> Client::Evict(const std::string& name, const EvictOptions& options) {
+  protocol::EvictRequest request;
+  request.name = name;
+  request.force = options.force;
+  request.wait_s = options.wait_s;
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying(protocol::EvictRequest::kOp, protocol::Encode(request)));
+  CKPT_ASSIGN_OR_RETURN(auto decoded, protocol::DecodeAs<protocol::CheckpointResponse>(response));
+  return std::move(decoded.checkpoint);
 }
 
 Status Client::Evict(const std::string& name, bool force) {
-  return connection_->CallRetrying("evict", json{{"name", name}, {"force", force}}).status();
+  EvictOptions options;
+  options.force = force;
+  return Evict(name, options).status();
+}
+
+Result<CheckpointList> Client::ListAll() {
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("list"));
+  return protocol::DecodeAs<CheckpointList>(response);
 }
 
 Result<std::vector<CheckpointSummary>> Client::List() {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("list"));
-  return Decode("list", [&] {
-    std::vector<CheckpointSummary> out;
-    for (const json& j : response.at("checkpoints")) out.push_back(SummaryFromJson(j));
-    return out;
-  });
+  CKPT_ASSIGN_OR_RETURN(CheckpointList list, ListAll());
+  return std::move(list.checkpoints);
+}
+
+Result<CheckpointInfo> Client::GetInfo(const std::string& name) {
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("info", protocol::Encode(protocol::NameRequest{name})));
+  return protocol::DecodeAs<CheckpointInfo>(response);
 }
 
 Result<std::vector<TensorInfo>> Client::Info(const std::string& name) {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("info", json{{"name", name}}));
-  return Decode("info", [&] {
-    std::vector<TensorInfo> out;
-    for (const json& j : response.at("tensors")) {
-      TensorInfo t;
-      t.name = j.at("name").get<std::string>();
-      auto dtype = DTypeFromName(j.at("dtype").get<std::string>());
-      if (dtype) t.dtype = *dtype;
-      t.shape = j.at("shape").get<std::vector<int64_t>>();
-      t.nbytes = j.at("nbytes").get<uint64_t>();
-      t.checksum = std::stoull(j.at("checksum").get<std::string>(), nullptr, 16);
-      out.push_back(std::move(t));
-    }
-    return out;
-  });
+  CKPT_ASSIGN_OR_RETURN(CheckpointInfo info, GetInfo(name));
+  return std::move(info.tensors);
 }
 
 Result<DaemonStatus> Client::GetStatus() {
-  CKPT_ASSIGN_OR_RETURN(json r, connection_->CallRetrying("status"));
-  return Decode("status", [&] {
-    DaemonStatus s;
-    s.version = r.at("version").get<std::string>();
-    s.protocol = r.at("protocol").get<int>();
-    s.pid = r.at("pid").get<int64_t>();
-    s.uptime_s = r.at("uptime_s").get<int64_t>();
-    s.shm_prefix = r.at("shm_prefix").get<std::string>();
-    s.checkpoints = r.at("checkpoints").get<uint64_t>();
-    s.loading = r.at("loading").get<uint64_t>();
-    s.shm_bytes = r.at("shm_bytes").get<uint64_t>();
-    s.attached = r.at("attached").get<uint64_t>();
-    s.connections = r.at("connections").get<int64_t>();
-    return s;
-  });
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("status"));
+  return protocol::DecodeAs<DaemonStatus>(response);
+}
+
+Result<VerifyResult> Client::Verify(const std::string& name) {
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("verify", protocol::Encode(protocol::NameRequest{name})));
+  return protocol::DecodeAs<VerifyResult>(response);
+}
+
+Result<std::string> Client::Metrics() {
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("metrics"));
+  CKPT_ASSIGN_OR_RETURN(auto decoded, protocol::DecodeAs<protocol::MetricsResponse>(response));
+  return std::move(decoded.text);
 }
 
 Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
   CKPT_ASSIGN_OR_RETURN(auto lease, DaemonConnection::Open(socket_path_));
   UniqueFd segment_fd;
-  CKPT_ASSIGN_OR_RETURN(json response, lease->Call("attach", json{{"name", name}}, nullptr, &segment_fd));
-  auto shm_name = Decode("attach", [&] { return response.at("checkpoint").at("shm_name").get<std::string>(); });
-  if (!shm_name.ok()) return shm_name.status();
+  protocol::AttachRequest request;
+  request.name = name;
+  CKPT_ASSIGN_OR_RETURN(json response,
+                        lease->Call(protocol::AttachRequest::kOp, protocol::Encode(request), nullptr, &segment_fd));
+  CKPT_ASSIGN_OR_RETURN(auto attached, protocol::DecodeAs<protocol::CheckpointResponse>(response));
+  const std::string& shm_name = attached.checkpoint.shm_name;
   std::unique_ptr<shm::SegmentReader> segment;
   if (segment_fd.valid()) {
     // The daemon's read-only descriptor: map it, then validate the image as usual.
-    CKPT_ASSIGN_OR_RETURN(auto mapping, shm::ShmMapping::FromFd(segment_fd.get(), *shm_name));
+    CKPT_ASSIGN_OR_RETURN(auto mapping, shm::ShmMapping::FromFd(segment_fd.get(), shm_name));
     const std::byte* data = mapping->data();
     const uint64_t size = mapping->size();
     CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::FromImage(std::move(mapping), data, size));
   } else {
     // A daemon that passes no descriptor (older protocol): open the object by name.
-    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::Open(*shm_name));
+    if (shm_name.empty()) return Corrupt("malformed attach response from ckptd: no 'shm_name' and no descriptor");
+    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::Open(shm_name));
   }
   if (segment->checkpoint_name() != name) {
-    return Corrupt("segment " + *shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
+    return Corrupt("segment " + shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
   }
-  return std::unique_ptr<Checkpoint>(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
+  std::unique_ptr<Checkpoint> checkpoint(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
+  CKPT_RETURN_IF_ERROR(checkpoint->StartLeaseKeeper());
+  return checkpoint;
 }
 
 Result<std::string> Client::Rendezvous(const std::string& job, int rank, int world, const std::string& value,
@@ -153,12 +161,17 @@ Result<std::string> Client::Rendezvous(const std::string& job, int rank, int wor
   // may be another thread of this process, calling through this same Client). There is
   // no client-side read timeout; the daemon bounds the wait by timeout_s.
   CKPT_ASSIGN_OR_RETURN(auto connection, DaemonConnection::Open(socket_path_));
-  json fields{{"job", job}, {"rank", rank}, {"world", world}, {"timeout_s", timeout_s}};
-  if (rank == 0 || !value.empty()) fields["value"] = HexEncode(value);
-  CKPT_ASSIGN_OR_RETURN(json response, connection->Call("rendezvous", std::move(fields)));
-  auto hex = Decode("rendezvous", [&] { return response.at("value").get<std::string>(); });
-  if (!hex.ok()) return hex.status();
-  auto bytes = HexDecode(*hex);
+  protocol::RendezvousRequest request;
+  request.job = job;
+  request.rank = rank;
+  request.world = world;
+  request.timeout_s = timeout_s;
+  request.has_value = rank == 0 || !value.empty();
+  if (request.has_value) request.value_hex = HexEncode(value);
+  CKPT_ASSIGN_OR_RETURN(json response,
+                        connection->Call(protocol::RendezvousRequest::kOp, protocol::Encode(request)));
+  CKPT_ASSIGN_OR_RETURN(auto decoded, protocol::DecodeAs<protocol::RendezvousResponse>(response));
+  auto bytes = HexDecode(decoded.value_hex);
   if (!bytes.ok()) return Corrupt("malformed rendezvous response from ckptd: " + bytes.status().message());
   return bytes;
 }

@@ -8,7 +8,7 @@ constexpr const char* kNames[] = {
     "ok",        "invalid_argument",   "not_found",   "already_exists",
     "corrupt",   "unsupported",        "resource_exhausted", "failed_precondition",
     "unavailable", "io_error",         "internal",    "permission_denied",
-    "deadline_exceeded",
+    "deadline_exceeded", "cancelled",
 };
 constexpr int kNameCount = sizeof(kNames) / sizeof(kNames[0]);
 }  // namespace
@@ -47,6 +47,7 @@ Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
 Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 Status PermissionDenied(std::string m) { return {StatusCode::kPermissionDenied, std::move(m)}; }
 Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
 Status ErrnoError(const std::string& what, int err) {
   return IoError(what + ": " + std::strerror(err));

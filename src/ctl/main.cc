@@ -1,4 +1,7 @@
-// ckptctl: the operator's command line for ckptd.
+// ckptctl: the operator's command line for ckptd, written on the public client API
+// (include/ckpt/client.h). --json prints the typed responses in their wire encoding
+// (src/protocol/messages.cc); tables and messages escape what came from the daemon.
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -9,13 +12,15 @@
 #include <utility>
 #include <vector>
 
-#include "protocol/daemon_connection.h"
-#include "protocol/wire.h"
+#include "ckpt/client.h"
 #include "ctl/table.h"
+#include "protocol/messages.h"
+#include "protocol/wire.h"
 
 namespace {
 
 using ckpt::ctl::HumanBytes;
+using ckpt::ctl::Printable;
 using ckpt::ctl::RenderTable;
 using nlohmann::json;
 
@@ -25,7 +30,7 @@ struct Options {
 };
 
 int Fail(const ckpt::Status& status) {
-  std::fprintf(stderr, "ckptctl: %s\n", status.message().c_str());
+  std::fprintf(stderr, "ckptctl: %s\n", Printable(status.message()).c_str());
   return 1;
 }
 
@@ -93,101 +98,130 @@ class ProgressBar {
   bool drawn_ = false;
 };
 
-ckpt::Result<json> Call(const Options& o, const std::string& op, json fields = json::object(),
-                        const std::function<void(const json&)>& on_event = nullptr) {
-  CKPT_ASSIGN_OR_RETURN(auto connection, ckpt::protocol::DaemonConnection::Open(o.socket));
-  return connection->Call(op, std::move(fields), on_event);
-}
 
-void PrintJson(const json& j) { std::cout << j.dump(2) << "\n"; }
+ckpt::Result<std::unique_ptr<ckpt::Client>> Connect(const Options& o) { return ckpt::Client::Connect(o.socket); }
 
-std::vector<std::string> CheckpointRow(const json& c) {
-  return {c.at("name").get<std::string>(),
-          std::to_string(c.at("generation").get<uint64_t>()),
-          std::to_string(c.at("tensor_count").get<uint64_t>()),
-          HumanBytes(c.at("data_bytes").get<uint64_t>()),
-          std::to_string(c.at("attached").get<uint32_t>()),
-          Seconds(c.at("load_seconds").get<double>()),
-          LocalTime(c.at("loaded_unix_s").get<int64_t>()),
-          c.at("source").get<std::string>()};
+void PrintJson(const json& j) { std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
+
+std::vector<std::string> CheckpointRow(const ckpt::CheckpointSummary& c) {
+  return {c.name,
+          std::to_string(c.generation),
+          std::to_string(c.tensor_count),
+          HumanBytes(c.data_bytes),
+          std::to_string(c.attached),
+          Seconds(c.load_seconds),
+          LocalTime(c.loaded_unix_s),
+          c.source};
 }
 const std::vector<std::string> kCheckpointHeader = {"NAME", "GEN", "TENSORS", "SIZE", "ATTACHED",
                                                     "LOAD TIME", "LOADED", "SOURCE"};
 
-int Load(const Options& o, const std::string& path, const std::string& name, bool replace) {
-  std::string absolute = path;
-  if (!path.empty() && path[0] != '/') {
-    char cwd[4096];
-    if (::getcwd(cwd, sizeof(cwd)) != nullptr) absolute = std::string(cwd) + "/" + path;
-  }
+// SIGINT during a load: the first one cancels it (the daemon publishes nothing), a
+// second one ends ckptctl at once.
+volatile sig_atomic_t g_interrupts = 0;
+void OnInterrupt(int) {
+  if (++g_interrupts > 1) _exit(130);
+}
+
+int Load(const Options& o, const std::string& path, const std::string& name, bool replace, bool allow_expansion) {
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
   const bool show_progress = !o.json_output && ::isatty(STDERR_FILENO);
-  json fields{{"path", absolute}, {"progress", show_progress}};
-  if (!name.empty()) fields["name"] = name;
-  if (replace) fields["replace"] = true;
-  ckpt::Result<json> response = ckpt::Internal("unreached");
+  struct sigaction action {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  struct sigaction previous {};
+  ::sigaction(SIGINT, &action, &previous);
+  ckpt::LoadOptions options;
+  options.name = name;
+  options.replace = replace;
+  options.allow_expansion = allow_expansion;
+  ckpt::Result<ckpt::LoadResult> result = ckpt::Internal("unreached");
   {
     ProgressBar bar;
-    response = Call(o, "load", fields, [&](const json& e) {
-      bar.Update(e.value("done", uint64_t{0}), e.value("total", uint64_t{0}));
-    });
+    // Progress events come about every 100 ms whether or not a bar is drawn: each is a
+    // chance to cancel.
+    options.progress = [&](uint64_t done, uint64_t total) {
+      if (g_interrupts > 0) return false;
+      if (show_progress) bar.Update(done, total);
+      return true;
+    };
+    result = (*client)->Load(path, options);
   }
-  if (!response.ok()) return Fail(response.status());
-  const json& c = response->at("checkpoint");
+  ::sigaction(SIGINT, &previous, nullptr);
+  if (!result.ok()) {
+    if (result.status().code() == ckpt::StatusCode::kCancelled) {
+      std::fprintf(stderr, "ckptctl: load cancelled; nothing was published\n");
+      return 130;
+    }
+    return Fail(result.status());
+  }
+  const ckpt::CheckpointSummary& c = result->checkpoint;
   if (o.json_output) {
-    PrintJson(*response);
+    PrintJson(ckpt::protocol::Encode(*result));
   } else {
-    const double secs = c.at("load_seconds").get<double>();
-    const uint64_t bytes = c.at("data_bytes").get<uint64_t>();
-    std::printf("loaded '%s' (generation %llu): %llu tensors, %s in %s (%s/s)\n",
-                c.at("name").get<std::string>().c_str(),
-                static_cast<unsigned long long>(c.at("generation").get<uint64_t>()),
-                static_cast<unsigned long long>(c.at("tensor_count").get<uint64_t>()), HumanBytes(bytes).c_str(),
-                Seconds(secs).c_str(), HumanBytes(static_cast<uint64_t>(bytes / std::max(secs, 1e-9))).c_str());
+    const double secs = c.load_seconds;
+    std::printf("loaded '%s' (generation %llu): %llu tensors, %s in %s (%s/s)\n", Printable(c.name).c_str(),
+                static_cast<unsigned long long>(c.generation), static_cast<unsigned long long>(c.tensor_count),
+                HumanBytes(c.data_bytes).c_str(), Seconds(secs).c_str(),
+                HumanBytes(static_cast<uint64_t>(c.data_bytes / std::max(secs, 1e-9))).c_str());
   }
   return 0;
 }
 
 int Evict(const Options& o, const std::string& name, bool force, double wait_s) {
-  json fields{{"name", name}, {"force", force}};
-  if (wait_s > 0) fields["wait_s"] = wait_s;
-  auto response = Call(o, "evict", fields);
-  if (!response.ok()) return Fail(response.status());
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  ckpt::EvictOptions options;
+  options.force = force;
+  options.wait_s = wait_s;
+  auto evicted = (*client)->Evict(name, options);
+  if (!evicted.ok()) return Fail(evicted.status());
   if (o.json_output) {
-    PrintJson(*response);
+    PrintJson(ckpt::protocol::Encode(ckpt::protocol::CheckpointResponse{*evicted}));
   } else {
-    std::printf("evicted '%s'\n", name.c_str());
+    std::printf("evicted '%s'\n", Printable(name).c_str());
   }
   return 0;
 }
 
 int List(const Options& o) {
-  auto response = Call(o, "list");
-  if (!response.ok()) return Fail(response.status());
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  auto list = (*client)->ListAll();
+  if (!list.ok()) return Fail(list.status());
   if (o.json_output) {
-    PrintJson(*response);
+    PrintJson(ckpt::protocol::Encode(*list));
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
-  for (const json& c : response->at("checkpoints")) rows.push_back(CheckpointRow(c));
-  for (const json& n : response->at("loading")) rows.push_back({n.get<std::string>(), "-", "-", "-", "-", "loading", "-", "-"});
+  for (const auto& c : list->checkpoints) rows.push_back(CheckpointRow(c));
+  for (const auto& n : list->loading) rows.push_back({n, "-", "-", "-", "-", "loading", "-", "-"});
   std::cout << RenderTable(kCheckpointHeader, rows, {1, 2, 3, 4, 5});
   return 0;
 }
 
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (int64_t d : shape) text += (text.size() > 1 ? ", " : "") + std::to_string(d);
+  return text + "]";
+}
+
 int Info(const Options& o, const std::string& name) {
-  auto response = Call(o, "info", json{{"name", name}});
-  if (!response.ok()) return Fail(response.status());
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  auto info = (*client)->GetInfo(name);
+  if (!info.ok()) return Fail(info.status());
   if (o.json_output) {
-    PrintJson(*response);
+    PrintJson(ckpt::protocol::Encode(*info));
     return 0;
   }
-  std::cout << RenderTable(kCheckpointHeader, {CheckpointRow(response->at("checkpoint"))}, {1, 2, 3, 4, 5}) << "\n";
+  std::cout << RenderTable(kCheckpointHeader, {CheckpointRow(info->checkpoint)}, {1, 2, 3, 4, 5}) << "\n";
   std::vector<std::vector<std::string>> rows;
-  for (const json& t : response->at("tensors")) {
-    std::string shape = "[";
-    for (const json& d : t.at("shape")) shape += (shape.size() > 1 ? ", " : "") + std::to_string(d.get<int64_t>());
-    rows.push_back({t.at("name").get<std::string>(), t.at("dtype").get<std::string>(), shape + "]",
-                    HumanBytes(t.at("nbytes").get<uint64_t>()), t.at("checksum").get<std::string>()});
+  for (const ckpt::TensorInfo& t : info->tensors) {
+    char checksum[17];
+    std::snprintf(checksum, sizeof(checksum), "%016llx", static_cast<unsigned long long>(t.checksum));
+    rows.push_back({t.name, ckpt::DTypeName(t.dtype), ShapeText(t.shape), HumanBytes(t.nbytes), checksum});
   }
   std::cout << RenderTable({"TENSOR", "DTYPE", "SHAPE", "SIZE", "XXH3"}, rows, {3});
   return 0;
@@ -195,68 +229,68 @@ int Info(const Options& o, const std::string& name) {
 
 // Exit status 0 when every tensor matches its checksum, 1 on a mismatch or an error.
 int Verify(const Options& o, const std::string& name) {
-  auto response = Call(o, "verify", json{{"name", name}});
-  if (!response.ok()) return Fail(response.status());
-  const json& r = *response;
-  const bool ok = r.at("passed").get<bool>();
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  auto result = (*client)->Verify(name);
+  if (!result.ok()) return Fail(result.status());
+  const ckpt::VerifyResult& r = *result;
   if (o.json_output) {
-    PrintJson(r);
-    return ok ? 0 : 1;
+    PrintJson(ckpt::protocol::Encode(r));
+    return r.passed ? 0 : 1;
   }
-  if (ok) {
-    std::printf("OK: '%s' (generation %llu): %llu tensors, %s match their checksums (%s)\n", name.c_str(),
-                static_cast<unsigned long long>(r.at("generation").get<uint64_t>()),
-                static_cast<unsigned long long>(r.at("tensors").get<uint64_t>()),
-                HumanBytes(r.at("bytes").get<uint64_t>()).c_str(), Seconds(r.at("seconds").get<double>()).c_str());
+  if (r.passed) {
+    std::printf("OK: '%s' (generation %llu): %llu tensors, %s match their checksums (%s)\n", Printable(name).c_str(),
+                static_cast<unsigned long long>(r.generation), static_cast<unsigned long long>(r.tensors),
+                HumanBytes(r.bytes).c_str(), Seconds(r.seconds).c_str());
     return 0;
   }
-  std::printf("MISMATCH: '%s' (generation %llu): %llu of %llu tensors differ from their checksums:\n", name.c_str(),
-              static_cast<unsigned long long>(r.at("generation").get<uint64_t>()),
-              static_cast<unsigned long long>(r.at("mismatch_count").get<uint64_t>()),
-              static_cast<unsigned long long>(r.at("tensors").get<uint64_t>()));
-  for (const json& t : r.at("mismatched")) std::printf("  %s\n", t.get<std::string>().c_str());
-  if (r.at("mismatch_count").get<uint64_t>() > r.at("mismatched").size()) std::printf("  ...\n");
+  std::printf("MISMATCH: '%s' (generation %llu): %llu of %llu tensors differ from their checksums:\n",
+              Printable(name).c_str(), static_cast<unsigned long long>(r.generation),
+              static_cast<unsigned long long>(r.mismatch_count), static_cast<unsigned long long>(r.tensors));
+  for (const std::string& t : r.mismatched) std::printf("  %s\n", Printable(t).c_str());
+  if (r.mismatch_count > r.mismatched.size()) std::printf("  ...\n");
   return 1;
 }
 
 int Status(const Options& o) {
-  auto response = Call(o, "status");
-  if (!response.ok()) return Fail(response.status());
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  auto status = (*client)->GetStatus();
+  if (!status.ok()) return Fail(status.status());
+  const ckpt::DaemonStatus& s = *status;
   if (o.json_output) {
-    PrintJson(*response);
+    PrintJson(ckpt::protocol::Encode(s));
     return 0;
   }
-  const json& s = *response;
   std::cout << RenderTable({"FIELD", "VALUE"},
-                           {{"version", s.at("version").get<std::string>()},
-                            {"pid", std::to_string(s.at("pid").get<int64_t>())},
-                            {"uptime", std::to_string(s.at("uptime_s").get<int64_t>()) + " s"},
-                            {"socket", s.at("socket").get<std::string>()},
-                            {"shm prefix", s.at("shm_prefix").get<std::string>()},
-                            {"checkpoints", std::to_string(s.at("checkpoints").get<uint64_t>())},
-                            {"loading", std::to_string(s.at("loading").get<uint64_t>())},
-                            {"shared memory", HumanBytes(s.at("shm_bytes").get<uint64_t>())},
-                            {"attachments", std::to_string(s.at("attached").get<uint64_t>())},
-                            {"connections", std::to_string(s.at("connections").get<int64_t>())},
-                            {"memory budget", s.value("memory_budget_bytes", uint64_t{0}) == 0
-                                                  ? std::string("none")
-                                                  : HumanBytes(s.value("memory_budget_bytes", uint64_t{0}))},
-                            {"memory used", HumanBytes(s.value("memory_used_bytes", uint64_t{0}))},
-                            {"your role", s.value("your_role", std::string("?"))}});
+                           {{"version", s.version},
+                            {"pid", std::to_string(s.pid)},
+                            {"uptime", std::to_string(s.uptime_s) + " s"},
+                            {"socket", s.socket},
+                            {"shm prefix", s.shm_prefix},
+                            {"checkpoints", std::to_string(s.checkpoints)},
+                            {"loading", std::to_string(s.loading)},
+                            {"shared memory", HumanBytes(s.shm_bytes)},
+                            {"attachments", std::to_string(s.attached)},
+                            {"connections", std::to_string(s.connections) + " (max " +
+                                                std::to_string(s.max_connections) + ", " +
+                                                std::to_string(s.max_connections_per_uid) + " per user, " +
+                                                std::to_string(s.admin_reserved_connections) + " more for admins)"},
+                            {"memory budget", s.memory_budget_bytes == 0 ? std::string("none")
+                                                                         : HumanBytes(s.memory_budget_bytes)},
+                            {"memory used", HumanBytes(s.memory_used_bytes)},
+                            {"your role", s.your_role}});
   // Per generation: current ones, then retired ones still attached.
   std::vector<std::vector<std::string>> rows;
-  auto add = [&](const json& c, const char* state) {
+  auto add = [&](const ckpt::CheckpointSummary& c, const char* state) {
     std::string pids;
-    for (const json& p : c.value("attached_pids", json::array())) {
-      pids += (pids.empty() ? "" : ",") + std::to_string(p.get<int64_t>());
-    }
-    rows.push_back({c.at("name").get<std::string>(), std::to_string(c.at("generation").get<uint64_t>()), state,
-                    HumanBytes(c.at("segment_bytes").get<uint64_t>()), std::to_string(c.at("attached").get<uint32_t>()),
-                    pids.empty() ? "-" : pids, Seconds(c.at("load_seconds").get<double>()),
-                    LocalTime(c.at("loaded_unix_s").get<int64_t>())});
+    for (int64_t p : c.attached_pids) pids += (pids.empty() ? "" : ",") + std::to_string(p);
+    rows.push_back({c.name, std::to_string(c.generation), state, HumanBytes(c.segment_bytes),
+                    std::to_string(c.attached), pids.empty() ? "-" : pids, Seconds(c.load_seconds),
+                    LocalTime(c.loaded_unix_s)});
   };
-  for (const json& c : s.value("checkpoint_list", json::array())) add(c, "current");
-  for (const json& c : s.value("retired", json::array())) add(c, "retired");
+  for (const auto& c : s.checkpoint_list) add(c, "current");
+  for (const auto& c : s.retired) add(c, "retired");
   if (!rows.empty()) {
     std::cout << "\n"
               << RenderTable({"NAME", "GEN", "STATE", "SIZE", "ATTACHED", "PIDS", "LOAD TIME", "LOADED"}, rows,
@@ -266,12 +300,14 @@ int Status(const Options& o) {
 }
 
 int Metrics(const Options& o) {
-  auto response = Call(o, "metrics");
-  if (!response.ok()) return Fail(response.status());
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  auto text = (*client)->Metrics();
+  if (!text.ok()) return Fail(text.status());
   if (o.json_output) {
-    PrintJson(*response);
+    PrintJson(ckpt::protocol::Encode(ckpt::protocol::MetricsResponse{*text}));
   } else {
-    std::cout << response->at("text").get<std::string>();
+    std::cout << *text;  // Prometheus text: label values are escaped by the daemon
   }
   return 0;
 }
@@ -286,7 +322,7 @@ int main(int argc, char** argv) {
   app.add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
 
   std::string path, name;
-  bool force = false, replace = false;
+  bool force = false, replace = false, allow_expansion = false;
   double wait_s = 0;
   auto* load = app.add_subcommand("load", "load a checkpoint file into shared memory");
   load->add_option("path", path, "checkpoint file or model folder (safetensors, sharded *.index.json, PyTorch .bin/.pt)")->required();
@@ -294,6 +330,8 @@ int main(int argc, char** argv) {
   load->add_flag("--replace", replace,
                  "publish a new generation under an existing name; clients attached to the old "
                  "one keep it until they detach");
+  load->add_flag("--allow-expansion", allow_expansion,
+                 "admit a checkpoint whose shared-memory size is far above its file size");
   auto* evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
   evict->add_option("name", name, "checkpoint name")->required();
   evict->add_flag("--force", force, "evict even while processes are attached (they keep their mapping)");
@@ -315,15 +353,15 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    if (*load) return Load(o, path, name, replace);
+    if (*load) return Load(o, path, name, replace, allow_expansion);
     if (*evict) return Evict(o, name, force, wait_s);
     if (*list) return List(o);
     if (*info) return Info(o, name);
     if (*status) return Status(o);
     if (*metrics) return Metrics(o);
     if (*verify) return Verify(o, name);
-  } catch (const json::exception& e) {
-    return Fail(ckpt::Corrupt(std::string("malformed response from ckptd: ") + e.what()));
+  } catch (const std::exception& e) {
+    return Fail(ckpt::Internal(std::string("ckptctl failed: ") + e.what()));
   }
   return 1;
 }

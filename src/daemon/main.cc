@@ -54,6 +54,20 @@ int main(int argc, char** argv) {
   app.add_option("--load-threads", options.load_threads, "reader threads per load")->capture_default_str();
   app.add_option("--max-connections", options.max_connections, "concurrent client connections")
       ->capture_default_str();
+  app.add_option("--max-connections-per-uid", options.max_connections_per_uid,
+                 "concurrent connections one user may hold")
+      ->capture_default_str();
+  app.add_option("--admin-reserved-connections", options.admin_reserved_connections,
+                 "extra connections kept for root and the admin group when the others are taken")
+      ->capture_default_str();
+  app.add_option("--frame-timeout", options.frame_timeout_s,
+                 "seconds a request frame may take to arrive whole (and a response to be taken)")
+      ->capture_default_str();
+  app.add_option("--idle-timeout", options.idle_timeout_s,
+                 "seconds after which a connection without an attachment that sends nothing is closed")
+      ->capture_default_str();
+  app.add_option("--rendezvous-per-uid", options.rendezvous_per_uid, "live rendezvous jobs one user may hold")
+      ->capture_default_str();
   app.add_flag("--cleanup-on-exit", options.cleanup_on_exit,
                "unlink every segment on shutdown instead of leaving it for the next start");
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();

@@ -29,22 +29,44 @@ void RendezvousTable::ExpireLocked(std::chrono::steady_clock::time_point now) {
   }
 }
 
-Result<uint64_t> RendezvousTable::Publish(const std::string& job, int world, std::string value) {
+size_t RendezvousTable::CountOwnedLocked(uint32_t owner) const {
+  size_t n = 0;
+  for (auto it = entries_.lower_bound(Key(owner, std::string())); it != entries_.end() && it->first.first == owner;
+       ++it) {
+    ++n;
+  }
+  return n;
+}
+
+bool RendezvousTable::OtherOwnerHasLocked(uint32_t owner, const std::string& job) const {
+  for (const auto& [key, entry] : entries_) {
+    if (key.first != owner && key.second == job) return true;
+  }
+  return false;
+}
+
+Result<uint64_t> RendezvousTable::Publish(uint32_t owner, const std::string& job, int world, std::string value) {
   if (world < 1) return InvalidArgument("world must be at least 1, not " + std::to_string(world));
   std::lock_guard<std::mutex> lock(mu_);
   const auto now = Now();
   ExpireLocked(now);
   const uint64_t generation = next_generation_++;
+  const Key key(owner, job);
   if (world == 1) {  // no other rank will ever fetch it
-    entries_.erase(job);
+    entries_.erase(key);
     return generation;
   }
-  auto it = entries_.find(job);
+  auto it = entries_.find(key);
   if (it == entries_.end() && entries_.size() >= options_.max_entries) {
     return ResourceExhausted("too many rendezvous in progress (" + std::to_string(entries_.size()) +
                              "); job '" + job + "' refused");
   }
-  Entry& e = entries_[job];
+  if (it == entries_.end() && CountOwnedLocked(owner) >= options_.max_entries_per_uid) {
+    return ResourceExhausted("uid " + std::to_string(owner) + " already has " +
+                             std::to_string(options_.max_entries_per_uid) +
+                             " rendezvous in progress (the per-user limit); job '" + job + "' refused");
+  }
+  Entry& e = entries_[key];
   e.value = std::move(value);
   e.world = world;
   e.generation = generation;
@@ -54,7 +76,7 @@ Result<uint64_t> RendezvousTable::Publish(const std::string& job, int world, std
   return generation;
 }
 
-Result<std::string> RendezvousTable::Await(const std::string& job, int rank, int world,
+Result<std::string> RendezvousTable::Await(uint32_t owner, const std::string& job, int rank, int world,
                                            std::chrono::duration<double> timeout,
                                            const std::function<Status()>& interrupted) {
   if (world < 2 || rank < 1 || rank >= world) {
@@ -68,7 +90,7 @@ Result<std::string> RendezvousTable::Await(const std::string& job, int rank, int
   for (;;) {
     if (shut_down_) return Unavailable("ckptd is stopping");
     ExpireLocked(Now());
-    auto it = entries_.find(job);
+    auto it = entries_.find(Key(owner, job));
     if (it != entries_.end()) {
       Entry& e = it->second;
       if (e.world != world) {
@@ -82,6 +104,11 @@ Result<std::string> RendezvousTable::Await(const std::string& job, int rank, int
     }
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) {
+      if (OtherOwnerHasLocked(owner, job)) {
+        return PermissionDenied("job '" + job + "' was published by another user; rendezvous entries are visible "
+                                "only to the uid that published them (uid " + std::to_string(owner) + " waited " +
+                                Seconds(timeout.count()) + " s)");
+      }
       return DeadlineExceeded("no rank 0 published job '" + job + "' within " + Seconds(timeout.count()) + " s");
     }
     changed_.wait_until(lock, std::min(deadline, now + options_.poll_interval));

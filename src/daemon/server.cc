@@ -11,10 +11,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 #include <spdlog/spdlog.h>
 #include <systemd/sd-daemon.h>
 
+#include "daemon/connection_limits.h"
+#include "daemon/metrics.h"
+#include "daemon/policy.h"
 #include "daemon/request_handler.h"
+#include "protocol/messages.h"
 #include "protocol/wire.h"
 #include "shm/segment_reader.h"
 #include "shm/shm_object.h"
@@ -31,10 +36,35 @@ Status ValidateOptions(const ServerOptions& o) {
   }
   if (o.load_threads < 1 || o.load_threads > 256) return InvalidArgument("load threads must be 1 to 256");
   if (o.max_connections < 1) return InvalidArgument("max connections must be >= 1");
+  if (o.max_connections_per_uid < 1) return InvalidArgument("max connections per uid must be >= 1");
+  if (o.admin_reserved_connections < 0 || o.admin_reserved_connections > 1024) {
+    return InvalidArgument("admin reserved connections must be 0 to 1024");
+  }
+  if (!(o.frame_timeout_s > 0 && o.frame_timeout_s <= 3600)) return InvalidArgument("frame timeout must be 0 to 3600 s");
+  if (!(o.idle_timeout_s > 0 && o.idle_timeout_s <= 86400)) return InvalidArgument("idle timeout must be 0 to 86400 s");
+  if (o.rendezvous_per_uid < 1) return InvalidArgument("rendezvous entries per uid must be >= 1");
   if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
   return Status::Ok();
 }
+
+RendezvousTable::Options RendezvousOptionsOf(const ServerOptions& o) {
+  RendezvousTable::Options r;
+  r.max_entries_per_uid = static_cast<size_t>(std::max(1, o.rendezvous_per_uid));
+  return r;
+}
 }  // namespace
+
+Server::Server(ServerOptions options)
+    : options_(std::move(options)),
+      catalog_(options_.memory_budget_bytes),
+      rendezvous_(RendezvousOptionsOf(options_)),
+      limits_(std::make_unique<ConnectionLimits>(ConnectionLimits::Options{
+          options_.max_connections, options_.max_connections_per_uid, options_.admin_reserved_connections})) {}
+
+DaemonContext Server::Context() {
+  return DaemonContext{&options_, &catalog_,    &stopping_, started_unix_s_, limits_.get(),
+                       access_.get(), roots_.get(), &counters_, &rendezvous_};
+}
 
 void SetSegmentOwnership(int fd, const AccessPolicy& access, uint32_t mode) {
   if (access.reader_gid() && ::fchown(fd, static_cast<uid_t>(-1), *access.reader_gid()) != 0) {
@@ -135,10 +165,7 @@ void Server::ReapFinishedConnections() {
 
 void Server::WriteMetricsFile() {
   // The daemon's own view, rendered as for an admin's "metrics" request.
-  RequestHandler handler(DaemonContext{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
-                                       access_.get(), roots_.get(), &counters_, &rendezvous_},
-                         -1, PeerCredentials{static_cast<int32_t>(::getpid()), 0, 0}, Role::kAdmin);
-  const std::string text = handler.Metrics().value("text", "");
+  const std::string text = RenderMetrics(Context());
   const std::string tmp = options_.metrics_file + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "we");
   if (f == nullptr) {
@@ -160,7 +187,7 @@ void Server::NotifyStatus() {
   std::snprintf(status, sizeof(status), "STATUS=%zu checkpoints, %zu loading, %.1f GiB in use%s, %u attached, %d connections",
                 entries.size(), catalog_.Loading().size(), catalog_.UsedBytes() / 1073741824.0,
                 catalog_.budget_bytes() ? (" of " + std::to_string(catalog_.budget_bytes() >> 30) + " GiB").c_str() : "",
-                attached, connection_count_.load());
+                attached, limits_->total());
   if (last_status_ != status) {
     last_status_ = status;
     sd_notify(0, status);
@@ -183,19 +210,7 @@ void Server::Run() {
     UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!client.valid()) continue;
     ++counters_.connections_total;
-    if (connection_count_.load() >= options_.max_connections) {
-      ++counters_.connections_refused;
-      (void)protocol::WriteFrame(client.get(), protocol::ErrorResponse(ResourceExhausted(
-                                                   "too many connections to ckptd")));
-      continue;  // closes it
-    }
-    auto connection = std::make_unique<Connection>();
-    connection->fd = std::move(client);
-    Connection* raw = connection.get();
-    ++connection_count_;
-    std::lock_guard<std::mutex> lock(connections_mu_);
-    connections_.push_back(std::move(connection));
-    raw->thread = std::thread([this, raw] { Serve(raw); });
+    Admit(std::move(client));
   }
 
   // Wake every connection thread (blocked reads return), then wait for all of them.
@@ -221,52 +236,104 @@ void Server::Run() {
   spdlog::info("ckptd stopped");
 }
 
+void Server::Admit(UniqueFd client) {
+  // The peer's credentials decide before anything is spent on it: a caller with no role,
+  // or over its uid's limit, or over the limits, gets one error frame and is closed
+  // here (no thread, no slot). The frame is written without waiting (an empty socket
+  // buffer takes it).
+  auto refuse = [&](const Status& why) {
+    (void)protocol::WriteFrame(client.get(), protocol::ErrorResponse(why), protocol::DeadlineIn(0.05));
+  };
+  auto peer = PeerOf(client.get());
+  if (!peer.ok()) {
+    ++counters_.connections_no_role;
+    refuse(PermissionDenied("ckptd cannot tell who you are: " + peer.status().message()));
+    return;
+  }
+  const Role role = access_->RoleOf(*peer);
+  if (Status admitted = limits_->Admit(*peer, role); !admitted.ok()) {
+    if (role == Role::kNone) {
+      ++counters_.connections_no_role;
+      spdlog::debug("refused a connection of uid {} (no role)", peer->uid);
+    } else {
+      ++counters_.connections_refused;
+      spdlog::debug("refused a connection of uid {}: {}", peer->uid, admitted.message());
+    }
+    refuse(admitted);
+    return;
+  }
+  auto connection = std::make_unique<Connection>();
+  connection->fd = std::move(client);
+  connection->peer = *peer;
+  connection->role = role;
+  Connection* raw = connection.get();
+  std::lock_guard<std::mutex> lock(connections_mu_);
+  connections_.push_back(std::move(connection));
+  try {
+    raw->thread = std::thread([this, raw] { Serve(raw); });
+  } catch (const std::system_error& e) {
+    // No thread for it (RLIMIT_NPROC, memory): answer and close instead of terminating.
+    ++counters_.thread_start_failures;
+    spdlog::warn("cannot start a thread for a connection of uid {}: {}", raw->peer.uid, e.what());
+    (void)protocol::WriteFrame(raw->fd.get(),
+                               protocol::ErrorResponse(ResourceExhausted(
+                                   std::string("ckptd cannot start a thread for this connection: ") + e.what())),
+                               protocol::DeadlineIn(0.05));
+    limits_->Release(raw->peer.uid);
+    connections_.pop_back();
+  }
+}
+
 void Server::Serve(Connection* connection) {
   const int fd = connection->fd.get();
   {
-    auto peer = PeerOf(fd);
-    PeerCredentials cred = peer.ok() ? *peer : PeerCredentials{0, 65534, 65534};  // unknown: nobody
-    const Role role = peer.ok() ? access_->RoleOf(cred) : Role::kNone;
-    DaemonContext context{&options_, &catalog_, &stopping_, started_unix_s_, &connection_count_,
-                          access_.get(), roots_.get(), &counters_, &rendezvous_};
-    RequestHandler handler(context, fd, cred, role);
-    // A frame must arrive whole within 30 s once it began, and a response must be taken
-    // within 30 s; a connection idle for 10 minutes is dropped unless it holds an
-    // attachment (a lease is idle by design).
-    timeval stall{30, 0};
-    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &stall, sizeof(stall));
-    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &stall, sizeof(stall));
+    RequestHandler handler(Context(), fd, connection->peer, connection->role);
+    // A frame must arrive whole within frame_timeout_s once it began, and a response be
+    // taken within it; a connection idle for idle_timeout_s is closed unless it holds an
+    // attachment (a lease is idle by design). The "closing" event tells the client that
+    // no request sent meanwhile was read, so it may send it again elsewhere.
+    const auto idle_limit = std::chrono::duration<double>(options_.idle_timeout_s);
     auto idle_since = std::chrono::steady_clock::now();
     while (!stopping_.load()) {
       pollfd p{fd, POLLIN, 0};
-      const int ready = ::poll(&p, 1, 1000);
+      const int ready = ::poll(&p, 1, 200);
       if (ready < 0 && errno != EINTR) break;
       if (ready <= 0) {
-        if (!handler.holds_attachments() && std::chrono::steady_clock::now() - idle_since > std::chrono::minutes(10)) {
-          spdlog::debug("dropping a connection idle for 10 minutes");
+        if (!handler.holds_attachments() && std::chrono::steady_clock::now() - idle_since > idle_limit) {
+          ++counters_.idle_closed;
+          spdlog::debug("closing a connection of uid {} idle for {} s", connection->peer.uid, options_.idle_timeout_s);
+          (void)protocol::WriteFrame(fd, protocol::Encode(protocol::ClosingEvent{"idle"}), protocol::DeadlineIn(0.05));
           break;
         }
         continue;
       }
-      idle_since = std::chrono::steady_clock::now();
-      auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes);
+      auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes, nullptr,
+                                         protocol::DeadlineIn(options_.frame_timeout_s));
       if (!request.ok()) {
-        // A malformed frame loses the framing: answer once, then drop the connection.
-        if (request.status().code() == StatusCode::kCorrupt) {
-          ++counters_.bad_frames;
-          spdlog::warn("dropping a connection: {}", request.status().message());
-          (void)protocol::WriteFrame(fd, protocol::ErrorResponse(request.status()));
+        // A malformed or late frame loses the framing: answer once, then drop the connection.
+        const StatusCode code = request.status().code();
+        if (code == StatusCode::kCorrupt || code == StatusCode::kDeadlineExceeded) {
+          ++(code == StatusCode::kCorrupt ? counters_.bad_frames : counters_.frame_timeouts);
+          spdlog::warn("dropping a connection of uid {}: {}", connection->peer.uid, request.status().message());
+          const Status why = code == StatusCode::kCorrupt
+                                 ? request.status()
+                                 : DeadlineExceeded("a request frame did not arrive whole within " +
+                                                    std::to_string(options_.frame_timeout_s) + " s");
+          (void)protocol::WriteFrame(fd, protocol::ErrorResponse(why), protocol::DeadlineIn(0.05));
         }
         break;
       }
       nlohmann::json response = handler.Handle(*request);
+      if (handler.drop_connection()) break;
       UniqueFd pass = handler.TakeResponseFd();
-      Status sent = pass.valid() ? protocol::WriteFrameWithFd(fd, response, pass.get())
-                                 : protocol::WriteFrame(fd, response);
+      const auto deadline = protocol::DeadlineIn(options_.frame_timeout_s);
+      Status sent = pass.valid() ? protocol::WriteFrameWithFd(fd, response, pass.get(), deadline)
+                                 : protocol::WriteFrame(fd, response, deadline);
       if (!sent.ok()) break;
+      idle_since = std::chrono::steady_clock::now();
     }
   }  // the handler's destructor releases this connection's attachments
-  --connection_count_;
+  limits_->Release(connection->peer.uid);
   connection->done.store(true);
 }
 

@@ -1,5 +1,6 @@
-// Server: ckptd's control plane. Listens on a Unix socket, serves each connection on its
-// own thread, loads checkpoints into shared memory and tracks attachments.
+// Server: ckptd's control plane. Listens on a Unix socket, admits each connection by its
+// peer's credentials (ConnectionLimits: no role, no slot), serves it on its own thread,
+// loads checkpoints into shared memory and tracks attachments.
 #pragma once
 
 #include <atomic>
@@ -27,7 +28,12 @@ struct ServerOptions {
   uint32_t socket_mode = 0660;
   uint32_t shm_mode = 0640;       // segments are group-owned by the reader group, if any
   int load_threads = 8;
-  int max_connections = 1024;
+  int max_connections = 1024;            // slots for all callers together
+  int max_connections_per_uid = 256;     // slots one uid may hold
+  int admin_reserved_connections = 8;    // more slots for admins when the others are taken
+  double frame_timeout_s = 30;           // a request must arrive whole, a response be taken, within this
+  double idle_timeout_s = 60;            // a connection without an attachment idle this long is closed
+  int rendezvous_per_uid = 64;           // live rendezvous entries one uid may hold
   bool cleanup_on_exit = false;  // unlink every segment on Stop (otherwise re-adopted later)
   uint64_t memory_budget_bytes = 0;      // 0: no budget (only /dev/shm's size limits loads)
   std::vector<std::string> model_roots;  // empty: loads from any absolute path
@@ -50,7 +56,15 @@ struct DaemonCounters {
   std::atomic<uint64_t> connections_refused{0};
   std::atomic<uint64_t> bad_frames{0};
   std::atomic<uint64_t> rendezvous{0};
+  std::atomic<uint64_t> loads_cancelled{0};
+  std::atomic<uint64_t> connections_no_role{0};
+  std::atomic<uint64_t> thread_start_failures{0};
+  std::atomic<uint64_t> idle_closed{0};
+  std::atomic<uint64_t> frame_timeouts{0};
 };
+
+struct DaemonContext;
+class ConnectionLimits;
 
 // Gives the segment open at `fd` the reader group (if configured) and mode `mode`;
 // failures are logged, not fatal.
@@ -73,12 +87,16 @@ class Server {
  private:
   struct Connection {
     UniqueFd fd;
+    PeerCredentials peer;
+    Role role = Role::kNone;
     std::thread thread;
     std::atomic<bool> done{false};
   };
 
-  explicit Server(ServerOptions options)
-      : options_(std::move(options)), catalog_(options_.memory_budget_bytes) {}
+  explicit Server(ServerOptions options);
+  // Admits or refuses a connection just accepted (in the accept loop; never blocks).
+  void Admit(UniqueFd client);
+  DaemonContext Context();
   Status AdoptExistingSegments();
   void Serve(Connection* connection);
   void ReapFinishedConnections();
@@ -91,6 +109,7 @@ class Server {
   ServerOptions options_;
   Catalog catalog_;
   RendezvousTable rendezvous_;  // blobs ranks of a job exchange (NCCL unique ids)
+  std::unique_ptr<ConnectionLimits> limits_;
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<ModelRoots> roots_;
   DaemonCounters counters_;
@@ -99,7 +118,6 @@ class Server {
   std::atomic<bool> stopping_{false};
   std::mutex connections_mu_;
   std::list<std::unique_ptr<Connection>> connections_;
-  std::atomic<int> connection_count_{0};
   int64_t started_unix_s_ = 0;
 };
 

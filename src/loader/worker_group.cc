@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -17,8 +18,9 @@ Status RunWorkers(int threads, const std::function<Status(int, const std::atomic
   Status first_error;  // guarded by mu
   int running = std::max(1, threads);
   std::vector<std::thread> pool;
-  for (int id = 0, n = running; id < n; ++id) {
-    pool.emplace_back([&, id] {
+  const int wanted = running;
+  for (int id = 0; id < wanted; ++id) {
+    auto body = [&, id] {
       Status st;
       try {
         st = worker(id, stop);
@@ -30,7 +32,20 @@ Status RunWorkers(int threads, const std::function<Status(int, const std::atomic
       if (!st.ok()) stop.store(true);
       --running;
       cv.notify_all();
-    });
+    };
+    try {
+      pool.emplace_back(body);
+    } catch (const std::system_error& e) {
+      // No thread (RLIMIT_NPROC, memory): stop the ones started and report it.
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok()) {
+        first_error = ResourceExhausted("cannot start worker thread " + std::to_string(id + 1) + " of " +
+                                        std::to_string(wanted) + ": " + e.what());
+      }
+      stop.store(true);
+      running -= wanted - id;  // those never started
+      break;
+    }
   }
   {
     std::unique_lock<std::mutex> lock(mu);

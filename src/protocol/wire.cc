@@ -1,5 +1,6 @@
 #include "protocol/wire.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -7,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
 #include "common/io.h"
@@ -14,16 +16,6 @@
 namespace ckpt::protocol {
 
 using nlohmann::json;
-
-Status WriteFrame(int fd, const json& message) {
-  std::string body = message.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (body.size() > kMaxResponseBytes) return ResourceExhausted("message too large to send");
-  std::string frame(4 + body.size(), '\0');
-  uint32_t n = static_cast<uint32_t>(body.size());
-  for (int i = 0; i < 4; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  std::memcpy(frame.data() + 4, body.data(), body.size());
-  return SendAll(fd, frame.data(), frame.size());
-}
 
 namespace {
 std::string Encode(const json& message) {
@@ -35,10 +27,45 @@ std::string Encode(const json& message) {
   return frame;
 }
 
-// Reads exactly `size` bytes with recvmsg, keeping the first descriptor passed with them.
-Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd) {
+// Waits until `fd` is ready for `events` or `deadline` passes (DeadlineExceeded).
+Status WaitReady(int fd, short events, Deadline deadline) {
+  if (deadline == kNoDeadline) return Status::Ok();
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return DeadlineExceeded("the peer did not complete a frame in time");
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count() + 1;
+    pollfd p{fd, events, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 60000)));
+    if (n < 0 && errno != EINTR) return ErrnoError("poll", errno);
+    if (n > 0) return Status::Ok();  // ready, or hung up (the next call reports it)
+  }
+}
+
+// Sends all of `size` bytes by `deadline`, without raising SIGPIPE.
+Status SendAllUntil(int fd, const char* p, size_t size, Deadline deadline) {
+  const int flags = MSG_NOSIGNAL | (deadline == kNoDeadline ? 0 : MSG_DONTWAIT);
+  while (size > 0) {
+    ssize_t n = ::send(fd, p, size, flags);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        CKPT_RETURN_IF_ERROR(WaitReady(fd, POLLOUT, deadline));
+        continue;
+      }
+      return ErrnoError("send failed", errno);
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// Reads exactly `size` bytes with recvmsg by `deadline`, keeping the first descriptor
+// passed with them.
+Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd, Deadline deadline) {
   auto* p = static_cast<char*>(buf);
   while (size > 0) {
+    CKPT_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline));
     iovec iov{p, size};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
     msghdr msg{};
@@ -46,9 +73,9 @@ Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd) {
     msg.msg_iovlen = 1;
     msg.msg_control = control;
     msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (deadline == kNoDeadline ? 0 : MSG_DONTWAIT));
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR || (deadline != kNoDeadline && (errno == EAGAIN || errno == EWOULDBLOCK))) continue;
       return ErrnoError("receive failed", errno);
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
@@ -72,7 +99,27 @@ Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd) {
 }
 }  // namespace
 
-Status WriteFrameWithFd(int fd, const json& message, int pass_fd) {
+Deadline DeadlineIn(double seconds) {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+Status WriteFrame(int fd, const json& message, Deadline deadline) {
+  std::string frame = Encode(message);
+  if (frame.size() - 4 > kMaxResponseBytes) return ResourceExhausted("message too large to send");
+  return SendAllUntil(fd, frame.data(), frame.size(), deadline);
+}
+
+bool PeerClosedOrReadable(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  int n;
+  do {
+    n = ::poll(&p, 1, 0);
+  } while (n < 0 && errno == EINTR);
+  return n > 0 && p.revents != 0;
+}
+
+Status WriteFrameWithFd(int fd, const json& message, int pass_fd, Deadline deadline) {
   std::string frame = Encode(message);
   if (frame.size() - 4 > kMaxResponseBytes) return ResourceExhausted("message too large to send");
   iovec iov{frame.data(), 1};
@@ -88,23 +135,32 @@ Status WriteFrameWithFd(int fd, const json& message, int pass_fd) {
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &pass_fd, sizeof(int));
   ssize_t n;
-  do {
-    n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return ErrnoError("send failed", errno);
-  return SendAll(fd, frame.data() + 1, frame.size() - 1);
+  for (;;) {
+    n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | (deadline == kNoDeadline ? 0 : MSG_DONTWAIT));
+    if (n >= 0 || errno == EINTR) {
+      if (n >= 0) break;
+      continue;
+    }
+    if (deadline != kNoDeadline && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      CKPT_RETURN_IF_ERROR(WaitReady(fd, POLLOUT, deadline));
+      continue;
+    }
+    return ErrnoError("send failed", errno);
+  }
+  return SendAllUntil(fd, frame.data() + 1, frame.size() - 1, deadline);
 }
 
-Result<json> ReadFrame(int fd, uint32_t max_bytes, UniqueFd* received_fd) {
+Result<json> ReadFrame(int fd, uint32_t max_bytes, UniqueFd* received_fd, Deadline deadline) {
   unsigned char len[4];
-  CKPT_RETURN_IF_ERROR(RecvAllWithFd(fd, len, 4, received_fd));
+  CKPT_RETURN_IF_ERROR(RecvAllWithFd(fd, len, 4, received_fd, deadline));
   uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<uint32_t>(len[3]) << 24);
   if (n > max_bytes) {
     return Corrupt("frame of " + std::to_string(n) + " bytes exceeds the limit of " +
                    std::to_string(max_bytes));
   }
   std::string body(n, '\0');
-  Status st = RecvAll(fd, body.data(), n);
+  Status st = RecvAllWithFd(fd, body.data(), n, nullptr, deadline);
+  if (st.code() == StatusCode::kDeadlineExceeded) return st;
   if (!st.ok()) return Corrupt("frame cut short: " + st.message());
   json message = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (message.is_discarded() || !message.is_object()) return Corrupt("frame is not a JSON object");

@@ -14,12 +14,14 @@
 #include "ckpt/collective.h"
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
+#include "protocol/messages.h"
 
 namespace py = pybind11;
 
 namespace {
 
 PyObject* g_errors[16] = {};  // indexed by StatusCode
+static_assert(static_cast<int>(ckpt::StatusCode::kCancelled) < 16, "g_errors must hold every StatusCode");
 
 [[noreturn]] void Raise(const ckpt::Status& status) {
   int code = static_cast<int>(status.code());
@@ -38,19 +40,12 @@ void Check(const ckpt::Status& status) {
   if (!status.ok()) Raise(status);
 }
 
-py::dict SummaryDict(const ckpt::CheckpointSummary& s) {
-  py::dict d;
-  d["name"] = s.name;
-  d["generation"] = s.generation;
-  d["source"] = s.source;
-  d["format"] = s.format;
-  d["segment_bytes"] = s.segment_bytes;
-  d["data_bytes"] = s.data_bytes;
-  d["tensor_count"] = s.tensor_count;
-  d["load_seconds"] = s.load_seconds;
-  d["loaded_unix_s"] = s.loaded_unix_s;
-  d["attached"] = s.attached;
-  return d;
+// A message as a Python dict with exactly the fields of its wire encoding
+// (protocol/messages.cc), so the module has no field list of its own to keep in step.
+template <typename T>
+py::object MessageDict(const T& message) {
+  static py::object loads = py::module_::import("json").attr("loads");
+  return loads(ckpt::protocol::Encode(message).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 py::dict TensorDict(const ckpt::TensorInfo& t) {
@@ -200,6 +195,7 @@ PYBIND11_MODULE(_ckpt, m) {
   sub("Internal", ckpt::StatusCode::kInternal);
   sub("PermissionDenied", ckpt::StatusCode::kPermissionDenied, PyExc_PermissionError);
   sub("DeadlineExceeded", ckpt::StatusCode::kDeadlineExceeded, PyExc_TimeoutError);
+  sub("Cancelled", ckpt::StatusCode::kCancelled);
 
   m.def("default_socket_path", &ckpt::Client::DefaultSocketPath);
   m.def("gpu_available", &ckpt::GpuAvailable, "True if the CUDA copy engine is built in and a GPU is usable");
@@ -212,56 +208,90 @@ PYBIND11_MODULE(_ckpt, m) {
             return Unwrap(ckpt::Client::Connect(socket.empty() ? ckpt::Client::DefaultSocketPath() : socket));
           },
           py::arg("socket") = "")
+      // Loads with the GIL released. Every progress tick (about 100 ms) takes the GIL,
+      // runs pending signal handlers (Ctrl-C raises KeyboardInterrupt there) and calls
+      // `progress`; an exception from either cancels the load (the daemon publishes
+      // nothing), the connection is brought back in step, and the exception is raised.
       .def(
           "load",
-          [](ckpt::Client& c, const std::string& path, const std::string& name,
-             std::function<void(uint64_t, uint64_t)> progress) {
-            ckpt::ProgressCallback cb;
-            if (progress) {
-              cb = [&progress](uint64_t done, uint64_t total) {
-                py::gil_scoped_acquire gil;
+          [](ckpt::Client& c, const std::string& path, const std::string& name, py::object progress, bool replace,
+             bool allow_expansion) {
+            ckpt::LoadOptions options;
+            options.name = name;
+            options.replace = replace;
+            options.allow_expansion = allow_expansion;
+            bool raised = false;  // a Python exception is pending (restored in this thread)
+            options.progress = [&](uint64_t done, uint64_t total) {
+              py::gil_scoped_acquire gil;
+              if (PyErr_CheckSignals() != 0) {
+                raised = true;  // the handler's exception (KeyboardInterrupt) is set
+                return false;
+              }
+              if (progress.is_none()) return true;
+              try {
                 progress(done, total);
-              };
+              } catch (py::error_already_set& e) {
+                e.restore();
+                raised = true;
+                return false;
+              }
+              return true;
+            };
+            ckpt::Result<ckpt::LoadResult> r = ckpt::Internal("unreached");
+            {
+              py::gil_scoped_release release;
+              r = c.Load(path, options);
             }
+            if (raised) {
+              if (r.ok()) {
+                // Published before the cancel reached the daemon: say so with the exception.
+                PyErr_WarnEx(PyExc_RuntimeWarning,
+                             ("ckpt: the load of '" + r->checkpoint.name + "' was published before it could be cancelled")
+                                 .c_str(), 1);
+              }
+              throw py::error_already_set();
+            }
+            return MessageDict(Unwrap(std::move(r)).checkpoint);
+          },
+          py::arg("path"), py::arg("name") = "", py::arg("progress") = py::none(), py::arg("replace") = false,
+          py::arg("allow_expansion") = false)
+      .def(
+          "evict",
+          [](ckpt::Client& c, const std::string& name, bool force, double wait) {
+            ckpt::EvictOptions options;
+            options.force = force;
+            options.wait_s = wait;
             ckpt::Result<ckpt::CheckpointSummary> r = ckpt::Internal("unreached");
             {
               py::gil_scoped_release release;
-              r = c.Load(path, name, cb);
+              r = c.Evict(name, options);
             }
-            return SummaryDict(Unwrap(std::move(r)));
+            return MessageDict(Unwrap(std::move(r)));
           },
-          py::arg("path"), py::arg("name") = "", py::arg("progress") = nullptr)
-      .def(
-          "evict", [](ckpt::Client& c, const std::string& name, bool force) { Check(c.Evict(name, force)); },
-          py::arg("name"), py::arg("force") = false)
+          py::arg("name"), py::arg("force") = false, py::arg("wait") = 0.0)
       .def("list",
            [](ckpt::Client& c) {
              py::list out;
-             for (const auto& s : Unwrap(c.List())) out.append(SummaryDict(s));
+             for (const auto& s : Unwrap(c.List())) out.append(MessageDict(s));
              return out;
            })
+      .def("verify",
+           [](ckpt::Client& c, const std::string& name) {
+             ckpt::Result<ckpt::VerifyResult> r = ckpt::Internal("unreached");
+             {
+               py::gil_scoped_release release;
+               r = c.Verify(name);
+             }
+             return MessageDict(Unwrap(std::move(r)));
+           })
+      .def("metrics", [](ckpt::Client& c) { return Unwrap(c.Metrics()); })
       .def("info",
            [](ckpt::Client& c, const std::string& name) {
              py::list out;
              for (const auto& t : Unwrap(c.Info(name))) out.append(TensorDict(t));
              return out;
            })
-      .def("status",
-           [](ckpt::Client& c) {
-             ckpt::DaemonStatus s = Unwrap(c.GetStatus());
-             py::dict d;
-             d["version"] = s.version;
-             d["protocol"] = s.protocol;
-             d["pid"] = s.pid;
-             d["uptime_s"] = s.uptime_s;
-             d["shm_prefix"] = s.shm_prefix;
-             d["checkpoints"] = s.checkpoints;
-             d["loading"] = s.loading;
-             d["shm_bytes"] = s.shm_bytes;
-             d["attached"] = s.attached;
-             d["connections"] = s.connections;
-             return d;
-           })
+      .def("status", [](ckpt::Client& c) { return MessageDict(Unwrap(c.GetStatus())); })
       .def("attach", [](ckpt::Client& c, const std::string& name) {
         return CheckpointPtr(Unwrap(c.Attach(name)));
       })

@@ -1,0 +1,82 @@
+// The daemon's ops, one function each, grouped in files by concern:
+//   ops_load.cc        load (the part that reads files and publishes: LoadAndPublish)
+//   ops_catalog.cc     evict, attach, info, list, status
+//   ops_verify.cc      verify
+//   ops_rendezvous.cc  rendezvous
+//   metrics.cc         metrics (a table of series)
+// Each takes the decoded request (protocol/messages.h) and returns the typed response;
+// roles were checked by the caller (RequestHandler, see daemon/policy.h).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ckpt/client.h"
+#include "ckpt/status.h"
+#include "common/unique_fd.h"
+#include "daemon/access_policy.h"
+#include "daemon/catalog.h"
+#include "daemon/model_roots.h"
+#include "daemon/rendezvous_table.h"
+#include "daemon/server.h"
+#include "protocol/messages.h"
+
+namespace ckpt::daemon {
+
+class ConnectionLimits;
+
+// What every op may use: the daemon's state. Pointers owned by the Server.
+struct DaemonContext {
+  const ServerOptions* options;
+  Catalog* catalog;
+  const std::atomic<bool>* stopping;  // cancels loads and waits in progress
+  int64_t started_unix_s;
+  const ConnectionLimits* limits;
+  const AccessPolicy* access;
+  const ModelRoots* roots;
+  DaemonCounters* counters;
+  RendezvousTable* rendezvous;
+};
+
+// The connection an op runs for.
+struct Caller {
+  int fd = -1;  // the connection (progress events, cancel and hang-up checks); -1: none
+  PeerCredentials peer;
+  Role role = Role::kNone;
+};
+
+// The summary of a catalog entry, as list, load, attach and status report it.
+CheckpointSummary SummaryOf(const CatalogEntry& entry);
+int64_t NowUnixSeconds();
+
+// What a load learned about its connection while it ran.
+struct LoadWatch {
+  bool cancel_consumed = false;  // a cancel frame was read: the answer must be Cancelled
+  bool drop_connection = false;  // the client hung up or broke the protocol
+};
+
+// Loads and publishes a checkpoint. With a connection, it watches it every progress tick
+// (about 100 ms): a cancel frame or a hang-up cancels this load (Cancelled, nothing
+// published); see docs/architecture.md.
+Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const protocol::LoadRequest& request,
+                        LoadWatch* watch);
+Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const protocol::EvictRequest& request);
+// The attachment is recorded for `caller` (released by RequestHandler); `*segment_fd`
+// gets the read-only descriptor to pass with the response.
+Result<protocol::CheckpointResponse> Attach(const DaemonContext& ctx, const Caller& caller,
+                                            const protocol::AttachRequest& request, UniqueFd* segment_fd);
+Result<CheckpointInfo> Info(const DaemonContext& ctx, const protocol::NameRequest& request);
+CheckpointList List(const DaemonContext& ctx);
+DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller);
+// Re-hashes a published checkpoint's tensors against its index checksums. OK with
+// passed == false and the first mismatching tensors when bytes differ; NotFound if unknown.
+Result<VerifyResult> Verify(const DaemonContext& ctx, const protocol::NameRequest& request);
+// Rank 0 publishes a job's hex value (answered at once with it); the other ranks wait up
+// to timeout_s for it, in the caller uid's own namespace (see RendezvousTable).
+Result<protocol::RendezvousResponse> Rendezvous(const DaemonContext& ctx, const Caller& caller,
+                                                const protocol::RendezvousRequest& request);
+
+}  // namespace ckpt::daemon

@@ -1,0 +1,115 @@
+// The catalog ops: evict, attach, info, list, status.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <spdlog/spdlog.h>
+
+#include "daemon/connection_limits.h"
+#include "daemon/ops.h"
+#include "protocol/wire.h"
+
+namespace ckpt::daemon {
+
+int64_t NowUnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+CheckpointSummary SummaryOf(const CatalogEntry& e) {
+  CheckpointSummary s;
+  s.name = e.name;
+  s.generation = e.generation;
+  s.shm_name = e.shm_name;
+  s.source = e.source_path;
+  s.format = e.format;
+  s.segment_bytes = e.segment_bytes;
+  s.data_bytes = e.data_bytes;
+  s.tensor_count = e.tensors ? e.tensors->size() : 0;
+  s.load_seconds = e.load_seconds;
+  s.loaded_unix_s = e.loaded_unix_s;
+  s.attached = e.attached;
+  s.attached_pids.assign(e.attached_pids.begin(), e.attached_pids.end());
+  return s;
+}
+
+Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const protocol::EvictRequest& request) {
+  const std::string& name = request.name;
+  // With a wait, retry until the last client detached (or the deadline passed).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(request.wait_s);
+  auto evicted = ctx.catalog->Evict(name, request.force);
+  while (!evicted.ok() && evicted.status().code() == StatusCode::kFailedPrecondition &&
+         std::chrono::steady_clock::now() < deadline && !ctx.stopping->load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    evicted = ctx.catalog->Evict(name, request.force);
+  }
+  if (!evicted.ok() && request.wait_s > 0 && evicted.status().code() == StatusCode::kFailedPrecondition) {
+    return FailedPrecondition("still attached after waiting " + std::to_string(request.wait_s) + " s: " +
+                              evicted.status().message());
+  }
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, std::move(evicted));
+  spdlog::info("evicted '{}' generation {} ({} attached)", name, entry.generation, entry.attached);
+  return protocol::CheckpointResponse{SummaryOf(entry)};
+}
+
+Result<protocol::CheckpointResponse> Attach(const DaemonContext& ctx, const Caller& caller,
+                                            const protocol::AttachRequest& request, UniqueFd* segment_fd) {
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry,
+                        ctx.catalog->Attach(request.name, caller.peer.pid, request.generation));
+  ++ctx.counters->attaches;
+  // The client maps this read-only descriptor: it needs no access to /dev/shm by name.
+  if (entry.fd) segment_fd->reset(::fcntl(entry.fd->get(), F_DUPFD_CLOEXEC, 0));
+  spdlog::debug("attached '{}' generation {}", request.name, entry.generation);
+  return protocol::CheckpointResponse{SummaryOf(entry)};
+}
+
+Result<CheckpointInfo> Info(const DaemonContext& ctx, const protocol::NameRequest& request) {
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx.catalog->Get(request.name));
+  CheckpointInfo info;
+  info.checkpoint = SummaryOf(entry);
+  if (entry.tensors) info.tensors = *entry.tensors;
+  return info;
+}
+
+CheckpointList List(const DaemonContext& ctx) {
+  CheckpointList list;
+  for (const CatalogEntry& e : ctx.catalog->List()) list.checkpoints.push_back(SummaryOf(e));
+  list.loading = ctx.catalog->Loading();
+  return list;
+}
+
+DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller) {
+  DaemonStatus s;
+  for (const auto& e : ctx.catalog->List()) {
+    s.shm_bytes += e.segment_bytes;
+    s.attached += e.attached;
+    s.checkpoint_list.push_back(SummaryOf(e));
+  }
+  for (const auto& e : ctx.catalog->Retired()) {
+    s.shm_bytes += e.segment_bytes;
+    s.attached += e.attached;
+    s.retired.push_back(SummaryOf(e));
+  }
+  const EvictionCounts ev = ctx.catalog->evictions();
+  s.version = CKPT_VERSION;
+  s.protocol = protocol::kProtocolVersion;
+  s.pid = ::getpid();
+  s.uptime_s = NowUnixSeconds() - ctx.started_unix_s;
+  s.socket = ctx.options->socket_path;
+  s.shm_prefix = ctx.options->shm_prefix;
+  s.checkpoints = s.checkpoint_list.size();
+  s.loading = ctx.catalog->Loading().size();
+  s.memory_budget_bytes = ctx.catalog->budget_bytes();
+  s.memory_used_bytes = ctx.catalog->UsedBytes();
+  s.connections = ctx.limits ? ctx.limits->total() : 0;
+  s.max_connections = ctx.options->max_connections;
+  s.max_connections_per_uid = ctx.options->max_connections_per_uid;
+  s.admin_reserved_connections = ctx.options->admin_reserved_connections;
+  s.model_roots = ctx.roots->roots();
+  s.evictions = EvictionCounters{ev.by_request, ev.for_budget, ev.replaced};
+  s.your_role = RoleName(caller.role);
+  return s;
+}
+
+}  // namespace ckpt::daemon

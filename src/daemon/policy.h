@@ -1,0 +1,35 @@
+// Naming and policy: which names the daemon accepts, the default name of a checkpoint,
+// and which role each op needs. The protocol (protocol/messages.h) checks types and
+// ranges; this file decides what is allowed.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "ckpt/status.h"
+#include "daemon/access_policy.h"
+
+namespace ckpt::daemon {
+
+// Checks a checkpoint name: 1 to 100 bytes of [A-Za-z0-9_.-], not starting with '.'.
+Status ValidateCheckpointName(const std::string& name);
+// Checks a rendezvous job name: 1 to 200 bytes of [A-Za-z0-9_.:-].
+Status ValidateJobName(const std::string& job);
+// The longest rendezvous value, in hex characters (4096 bytes).
+inline constexpr size_t kMaxRendezvousHexChars = 8192;
+// The default name for a checkpoint at `path`: its file name without the extension, or
+// the folder's name for a model folder or a file that names one (*.index.json,
+// model.safetensors, pytorch_model.bin), with characters outside the allowed set
+// replaced by '_'.
+std::string DefaultCheckpointName(const std::string& path);
+
+// The role `op` needs: admin for load, evict and verify (verify costs the daemon a full
+// read), reader for everything else (unknown ops are refused later as unknown).
+Role RequiredRole(const std::string& op);
+// OK if `role` may run `op`; else PermissionDenied naming the role needed and the
+// caller's uid.
+Status CheckRole(Role role, const PeerCredentials& peer, const std::string& op);
+// The one error frame a caller with no role gets at connect.
+Status NoRoleRefusal(const PeerCredentials& peer);
+
+}  // namespace ckpt::daemon
