@@ -59,8 +59,17 @@ print('held', n, 'refused', refused, 'codes', ','.join(sorted(codes)), flush=Tru
 sys.stdin.read()
 )";
 
-std::vector<std::string> Holder(const std::string& socket, int n) {
-  return {"/usr/bin/python3", "-c", kHolder, socket, std::to_string(n)};
+// Lets other users reach the daemon's socket (its scratch directory is 0700).
+void OpenSocketDir(const DaemonProcess& daemon) {
+  const std::string dir = daemon.socket().substr(0, daemon.socket().rfind('/'));
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+}
+
+// `user` running the holder (ChildProcess execs argv[0] without a PATH search).
+std::vector<std::string> HolderAs(const TempUser& user, const std::string& socket, int n) {
+  std::vector<std::string> argv = user.As({"/usr/bin/python3", "-c", kHolder, socket, std::to_string(n)});
+  argv[0] = "/usr/bin/setpriv";
+  return argv;
 }
 
 class ConnsTest : public ::testing::Test {
@@ -75,17 +84,23 @@ TEST_F(ConnsTest, RolelessUserHoldingConnectionsStopsNeitherAdminNorReader) {
   DaemonProcess daemon({"--reader-group", readers.name(), "--socket-mode", "0666", "--max-connections", "8",
                         "--max-connections-per-uid", "4"});
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  OpenSocketDir(daemon);
   testing::WritePatternCheckpoint(files_.File("m"), 1, 1, 64);
   ASSERT_EQ(::chmod(files_.path().c_str(), 0755), 0);
   ASSERT_EQ(daemon.Ctl({"load", files_.File("m"), "--name", "m"}).exit_code, 0);
 
   // 40 connections of a user with no role: each gets one refusal and is closed at once.
-  ChildProcess flood(outsider.As(Holder(daemon.socket(), 40)));
-  ASSERT_TRUE(flood.WaitForOutput("held 40 refused 40 codes permission_denied", 20000))
-      << ReadFile(daemon.log_path());
+  ChildProcess flood(HolderAs(outsider, daemon.socket(), 40));
+  if (!flood.WaitForOutput("held 40 refused 40 codes permission_denied", 20000)) {
+    CommandResult r = flood.Wait();
+    FAIL() << r.out << r.err << ReadFile(daemon.log_path());
+  }
   // A reader holding connections is capped by the per-uid limit (4 of the 8 slots).
-  ChildProcess greedy(reader.As(Holder(daemon.socket(), 10)));
-  ASSERT_TRUE(greedy.WaitForOutput("held 10 refused 6 codes resource_exhausted", 20000));
+  ChildProcess greedy(HolderAs(reader, daemon.socket(), 10));
+  if (!greedy.WaitForOutput("held 10 refused 6 codes resource_exhausted", 20000)) {
+    CommandResult r = greedy.Wait();
+    FAIL() << r.out << r.err;
+  }
   // While both hold on: root's status and a reader's attach work.
   CommandResult status = daemon.Ctl({"status", "--json"});
   ASSERT_EQ(status.exit_code, 0) << status.err;
@@ -97,7 +112,7 @@ TEST_F(ConnsTest, RolelessUserHoldingConnectionsStopsNeitherAdminNorReader) {
   EXPECT_NE(attach.out.find("attached 'm'"), std::string::npos) << attach.out;
   // Fill the remaining regular slots with a second reader: the admin still gets in.
   TempUser filler({readers.name()});
-  ChildProcess fill(filler.As(Holder(daemon.socket(), 4)));
+  ChildProcess fill(HolderAs(filler, daemon.socket(), 4));
   ASSERT_TRUE(fill.WaitForOutput("held 4 refused 0", 20000));
   auto admin = Client::Connect(daemon.socket());
   ASSERT_TRUE(admin.ok());
@@ -182,6 +197,7 @@ TEST_F(ConnsTest, RendezvousEntriesBelongToTheirUid) {
   TempUser mallory;
   DaemonProcess daemon({"--socket-mode", "0666", "--rendezvous-per-uid", "3"});
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  OpenSocketDir(daemon);
   auto client = Client::Connect(daemon.socket());
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->Rendezvous("job-1", 0, 2, "nccl-id-of-root").ok());
