@@ -44,8 +44,8 @@ void Check(const ckpt::Status& status) {
 // (protocol/messages.cc), so the module has no field list of its own to keep in step.
 template <typename T>
 py::object MessageDict(const T& message) {
-  static py::object loads = py::module_::import("json").attr("loads");
-  return loads(ckpt::protocol::Encode(message).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  // No static py::object: it would be destroyed after the interpreter finalized.
+  return py::module_::import("json").attr("loads")(ckpt::protocol::Encode(message).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 py::dict TensorDict(const ckpt::TensorInfo& t) {

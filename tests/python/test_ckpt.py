@@ -239,6 +239,42 @@ class CkptModuleTest(unittest.TestCase):
         with self.assertRaisesRegex(ckpt.InvalidArgument, "gpu engine"):
             self.client.attach("gpt").state_dict(0, 1, device="cpu", group=object(), engine="torch")
 
+    def test_raising_progress_callback_cancels_and_the_client_stays_in_step(self):
+        # A 1 GiB hole: loads for long enough that the callback is called (every ~100 ms).
+        with tempfile.TemporaryDirectory() as d:
+            big = os.path.join(d, "big.safetensors")
+            header = b'{"big":{"dtype":"F32","shape":[268435456],"data_offsets":[0,1073741824]}}'
+            header += b" " * (-len(header) % 8)
+            with open(big, "wb") as f:
+                f.write(len(header).to_bytes(8, "little") + header)
+                f.truncate(8 + len(header) + (1 << 30))
+
+            class Boom(Exception):
+                pass
+
+            calls = []
+
+            def boom(done, total):
+                calls.append(done)
+                raise Boom("stop here")
+
+            for exc, callback in ((Boom, boom), (KeyboardInterrupt, lambda d, t: (_ for _ in ()).throw(KeyboardInterrupt()))):
+                with self.assertRaises(exc):
+                    self.client.load(big, "big", progress=callback)
+                # Nothing published: not listed, not loading, no segment left.
+                self.assertNotIn("big", [c["name"] for c in self.client.list()])
+                self.assertFalse([n for n in os.listdir("/dev/shm") if n.startswith(self.daemon.prefix + ".big.")])
+                # The next calls get their own answers, not the cancelled load's.
+                with self.assertRaises(ckpt.NotFound):
+                    self.client.evict("no-such-checkpoint")
+                self.assertEqual(self.client.status()["loading"], 0)
+            self.assertTrue(calls, "the progress callback was never called")
+            # And a load on the same client works.
+            again = self.client.load(self.path, "again")
+            self.assertEqual(again["name"], "again")
+            self.assertIn("again", [c["name"] for c in self.client.list()])
+            self.assertEqual(self.client.evict("again")["name"], "again")
+
     def test_no_daemon_and_daemon_restart(self):
         with tempfile.TemporaryDirectory() as d:
             with self.assertRaisesRegex(ckpt.Unavailable, "is the daemon running"):
