@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <system_error>
 #include <thread>
 
 #include "daemon/server.h"
@@ -136,16 +137,22 @@ int main(int argc, char** argv) {
   sd_notifyf(0, "READY=1\nSTATUS=serving on %s (budget %s)\nMAINPID=%lu", options.socket_path.c_str(),
              memory_budget.empty() ? "none" : memory_budget.c_str(), static_cast<unsigned long>(::getpid()));
   ckpt::daemon::Server* raw = server->get();
-  std::thread signal_thread([&signals, raw] {
-    int sig = 0;
-    while (sigwait(&signals, &sig) == 0) {
-      if (sig == SIGHUP) continue;  // reserved for a config reload
-      if (sig == SIGUSR1) break;    // sent by main() to end this thread
-      spdlog::info("signal {} received, shutting down", sig);
-      raw->Stop();
-      break;
-    }
-  });
+  std::thread signal_thread;
+  try {
+    signal_thread = std::thread([&signals, raw] {
+      int sig = 0;
+      while (sigwait(&signals, &sig) == 0) {
+        if (sig == SIGHUP) continue;  // reserved for a config reload
+        if (sig == SIGUSR1) break;    // sent by main() to end this thread
+        spdlog::info("signal {} received, shutting down", sig);
+        raw->Stop();
+        break;
+      }
+    });
+  } catch (const std::system_error& e) {
+    spdlog::error("cannot start: no thread for signals: {}", e.what());
+    return 1;
+  }
   raw->Run();
   sd_notify(0, "STOPPING=1");
   pthread_kill(signal_thread.native_handle(), SIGUSR1);

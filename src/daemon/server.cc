@@ -299,7 +299,8 @@ void Server::Serve(Connection* connection) {
       const int ready = ::poll(&p, 1, 200);
       if (ready < 0 && errno != EINTR) break;
       if (ready <= 0) {
-        if (!handler.holds_attachments() && std::chrono::steady_clock::now() - idle_since > idle_limit) {
+        if (!handler.holds_attachments() && std::chrono::steady_clock::now() - idle_since > idle_limit &&
+            !protocol::PeerClosedOrReadable(fd)) {  // a request that just arrived is served, not dropped
           ++counters_.idle_closed;
           spdlog::debug("closing a connection of uid {} idle for {} s", connection->peer.uid, options_.idle_timeout_s);
           (void)protocol::WriteFrame(fd, protocol::Encode(protocol::ClosingEvent{"idle"}), protocol::DeadlineIn(0.05));

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <stdexcept>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -265,6 +266,40 @@ TEST_F(ConnsTest, SigintCancelsCtlLoadAndNothingIsPublished) {
   EXPECT_TRUE(list->loading.empty());
   EXPECT_TRUE((*client)->Load(files_.File("small"), "small").ok()) << "daemon stopped serving";
   EXPECT_NE(ReadFile(daemon.log_path()).find("cancelled by the client"), std::string::npos);
+}
+
+TEST_F(ConnsTest, ACppProgressCallbackCancelsByReturningFalseOrThrowing) {
+  ASSERT_NO_FATAL_FAILURE(testing::WriteSparseCheckpoint(files_.File("big"), 1ull << 30));  // 1 GiB hole
+  testing::WritePatternCheckpoint(files_.File("small"), 4, 1, 64);
+  DaemonProcess daemon({"--load-threads", "1"});
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  auto client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok());
+  auto nothing_published = [&] {
+    auto list = (*client)->ListAll();
+    ASSERT_TRUE(list.ok()) << list.status().ToString();
+    EXPECT_TRUE(list->checkpoints.empty());
+    EXPECT_TRUE(list->loading.empty());
+    EXPECT_TRUE(shm::ListShmObjects(daemon.shm_prefix() + ".big.").empty());
+    // In step: the next call gets its own answer.
+    EXPECT_EQ((*client)->Evict("no-such").code(), StatusCode::kNotFound);
+  };
+  LoadOptions stop;
+  stop.name = "big";
+  int calls = 0;
+  stop.progress = [&](uint64_t, uint64_t) { return ++calls < 2; };
+  auto r = (*client)->Load(files_.File("big"), stop);
+  EXPECT_EQ(r.status().code(), StatusCode::kCancelled) << r.status().ToString();
+  EXPECT_EQ(calls, 2);
+  nothing_published();
+  LoadOptions thrower;
+  thrower.name = "big";
+  thrower.progress = [](uint64_t, uint64_t) -> bool { throw std::runtime_error("user callback failed"); };
+  EXPECT_THROW((void)(*client)->Load(files_.File("big"), thrower), std::runtime_error);
+  nothing_published();
+  auto small = (*client)->Load(files_.File("small"), "small");
+  ASSERT_TRUE(small.ok()) << small.status().ToString();
+  EXPECT_EQ(small->name, "small");
 }
 
 TEST_F(ConnsTest, CtlEscapesControlCharactersInTensorNames) {
