@@ -302,6 +302,52 @@ TEST_F(ConnsTest, ACppProgressCallbackCancelsByReturningFalseOrThrowing) {
   EXPECT_EQ(small->name, "small");
 }
 
+TEST_F(ConnsTest, AConnectionWithoutAThreadIsRefusedAndTheDaemonServesOn) {
+  // ckptd as a fresh user limited to 5 threads (RLIMIT_NPROC counts a uid's threads):
+  // main, the signal thread and 3 connections. Root's connections past that find no
+  // thread: each must be answered and closed, not terminate the daemon.
+  TempUser owner;
+  ScratchDir run;
+  ASSERT_EQ(::chmod(run.path().c_str(), 0777), 0);
+  const std::string socket = run.File("ckptd.sock");
+  const std::string prefix = testing::UniqueName("ckptnproc");
+  std::vector<std::string> argv =
+      owner.As({CKPTD_BIN, "--socket", socket, "--shm-prefix", prefix, "--socket-mode", "0666"});
+  argv[0] = "/usr/bin/setpriv";
+  argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nproc=5", "--"});
+  ChildProcess daemon(argv);
+  ASSERT_TRUE(testing::WaitFor([&] { return protocol::ConnectUnix(socket).ok(); }, 10000)) << "ckptd did not start";
+  std::vector<UniqueFd> held;
+  int refused = 0;
+  std::string message;
+  for (int i = 0; i < 12; ++i) {
+    auto fd = protocol::ConnectUnix(socket);
+    ASSERT_TRUE(fd.ok());
+    pollfd p{fd->get(), POLLIN, 0};
+    if (::poll(&p, 1, 300) > 0) {
+      auto reply = protocol::ReadFrame(fd->get(), protocol::kMaxResponseBytes, nullptr, protocol::DeadlineIn(1));
+      if (reply.ok() && protocol::StatusOf(*reply).code() == StatusCode::kResourceExhausted) {
+        ++refused;
+        message = protocol::StatusOf(*reply).message();
+      }
+    }
+    held.push_back(std::move(fd).value());
+  }
+  EXPECT_GE(refused, 1) << "every connection got a thread: is RLIMIT_NPROC enforced here?";
+  EXPECT_NE(message.find("cannot start a thread"), std::string::npos) << message;
+  ASSERT_EQ(::kill(daemon.pid(), 0), 0) << "ckptd died";
+  held.clear();  // their threads end; a new client is served again
+  std::unique_ptr<Client> client;
+  EXPECT_TRUE(testing::WaitFor([&] {
+    auto c = Client::Connect(socket);
+    if (!c.ok() || !(*c)->GetStatus().ok()) return false;
+    client = std::move(c).value();
+    return true;
+  }, 10000));
+  ::kill(daemon.pid(), SIGTERM);
+  std::printf("ckptd limited to 5 threads refused %d of 12 connections cleanly\n", refused);
+}
+
 TEST_F(ConnsTest, CtlEscapesControlCharactersInTensorNames) {
   // A safetensors header whose tensor names hold an ESC sequence, a newline and a C1 CSI.
   const std::string evil = "w\\u001b]0;pwned\\u0007\\u001b[2Jx\\nfake row\\u009b1m";
