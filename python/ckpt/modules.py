@@ -150,7 +150,13 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
             continue
         source = present[0]
         t = shards[source]
-        if not _shape_ok(t.shape, old.shape, place.world, shapes):
+        if hasattr(old, "to_local") and hasattr(old, "placements"):
+            # A DTensor parameter (e.g. transformers' TP placeholders): the shard must be
+            # exactly its local part.
+            want = tuple(old.to_local().shape)
+            if tuple(t.shape) != want:
+                bad_shapes.append(f"{source} {tuple(t.shape)} (local part of the module's DTensor {want})")
+        elif not _shape_ok(t.shape, old.shape, place.world, shapes):
             bad_shapes.append(f"{source} {tuple(t.shape)} (module {tuple(old.shape)})")
         for other in present[1:]:
             o = shards[other]

@@ -80,7 +80,9 @@ def model_config(checkpoint=None, config: Union[None, dict, str, os.PathLike, An
     model_type = config.get("model_type")
     if not model_type:
         raise InvalidArgument("the model config has no model_type")
-    mapping = tf.CONFIG_MAPPING
+    mapping = getattr(tf, "CONFIG_MAPPING", None)
+    if mapping is None:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING as mapping
     if model_type not in mapping:
         raise Unsupported(f"model_type '{model_type}' is not known to transformers {tf.__version__}")
     return mapping[model_type].from_dict(dict(config))
@@ -96,8 +98,11 @@ def _model_class(tf, config, model_class):
             return cls
     if isinstance(model_class, str):
         raise InvalidArgument(f"transformers {tf.__version__} has no model class '{model_class}'")
+    mapping = getattr(tf, "MODEL_FOR_CAUSAL_LM_MAPPING", None)
+    if mapping is None:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING as mapping
     try:
-        return tf.MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        return mapping[type(config)]
     except KeyError:
         raise Unsupported(f"no causal-LM class for {type(config).__name__} in transformers {tf.__version__} "
                           f"(architectures {names}); pass model_class=") from None
@@ -220,37 +225,40 @@ def _init_tp(launch: Launch, device: torch.device):
     return init_device_mesh(device.type, (launch.world,), mesh_dim_names=("tp",))
 
 
-def _tp_module():
+def _distribute(model, mesh, world):
+    """Applies transformers' TP plan to the meta `model` through the function
+    from_pretrained(tp_plan="auto") calls: distribute_model(model, tp_plan, distributed_config,
+    device_mesh, tp_size) (forward hooks only; transformers 4.5x to 5.x) or, in the DTensor
+    backend of later releases, apply_tensor_parallelism(model, tp_mesh) (hooks, and the
+    parameters become DTensor placeholders whose placements say what each rank holds)."""
+    offer = {"model": model, "tp_plan": "auto", "distributed_config": None, "device_mesh": mesh, "tp_mesh": mesh,
+             "tp_size": world}
+    tried = []
     for where in ("transformers.integrations.tensor_parallel", "transformers.distributed.tensor_parallel"):
         try:
-            return __import__(where, fromlist=["distribute_model"])
+            tpi = __import__(where, fromlist=["ALL_PARALLEL_STYLES"])
         except ImportError:
             continue
-    return None
-
-
-def _distribute(model, mesh, world):
-    """Applies transformers' TP plan to `model` (forward hooks; no weights), through the
-    same function from_pretrained(tp_plan="auto") calls."""
-    tpi = _tp_module()
-    fn = getattr(tpi, "distribute_model", None)
-    if fn is None:
-        raise _NoTpMachinery("no transformers.integrations.tensor_parallel.distribute_model")
-    params = inspect.signature(fn).parameters
-    offer = {"model": model, "tp_plan": "auto", "distributed_config": None, "device_mesh": mesh, "tp_size": world}
-    unknown = [p.name for p in params.values() if p.default is p.empty and p.name not in offer
-               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    if unknown:
-        raise _NoTpMachinery(f"distribute_model{inspect.signature(fn)} needs {unknown}")
-    out = fn(**{k: v for k, v in offer.items() if k in params})
-    model = out if isinstance(out, nn.Module) else model
-    for attr, value in (("_tp_size", world), ("_device_mesh", mesh)):
-        if getattr(model, attr, None) is None:
-            try:
-                setattr(model, attr, value)
-            except AttributeError:
-                pass
-    return model, tpi
+        for fn_name in ("distribute_model", "apply_tensor_parallelism"):
+            fn = getattr(tpi, fn_name, None)
+            if fn is None:
+                continue
+            params = inspect.signature(fn).parameters
+            unknown = [p.name for p in params.values() if p.default is p.empty and p.name not in offer
+                       and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            if unknown:
+                tried.append(f"{where}.{fn_name}{inspect.signature(fn)} (needs {unknown})")
+                continue
+            out = fn(**{k: v for k, v in offer.items() if k in params})
+            model = out if isinstance(out, nn.Module) else model
+            for attr, value in (("_tp_size", world), ("_device_mesh", mesh)):
+                if getattr(model, attr, None) is None:
+                    try:
+                        setattr(model, attr, value)
+                    except AttributeError:
+                        pass
+            return model, tpi
+    raise _NoTpMachinery("no tensor-parallel entry point ckpt knows" + (f" ({'; '.join(tried)})" if tried else ""))
 
 
 # Placements of parameters in transformers versions whose TP layers hold DTensors
@@ -282,11 +290,15 @@ def _parameter_style(tpi, model, name):
 def _dtensor_maker(tpi, model, mesh):
     """make_parameter for fill_module: wraps a shard in a DTensor where this transformers
     version's TP layer would (old use_dtensor layers), leaves it a plain tensor otherwise."""
-    styles = getattr(tpi, "ALL_PARALLEL_STYLES", None)
-    if styles is None:
-        return None
+    styles = getattr(tpi, "ALL_PARALLEL_STYLES", None) or {}
 
     def make(name, shard, old):
+        if hasattr(old, "placements") and hasattr(old, "to_local"):
+            # A DTensor placeholder (transformers' DTensor backend): the same mesh and
+            # placements around this rank's shard (fill_module checked its local shape).
+            from torch.distributed.tensor import DTensor
+            return DTensor.from_local(shard, old.device_mesh, old.placements, run_check=False,
+                                      shape=old.shape, stride=old.stride())
         style = _parameter_style(tpi, model, name)
         layer = styles.get(style) if style is not None and hasattr(styles, "get") else None
         if layer is None or not getattr(layer, "use_dtensor", False):
@@ -362,8 +374,9 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
     mesh = _init_tp(launch, device) if tp else None
 
     if fill == "ckpt":
-        model = build_model(cfg, model_class=model_class, dtype=dtype, buffers_device=device,
-                            attn_implementation=attn_implementation)
+        # Buffers are computed on the CPU and then moved, as from_pretrained computes them
+        # (rotary inv_freq on a GPU can differ from the CPU's in the last bit).
+        model = build_model(cfg, model_class=model_class, dtype=dtype, attn_implementation=attn_implementation)
         make = None
         try:
             if tp:
