@@ -381,6 +381,7 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
         try:
             if tp:
                 model, tpi = _distribute(model, mesh, launch.world)
+                _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
                 make = _dtensor_maker(tpi, model, mesh)
         except _NoTpMachinery as e:
             warnings.warn(f"transformers {tf.__version__}: {e}; load_model falls back to fill='transformers'")

@@ -430,9 +430,20 @@ def worker(args):
         except Exception as e:
             row["error"] = f"transformers' from_pretrained({'tp_plan=auto' if world > 1 else ''}): {first_line(e)}"
             traceback.print_exc()
+        checkpoint = client.attach(f"hf-{fam}")
+        # A ckptd that keeps no config.json with the segment: the folder's, and the family's
+        # built-in plan by model_type instead of "auto".
+        config = None if getattr(checkpoint, "config", None) is not None else entry["folder"]
+        plan = "auto"
+        if config is not None:
+            try:
+                plan = ckpt.transformers._ckpt_plan(checkpoint, "auto", ckpt.transformers.model_config(None, config),
+                                                    world)
+            except Exception as e:
+                row["note"] = f"no plan for this family without a stored config: {first_line(e)}"
         if ref is not None:
             try:
-                sd = client.attach(f"hf-{fam}").state_dict(rank, world, "auto", convention="hf", device=device)
+                sd = checkpoint.state_dict(rank, world, plan, convention="hf", device=device)
                 row["tensors_compared"] = len(sd)
                 row["tensors_diff"] = compare(sd, ref)
                 del sd
@@ -442,7 +453,7 @@ def worker(args):
             if args.logits:
                 try:
                     model = ckpt.transformers.load_model(f"hf-{fam}", rank=rank, world=world, device=device,
-                                                         client=client)
+                                                         client=client, config=config)
                     row["fill"] = getattr(model, "ckpt_fill", "?")
                     row["model_diff"] = compare({n: t for n, t in model.state_dict().items()}, ref)
                     with torch.no_grad():
