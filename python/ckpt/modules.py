@@ -202,30 +202,34 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
         raise InvalidArgument(f"cannot fill {type(module).__name__} from {where} (rank {place.rank} of "
                               f"{place.world}): " + "; ".join(problems) + ". The module is unchanged.")
 
-    # Assign: nothing below can fail on valid tensors.
-    loaded: List[str] = []
-    tied: List[Tuple[str, ...]] = []
+    # Prepare every new parameter and buffer value (make_parameter, moves to the device:
+    # the steps that can still fail) before the module is touched.
+    new_params: List[Tuple[List[str], nn.Parameter]] = []
     for names, t, old in assign:
         value = make_parameter(names[0], t, old) if make_parameter is not None else t
         grad = bool(old.requires_grad) and (t.is_floating_point() or t.is_complex())
-        new = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=grad)
+        new_params.append((names, value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=grad)))
+    new_buffers: List[Tuple[str, torch.Tensor]] = list(buffer_fill)
+    filled = {name for name, _ in buffer_fill}
+    moved: Dict[int, torch.Tensor] = {}  # one copy per buffer object, however many names it has
+    for name, (b, _) in buffers.items():
+        if name not in filled and b.device.type != "meta" and b.device != device:
+            if id(b) not in moved:
+                moved[id(b)] = b.to(device)
+            new_buffers.append((name, moved[id(b)]))
+
+    # Commit: attribute assignments only.
+    loaded: List[str] = []
+    tied: List[Tuple[str, ...]] = []
+    for names, new in new_params:
         for name in names:
             owner, attr = _owner(module, name)
             setattr(owner, attr, new)
         loaded.extend(names)
         if len(names) > 1:
             tied.append(tuple(names))
-    filled_buffers = []
-    for name, t in buffer_fill:
+    for name, value in new_buffers:
         owner, attr = _owner(module, name)
-        owner._buffers[attr] = t
-        filled_buffers.append(name)
-    filled = set(filled_buffers)
-    moved: Dict[int, torch.Tensor] = {}  # one copy per buffer object, however many names it has
-    for name, (b, _) in buffers.items():
-        if name not in filled and b.device.type != "meta" and b.device != device:
-            if id(b) not in moved:
-                moved[id(b)] = b.to(device)
-            owner, attr = _owner(module, name)
-            owner._buffers[attr] = moved[id(b)]
+        owner._buffers[attr] = value
+    filled_buffers = [name for name, _ in buffer_fill]
     return FillReport(loaded, filled_buffers, tied, missing, unexpected, ignored)

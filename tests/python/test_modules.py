@@ -260,6 +260,17 @@ class FillModuleTest(unittest.TestCase):
         self.assertNotIn("lm_head.weight", [n for n, _ in seen], "once per tied group")
         self.assertTrue(torch.equal(model.blocks[0].q.bias, self.sd["blocks.0.q.bias"] * 2))
 
+    def test_a_failing_make_parameter_leaves_the_module_untouched(self):
+        def wrap(name, t, old):
+            if name == "blocks.1.down.weight":  # late in the module: earlier ones already made
+                raise RuntimeError("cannot wrap")
+            return t
+
+        model = on_meta()
+        with self.assertRaisesRegex(RuntimeError, "cannot wrap"):
+            ckpt.fill_module(model, self.client.attach("tiny"), 0, 1, make_parameter=wrap)
+        self.assertTrue(all_meta(model))
+
     def test_rank_and_world_default_from_the_launcher(self):
         c = self.client.attach("tiny")
         with mock.patch.dict(os.environ, {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}):
