@@ -357,7 +357,8 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
     FillReport, or None). Raises Unsupported without transformers, InvalidArgument for a
     missing config, a plan that does not fit or keys that do not match (naming them)."""
     tf = _transformers()
-    if convention not in (None, "hf", "megatron"):
+    convention = "hf" if convention is None else convention
+    if convention not in ("hf", "megatron"):
         raise InvalidArgument(f"convention must be 'hf' or 'megatron', not {convention!r}")
     if fill not in ("ckpt", "transformers"):
         raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
@@ -370,7 +371,7 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
         client = connect(socket)
     checkpoint = client.attach(name)
     cfg = model_config(checkpoint, config)
-    tp = launch.world > 1 and convention in (None, "hf")
+    tp = launch.world > 1 and convention == "hf"
     mesh = _init_tp(launch, device) if tp else None
 
     if fill == "ckpt":
@@ -392,7 +393,7 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
 
     plan = _ckpt_plan(checkpoint, tp_plan, cfg, launch.world)
     kwargs = dict(state_dict_kwargs)
-    if _supports_conventions(checkpoint) and convention is not None:
+    if _supports_conventions(checkpoint):
         kwargs["convention"] = convention
     report = fill_module(model, checkpoint, launch.rank, launch.world, plan, device=device, dtype=dtype,
                          strict=strict, shapes="local" if launch.world == 1 else "global", copy=copy,
