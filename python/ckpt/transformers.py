@@ -393,8 +393,9 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
 
     plan = _ckpt_plan(checkpoint, tp_plan, cfg, launch.world)
     kwargs = dict(state_dict_kwargs)
-    if _supports_conventions(checkpoint):
-        kwargs["convention"] = convention
+    if _supports_conventions(checkpoint) and plan is not None and not isinstance(plan, (dict, list)) \
+            and not callable(plan):
+        kwargs["convention"] = convention  # a built-in family, "auto", a plan file or a TpPlan
     report = fill_module(model, checkpoint, launch.rank, launch.world, plan, device=device, dtype=dtype,
                          strict=strict, shapes="local" if launch.world == 1 else "global", copy=copy,
                          ignore=_ignored(model), make_parameter=make, **kwargs)

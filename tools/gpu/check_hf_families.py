@@ -177,9 +177,13 @@ def run_group(args, world, families, device, logits, results_dir):
         procs = []
         paths = []
         for rank in range(world):
-            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            env = dict(os.environ, CKPT_CHECK_RANK=str(rank), CKPT_CHECK_WORLD=str(world),
                        OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // (2 * world))))
+            for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+                env.pop(var, None)
+            if world > 1:  # as torchrun sets them (world 1: a plain process, as a user runs one)
+                env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             if device == "cpu":
                 env["CUDA_VISIBLE_DEVICES"] = ""
             path = os.path.join(results_dir, f"{tag}-r{rank}.jsonl")
@@ -408,7 +412,7 @@ def worker(args):
     import transformers
     import ckpt
     import ckpt.transformers
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = int(os.environ["CKPT_CHECK_RANK"]), int(os.environ["CKPT_CHECK_WORLD"])
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     if world > 1:
         dist.init_process_group("gloo", rank=rank, world_size=world,
