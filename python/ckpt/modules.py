@@ -70,7 +70,7 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
                 dtype: Optional[torch.dtype] = None, strict: bool = True, shapes: str = "local",
                 copy: Optional[bool] = None, ignore: Iterable[str] = (),
                 make_parameter: Optional[Callable[[str, torch.Tensor, nn.Parameter], torch.Tensor]] = None,
-                **state_dict_kwargs) -> FillReport:
+                label: Optional[str] = None, **state_dict_kwargs) -> FillReport:
     """Replaces `module`'s parameters (and persistent buffers the checkpoint holds) with
     this rank's shards of `checkpoint` and returns a FillReport.
 
@@ -87,6 +87,7 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     ignore: regexes (re.search) of checkpoint names to leave unused without error.
     make_parameter(name, shard, old_parameter) -> tensor: what the parameter holds (e.g. a
     DTensor around the shard); default the shard itself.
+    label: how errors name the source (default: the checkpoint's name).
 
     Tied parameters (one Parameter object under several names, as module.tie_weights()
     leaves them) stay tied: the first name the checkpoint holds fills them all; if the
@@ -197,7 +198,7 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     if strict and unexpected:
         problems.append(_listing("unexpected (no such parameter or buffer)", unexpected))
     if problems:
-        what = getattr(checkpoint, "name", None)
+        what = label if label is not None else getattr(checkpoint, "name", None)
         where = f"checkpoint '{what}'" if isinstance(what, str) else "the state dict"
         raise InvalidArgument(f"cannot fill {type(module).__name__} from {where} (rank {place.rank} of "
                               f"{place.world}): " + "; ".join(problems) + ". The module is unchanged.")

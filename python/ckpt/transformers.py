@@ -374,31 +374,44 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
     tp = launch.world > 1 and convention == "hf"
     mesh = _init_tp(launch, device) if tp else None
 
-    if fill == "ckpt":
-        # Buffers are computed on the CPU and then moved, as from_pretrained computes them
-        # (rotary inv_freq on a GPU can differ from the CPU's in the last bit).
-        model = build_model(cfg, model_class=model_class, dtype=dtype, attn_implementation=attn_implementation)
-        make = None
-        try:
-            if tp:
-                model, tpi = _distribute(model, mesh, launch.world)
-                _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
-                make = _dtensor_maker(tpi, model, mesh)
-        except _NoTpMachinery as e:
-            warnings.warn(f"transformers {tf.__version__}: {e}; load_model falls back to fill='transformers'")
-            fill = "transformers"
     if fill == "transformers":
         return _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
                                           attn_implementation, strict)
-
     plan = _ckpt_plan(checkpoint, tp_plan, cfg, launch.world)
     kwargs = dict(state_dict_kwargs)
     if _supports_conventions(checkpoint) and plan is not None and not isinstance(plan, (dict, list)) \
             and not callable(plan):
         kwargs["convention"] = convention  # a built-in family, "auto", a plan file or a TpPlan
-    report = fill_module(model, checkpoint, launch.rank, launch.world, plan, device=device, dtype=dtype,
-                         strict=strict, shapes="local" if launch.world == 1 else "global", copy=copy,
-                         ignore=_ignored(model), make_parameter=make, **kwargs)
+    if copy is None:
+        copy = True  # CPU shards as private copies (zero-copy views of the mapping are read-only)
+
+    # The shards are fetched on a second thread (the copy engine runs without the GIL)
+    # while this one builds the model skeleton; both must succeed.
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-load") as pool:
+        pending = pool.submit(checkpoint.state_dict, launch.rank, launch.world, plan, device=device, dtype=dtype,
+                              copy=copy, **kwargs)
+        try:
+            # Buffers are computed on the CPU and then moved, as from_pretrained computes
+            # them (rotary inv_freq on a GPU can differ from the CPU's in the last bit).
+            model = build_model(cfg, model_class=model_class, dtype=dtype, attn_implementation=attn_implementation)
+            make = None
+            if tp:
+                model, tpi = _distribute(model, mesh, launch.world)
+                _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
+                make = _dtensor_maker(tpi, model, mesh)
+        except _NoTpMachinery as e:
+            pending.result()  # its errors first: they say more about the checkpoint
+            warnings.warn(f"transformers {tf.__version__}: {e}; load_model falls back to fill='transformers'")
+            return _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
+                                              attn_implementation, strict)
+        except BaseException:
+            pending.cancel()
+            raise
+        shards = pending.result()
+    report = fill_module(model, shards, launch.rank, launch.world, device=device, strict=strict,
+                         shapes="local" if launch.world == 1 else "global", ignore=_ignored(model),
+                         make_parameter=make, label=checkpoint.name)
     _tie(model)
     model.eval()
     model.ckpt_fill = "ckpt"

@@ -250,6 +250,7 @@ class LoadModelStandInTest(unittest.TestCase):
         with self.assertRaises(ckpt.InvalidArgument) as cm:
             self.load("tiny-wrong", world=1)
         self.assertIn("missing (no tensor in the checkpoint): model.norm.bias", str(cm.exception))
+        self.assertIn("checkpoint 'tiny-wrong'", str(cm.exception))
         self.assertIn("unexpected (no such parameter or buffer): model.layers.0.mlp.gate_proj.weight",
                       str(cm.exception))
         model = self.load("tiny-wrong", world=1, strict=False)
@@ -276,6 +277,19 @@ class LoadModelStandInTest(unittest.TestCase):
         with self.assertRaisesRegex(ckpt.Unsupported, r"needs torch >= 2\.5"):
             self.load(rank=0, world=2, convention="hf")
         self.assertFalse(torch.distributed.is_initialized(), "no process group was started")
+
+    def test_errors_of_the_load_and_of_the_build_both_surface(self):
+        # The shards are fetched on a second thread while the model is built.
+        plan = {r"self_attn\.q_proj\.weight$": ckpt.column()}  # 32 rows over 3 ranks
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "cannot split|divide"):
+            self.load(rank=0, world=3, convention="megatron", tp_plan=plan)
+
+        class Broken(self.tf.TinyForCausalLM):
+            def __init__(self, config):
+                raise RuntimeError("broken model class")
+
+        with self.assertRaisesRegex(RuntimeError, "broken model class"):
+            self.load(world=1, model_class=Broken)
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ckpt.InvalidArgument, "convention must be"):
