@@ -76,7 +76,8 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
 
     checkpoint: a ckpt.Checkpoint (its state_dict(rank, world, plan, device=, dtype=,
     copy=, convention=, **state_dict_kwargs) is taken; convention is passed only when
-    given) or a mapping {name: tensor} already sharded for this rank.
+    given) or a mapping {name: tensor} already sharded for this rank (plan, convention,
+    dtype, copy and state_dict_kwargs are then unused).
     rank / world: default from the launcher's environment (ckpt.launcher_env()).
     shapes: "local" (default): each shard must have the module's parameter shape (a module
     built for its shards, e.g. Megatron-style parallel layers, or world 1); "global": the
@@ -99,8 +100,10 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     Raises ckpt.InvalidArgument (a ValueError) naming the tensors when, with strict=True,
     a parameter has no tensor, a checkpoint tensor matches no parameter or buffer, or
     (always) a shape does not fit; the module is then untouched. Errors of the checkpoint
-    itself (ckpt.NotFound, InvalidArgument for a plan that does not divide, ...) also
-    leave it untouched."""
+    itself (ckpt.NotFound, InvalidArgument for a plan that does not divide, ...), of
+    make_parameter and of moving buffers also leave it untouched: everything that can fail
+    runs before the first attribute is set. Not thread-safe against other users of
+    `module` while it runs."""
     from . import InvalidArgument
     if shapes not in ("local", "global"):
         raise InvalidArgument(f"shapes must be 'local' or 'global', not {shapes!r}")
