@@ -11,13 +11,13 @@ here (`ckptctl load FOLDER`). Then, one process per rank:
     MASTER_ADDR as torchrun sets them): every rank's state_dict(rank, world, plan="auto",
     convention="hf") against from_pretrained(folder, tp_plan="auto")'s local parameter tensors
     (DTensor.to_local() where transformers holds DTensors), names, shapes, dtypes and bytes;
-    load_model's logits against from_pretrained(tp_plan="auto")'s at world 2 (--logits-worlds).
+    load_model's logits against from_pretrained(tp_plan="auto")'s at world 2 and 4 (--logits-worlds).
 Writes a markdown table (family x world) to --out and prints a traceback for everything that
 failed. A family whose config class or TP plan the installed transformers lacks is reported as
 such; one family failing (or hanging: each rank group has a time limit) does not stop the others.
 
   python3 tools/gpu/check_hf_families.py --ckptd build-gpu/bin/ckptd --out /tmp/hf_families.md
-      [--worlds 2,4] [--logits-worlds 2] [--families llama,gpt2] [--workdir /tmp/hf-families]
+      [--worlds 2,4] [--logits-worlds 2,4] [--families llama,gpt2] [--workdir /tmp/hf-families]
       [--no-gpu] [--group-timeout 240]
 No network: nothing is downloaded. Needs transformers and torch >= 2.5 (torch.distributed).
 """
@@ -492,7 +492,7 @@ def main():
     ap.add_argument("--out", help="markdown table to write (parent)")
     ap.add_argument("--workdir", default="/tmp/hf-families")
     ap.add_argument("--worlds", default="2,4", help="CPU/gloo TP degrees")
-    ap.add_argument("--logits-worlds", default="2", help="CPU TP degrees that also compare load_model's logits")
+    ap.add_argument("--logits-worlds", default="2,4", help="CPU TP degrees that also compare load_model's logits")
     ap.add_argument("--families", default="", help="comma-separated subset (default: all)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the world-1 GPU column")
     ap.add_argument("--group-timeout", type=float, default=240, help="seconds a rank group may run")
