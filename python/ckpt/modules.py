@@ -51,13 +51,14 @@ def _shape_ok(got: Sequence[int], want: Sequence[int], world: int, shapes: str) 
     if shapes == "local" or world == 1:
         return got == want
     # "global": the module holds unsharded shapes; a shard keeps every dim or cuts one or
-    # more of them into `world` parts (even or, for vocabularies, ceil/floor uneven).
+    # more of them into `world` parts (even, or uneven as torch.chunk and tensor_split cut:
+    # no part larger than ceil(dim / world)).
     if len(got) != len(want):
         return False
     # Megatron layouts also give whole key/value heads replicated over ranks when the
     # TP degree exceeds them: any whole fraction of the dim no finer than 1/world.
     for g, w in zip(got, want):
-        if g == w or g in (w // world, -(-w // world)) or (g == 0 and w < world):
+        if g == w or 0 <= g <= -(-w // world):  # even, ceil-chunked (torch.chunk) or empty parts
             continue
         if g > 0 and w % g == 0 and w // g <= world:
             continue

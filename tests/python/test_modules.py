@@ -168,6 +168,16 @@ class FillModuleTest(unittest.TestCase):
             ckpt.fill_module(model, c, 1, 2, PLAN)
         self.assertTrue(all_meta(model))
 
+    def test_global_shapes_take_uneven_vocabulary_parts(self):
+        c = self.client.attach("tiny")
+        plan = {r"^embed\.weight$": ckpt.column(0, allow_uneven=True)}
+        for rank in range(5):  # 48 rows over 5 ranks: 10, 10, 10, 9, 9
+            model = on_meta()
+            ckpt.fill_module(model, c, rank, 5, plan, shapes="global")
+            want = torch.tensor_split(self.sd["embed.weight"], 5)[rank]
+            self.assertTrue(torch.equal(model.embed.weight, want), rank)
+            self.assertIs(model.lm_head.weight, model.embed.weight)
+
     def test_missing_tensor_is_an_error_naming_it_and_the_module_is_untouched(self):
         tensors = dict(self.sd)
         del tensors["blocks.1.up.bias"]
