@@ -431,7 +431,7 @@ def _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh,
     if mesh is not None:
         kwargs.update(tp_plan="auto", device_mesh=mesh)
     else:
-        kwargs["device_map"] = device
+        kwargs["device_map"] = str(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # read-only views: transformers copies what it changes
         model, info = cls.from_pretrained(None, output_loading_info=True, **kwargs)

@@ -97,7 +97,7 @@ def main():
             return ckpt.transformers.load_model("neo", rank=0, world=1, device=dev, client=client, config=config_arg)
 
         def from_pretrained():
-            return GPTNeoForCausalLM.from_pretrained(folder, device_map=dev)
+            return GPTNeoForCausalLM.from_pretrained(folder, device_map=str(dev))
 
         methods = [("engine state_dict", engine), ("ckpt.transformers.load_model", load_model),
                    ("transformers from_pretrained", from_pretrained)]

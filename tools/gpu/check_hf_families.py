@@ -429,7 +429,7 @@ def worker(args):
         print(f"=== {fam} rank {rank}/{world} on {device}", flush=True)
         ref = None
         try:
-            kwargs = {"tp_plan": "auto"} if world > 1 else {"device_map": device}
+            kwargs = {"tp_plan": "auto"} if world > 1 else {"device_map": str(device)}
             ref = transformers.AutoModelForCausalLM.from_pretrained(entry["folder"], **kwargs).eval()
         except Exception as e:
             row["error"] = f"transformers' from_pretrained({'tp_plan=auto' if world > 1 else ''}): {first_line(e)}"
