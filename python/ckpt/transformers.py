@@ -28,7 +28,7 @@ from torch import nn
 from . import InvalidArgument, Unsupported
 from .launcher import Launch, resolve_rank_world
 from .meta import parameters_on_meta
-from .modules import FillReport, fill_module
+from .modules import fill_module
 
 __all__ = ["load_model", "build_model", "model_config"]
 
