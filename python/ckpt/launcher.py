@@ -31,10 +31,12 @@ class Launch(NamedTuple):
     source: str
 
 
-def _int(env: Mapping[str, str], name: Optional[str]) -> Optional[int]:
+def _int(env: Mapping[str, str], name: Optional[str], counts: bool = False) -> Optional[int]:
     if name is None or name not in env or env[name].strip() == "":
         return None
     text = env[name].strip()
+    if counts and "(" in text:  # Slurm's per-node counts: "4(x2)" is 4 on each of 2 nodes
+        text = text.split("(", 1)[0]
     try:
         return int(text)
     except ValueError:
@@ -58,7 +60,7 @@ def launcher_env(environ: Optional[Mapping[str, str]] = None) -> Launch:
             raise InvalidArgument(f"launcher variable {world_var}={world} must be at least 1")
         if not 0 <= rank < world:
             raise InvalidArgument(f"launcher variable {rank_var}={rank} is outside [0, {world_var}={world})")
-        local_rank, local_world = _int(env, local_var), _int(env, local_world_var)
+        local_rank, local_world = _int(env, local_var), _int(env, local_world_var, counts=True)
         if local_rank is None:
             local_rank = rank if local_world in (None, world) else 0
         if local_world is None:

@@ -304,6 +304,8 @@ class LauncherEnvTest(unittest.TestCase):
                          (5, 6, 1, 2, "open-mpi"))
         self.assertEqual(L({"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "0"}).source, "pmi")
         self.assertEqual(L({"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1"}), (1, 2, 1, 2, "slurm"))
+        self.assertEqual(L({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+                            "SLURM_NTASKS_PER_NODE": "4(x2)"}), (5, 8, 1, 4, "slurm"))
         # torchrun wins over an outer mpirun / srun
         self.assertEqual(L({"RANK": "0", "WORLD_SIZE": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"}).source,
                          "torchrun")
