@@ -382,3 +382,6 @@ def _partition_coords(rank: int, world: int, group_size: Optional[int]) -> Tuple
     if group_size < 1 or world % group_size != 0:
         raise InvalidArgument(f"MiCS shard group size {group_size} must divide world {world}")
     return rank % group_size, group_size
+
+from .modules import FillReport, Launch, fill_module, launcher_env  # noqa: E402  (needs the names above)
+__all__ += ["fill_module", "FillReport", "launcher_env", "Launch"]

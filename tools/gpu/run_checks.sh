@@ -10,6 +10,10 @@
 #   neo27     tools/gpu/check_gpt_neo.py, 2.7B shape
 #   pycoll    tools/gpu/check_collective.py (issue 7 from Python; after neo)
 #   huge      tools/gpu/huge_pages.sh (issue 4: the segment on 4 KiB vs huge pages)
+#   hf        tools/gpu/check_hf_families.py (issue 16: every family's "hf" shards and load_model
+#             logits against transformers; table in OUT_DIR/hf_families.md; HF_WORLDS="2 4")
+#   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
+#             from_pretrained; table in OUT_DIR/bench_load_model.md)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -78,6 +82,17 @@ for step in $steps; do
   huge)
     log "huge pages experiment"
     tools/gpu/huge_pages.sh "${HUGE_REPS:-2}" > "$out/huge_pages.log" 2>&1; log "rc=$?" ;;
+  hf)
+    log "model families against transformers (CPU/gloo TP, world 1 on the GPU)"
+    python3 -X faulthandler tools/gpu/check_hf_families.py --ckptd build-gpu/bin/ckptd --workdir /tmp/hf-families \
+      --worlds "$(echo ${HF_WORLDS:-2 4} | tr ' ' ,)" --out "$out/hf_families.md" > "$out/hf_families.log" 2>&1
+    log "rc=$?" ;;
+  benchlm)
+    log "load_model benchmark, GPT-Neo ${BENCH_SHAPE:-2.7B}"
+    python3 -X faulthandler tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo \
+      --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
+      > "$out/bench_load_model.log" 2>&1
+    log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
     python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1

@@ -1,0 +1,240 @@
+"""Filling a torch.nn.Module (typically built on the meta device) with this rank's shards.
+
+    with ckpt.meta.parameters_on_meta():        # or torch.device("meta") on torch >= 2
+        model = MyModel(config)
+    report = ckpt.fill_module(model, ckpt.connect().attach("my-model"), rank, world, plan,
+                              device="cuda:0")
+
+fill_module is all-or-nothing: it fetches and checks every tensor first, and only when
+nothing is missing, unexpected or of the wrong shape does it replace the module's
+parameters (new nn.Parameters, set with setattr: no load_state_dict(assign=True), so it
+works on torch 1.13 as on current torch). On an error the module is untouched.
+"""
+import re
+from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .launcher import Launch, launcher_env, resolve_rank_world  # noqa: F401  (re-exported)
+
+_NAMES_SHOWN = 8  # names listed per kind in an error; the rest are counted
+
+
+class FillReport(NamedTuple):
+    """What fill_module did. loaded: parameter names filled (every alias of a tied
+    parameter included); buffers: persistent buffers filled from the checkpoint; tied:
+    groups of names that share one parameter; missing / unexpected: names left out
+    (non-empty only with strict=False); ignored: checkpoint tensors not used (matched
+    `ignore`, or non-persistent buffers the module computes itself)."""
+    loaded: List[str]
+    buffers: List[str]
+    tied: List[Tuple[str, ...]]
+    missing: List[str]
+    unexpected: List[str]
+    ignored: List[str]
+
+
+def _owner(module: nn.Module, name: str) -> Tuple[nn.Module, str]:
+    parent, _, attr = name.rpartition(".")
+    return (module.get_submodule(parent) if parent else module), attr
+
+
+def _listing(kind: str, names: Sequence[str]) -> str:
+    shown = ", ".join(names[:_NAMES_SHOWN])
+    more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    return f"{len(names)} {kind}: {shown}{more}"
+
+
+def _shape_ok(got: Sequence[int], want: Sequence[int], world: int, shapes: str) -> bool:
+    got, want = tuple(got), tuple(want)
+    if shapes == "local" or world == 1:
+        return got == want
+    # "global": the module holds unsharded shapes; a shard keeps every dim or cuts one or
+    # more of them into `world` parts (even, or uneven as torch.chunk and tensor_split cut:
+    # no part larger than ceil(dim / world)).
+    if len(got) != len(want):
+        return False
+    # Megatron layouts also give whole key/value heads replicated over ranks when the
+    # TP degree exceeds them: any whole fraction of the dim no finer than 1/world.
+    for g, w in zip(got, want):
+        if g == w or 0 <= g <= -(-w // world):  # even, ceil-chunked (torch.chunk) or empty parts
+            continue
+        if g > 0 and w % g == 0 and w // g <= world:
+            continue
+        return False
+    return True
+
+
+def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world: Optional[int] = None,
+                plan=None, *, convention: Optional[str] = None, device: Union[str, torch.device] = "cpu",
+                dtype: Optional[torch.dtype] = None, strict: bool = True, shapes: str = "local",
+                copy: Optional[bool] = None, ignore: Iterable[str] = (),
+                make_parameter: Optional[Callable[[str, torch.Tensor, nn.Parameter], torch.Tensor]] = None,
+                label: Optional[str] = None, **state_dict_kwargs) -> FillReport:
+    """Replaces `module`'s parameters (and persistent buffers the checkpoint holds) with
+    this rank's shards of `checkpoint` and returns a FillReport.
+
+    checkpoint: a ckpt.Checkpoint (its state_dict(rank, world, plan, device=, dtype=,
+    copy=, convention=, **state_dict_kwargs) is taken; convention is passed only when
+    given) or a mapping {name: tensor} already sharded for this rank (plan, convention,
+    dtype, copy and state_dict_kwargs are then unused).
+    rank / world: default from the launcher's environment (ckpt.launcher_env()).
+    shapes: "local" (default): each shard must have the module's parameter shape (a module
+    built for its shards, e.g. Megatron-style parallel layers, or world 1); "global": the
+    module holds the unsharded shapes (transformers' tensor-parallel models) and a shard
+    must keep or split each dim by world.
+    copy: CPU shards are zero-copy views of read-only shared memory with copy=False, which
+    fault if written to (inference only); default True on the CPU. Devices always copy.
+    ignore: regexes (re.search) of checkpoint names to leave unused without error.
+    make_parameter(name, shard, old_parameter) -> tensor: what the parameter holds (e.g. a
+    DTensor around the shard); default the shard itself.
+    label: how errors name the source (default: the checkpoint's name).
+
+    Tied parameters (one Parameter object under several names, as module.tie_weights()
+    leaves them) stay tied: the first name the checkpoint holds fills them all; if the
+    checkpoint holds several of those names their tensors must be equal.
+    Parameters take the shard's dtype (dtype= converts floating-point tensors). Buffers
+    the checkpoint does not hold are moved to `device`; a buffer still on the meta device
+    is reported missing.
+
+    Raises ckpt.InvalidArgument (a ValueError) naming the tensors when, with strict=True,
+    a parameter has no tensor, a checkpoint tensor matches no parameter or buffer, or
+    (always) a shape does not fit; the module is then untouched. Errors of the checkpoint
+    itself (ckpt.NotFound, InvalidArgument for a plan that does not divide, ...), of
+    make_parameter and of moving buffers also leave it untouched: everything that can fail
+    runs before the first attribute is set. Not thread-safe against other users of
+    `module` while it runs."""
+    from . import InvalidArgument
+    if shapes not in ("local", "global"):
+        raise InvalidArgument(f"shapes must be 'local' or 'global', not {shapes!r}")
+    place = resolve_rank_world(rank, world)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    ignore_re = [re.compile(p) for p in ignore]
+
+    # The module's parameters, grouped by identity (tied parameters share one object), and
+    # its buffers; every name under which each is reachable (named_parameters(
+    # remove_duplicate=False) is torch >= 2.0, so the modules are walked here).
+    groups: Dict[int, List[str]] = {}
+    params: Dict[int, nn.Parameter] = {}
+    buffers: Dict[str, Tuple[torch.Tensor, bool]] = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        for p_name, p in mod._parameters.items():
+            if p is not None:
+                groups.setdefault(id(p), []).append(prefix + p_name)
+                params[id(p)] = p
+        for b_name, b in mod._buffers.items():
+            if b is not None:
+                buffers[prefix + b_name] = (b, b_name not in mod._non_persistent_buffers_set)
+
+    # Every shard first: nothing is assigned until all of them are there and fit.
+    if isinstance(checkpoint, Mapping):
+        shards = dict(checkpoint)
+    else:
+        kwargs = dict(state_dict_kwargs)
+        if convention is not None:
+            kwargs["convention"] = convention
+        if copy is None:
+            copy = True
+        shards = checkpoint.state_dict(place.rank, place.world, plan, device=device, dtype=dtype, copy=copy,
+                                       **kwargs)
+
+    missing: List[str] = []
+    bad_shapes: List[str] = []
+    tied_differ: List[str] = []
+    used = set()
+    assign: List[Tuple[List[str], torch.Tensor, nn.Parameter]] = []
+    for key, names in groups.items():
+        old = params[key]
+        present = [n for n in names if n in shards]
+        if not present:
+            missing.extend(names)
+            continue
+        source = present[0]
+        t = shards[source]
+        if hasattr(old, "to_local") and hasattr(old, "placements"):
+            # A DTensor parameter (e.g. transformers' TP placeholders): the shard must be
+            # exactly its local part.
+            want = tuple(old.to_local().shape)
+            if tuple(t.shape) != want:
+                bad_shapes.append(f"{source} {tuple(t.shape)} (local part of the module's DTensor {want})")
+        elif not _shape_ok(t.shape, old.shape, place.world, shapes):
+            bad_shapes.append(f"{source} {tuple(t.shape)} (module {tuple(old.shape)})")
+        for other in present[1:]:
+            o = shards[other]
+            if o.shape != t.shape or o.dtype != t.dtype or not torch.equal(o.to(t.device), t):
+                tied_differ.append(f"{other} != {source}")
+        used.update(present)
+        assign.append((names, t, old))
+    buffer_fill: List[Tuple[str, torch.Tensor]] = []
+    ignored: List[str] = []
+    for name, (b, persistent) in buffers.items():
+        if name in shards:
+            used.add(name)
+            if not persistent:
+                ignored.append(name)  # the module computes it (rotary inv_freq, causal masks)
+                continue
+            t = shards[name]
+            if tuple(t.shape) != tuple(b.shape):
+                bad_shapes.append(f"{name} {tuple(t.shape)} (buffer {tuple(b.shape)})")
+            buffer_fill.append((name, t))
+        elif b.device.type == "meta":
+            missing.append(f"{name} (buffer on the meta device)")
+    unexpected = []
+    for name in shards:
+        if name in used:
+            continue
+        if any(r.search(name) for r in ignore_re):
+            ignored.append(name)
+        else:
+            unexpected.append(name)
+
+    problems = []
+    if bad_shapes:
+        problems.append(_listing("tensors whose shape does not fit", bad_shapes))
+    if tied_differ:
+        problems.append(_listing("tied parameters with different tensors in the checkpoint", tied_differ))
+    if strict and missing:
+        problems.append(_listing("missing (no tensor in the checkpoint)", missing))
+    if strict and unexpected:
+        problems.append(_listing("unexpected (no such parameter or buffer)", unexpected))
+    if problems:
+        what = label if label is not None else getattr(checkpoint, "name", None)
+        where = f"checkpoint '{what}'" if isinstance(what, str) else "the state dict"
+        raise InvalidArgument(f"cannot fill {type(module).__name__} from {where} (rank {place.rank} of "
+                              f"{place.world}): " + "; ".join(problems) + ". The module is unchanged.")
+
+    # Prepare every new parameter and buffer value (make_parameter, moves to the device:
+    # the steps that can still fail) before the module is touched.
+    new_params: List[Tuple[List[str], nn.Parameter]] = []
+    for names, t, old in assign:
+        value = make_parameter(names[0], t, old) if make_parameter is not None else t
+        grad = bool(old.requires_grad) and (t.is_floating_point() or t.is_complex())
+        new_params.append((names, value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=grad)))
+    new_buffers: List[Tuple[str, torch.Tensor]] = list(buffer_fill)
+    filled = {name for name, _ in buffer_fill}
+    moved: Dict[int, torch.Tensor] = {}  # one copy per buffer object, however many names it has
+    for name, (b, _) in buffers.items():
+        if name not in filled and b.device.type != "meta" and b.device != device:
+            if id(b) not in moved:
+                moved[id(b)] = b.to(device)
+            new_buffers.append((name, moved[id(b)]))
+
+    # Commit: attribute assignments only.
+    loaded: List[str] = []
+    tied: List[Tuple[str, ...]] = []
+    for names, new in new_params:
+        for name in names:
+            owner, attr = _owner(module, name)
+            setattr(owner, attr, new)
+        loaded.extend(names)
+        if len(names) > 1:
+            tied.append(tuple(names))
+    for name, value in new_buffers:
+        owner, attr = _owner(module, name)
+        owner._buffers[attr] = value
+    filled_buffers = [name for name, _ in buffer_fill]
+    return FillReport(loaded, filled_buffers, tied, missing, unexpected, ignored)

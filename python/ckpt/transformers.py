@@ -1,0 +1,446 @@
+"""A Hugging Face transformers model in one call, filled from ckptd.
+
+    import ckpt.transformers
+    model = ckpt.transformers.load_model("llama")          # rank/world/device from torchrun
+    logits = model(input_ids).logits
+
+load_model builds the model class from the config.json ckptd keeps with the checkpoint
+(Checkpoint.config; or config=) on the meta device, fills it with this rank's shards
+(ckpt.fill_module: the CUDA copy engine for a CUDA device, torch on the CPU), ties its
+weights and checks the keys strictly. With world > 1 and the "hf" convention it is
+transformers' own tensor-parallel model: transformers' TP plan is applied to the meta model
+as from_pretrained(tp_plan="auto") applies it (forward hooks doing the collectives over a
+device mesh of the default process group), and each rank's parameters are the local shards
+transformers itself would hold.
+
+transformers is an optional dependency: it is imported by load_model, never by `import ckpt`.
+"""
+import contextlib
+import inspect
+import json
+import os
+import warnings
+from typing import Any, Dict, Optional, Union
+
+import torch
+from torch import nn
+
+from . import InvalidArgument, Unsupported
+from .launcher import Launch, resolve_rank_world
+from .meta import parameters_on_meta
+from .modules import fill_module
+
+__all__ = ["load_model", "build_model", "model_config"]
+
+# Checkpoint names transformers itself never loads into a model (recomputed buffers, old
+# causal-mask buffers); the model class adds its own _keys_to_ignore_on_load_unexpected.
+_ALWAYS_IGNORED = (r"(^|\.)rotary_emb\.inv_freq$", r"(^|\.)position_ids$")
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as e:
+        raise Unsupported("ckpt.transformers needs the transformers package (pip install transformers); "
+                          "ckpt.fill_module fills any torch.nn.Module without it") from e
+    return transformers
+
+
+class _NoTpMachinery(Exception):
+    """The installed transformers has no tensor-parallel entry point ckpt knows."""
+
+
+def model_config(checkpoint=None, config: Union[None, dict, str, os.PathLike, Any] = None):
+    """The transformers config for a checkpoint: `config` when given (a PretrainedConfig,
+    a dict as in config.json, or the path of a config.json or of a model folder), else the
+    config.json ckptd stored with the checkpoint (Checkpoint.config). Raises
+    InvalidArgument when there is neither, or for an unknown model_type (naming it and the
+    installed transformers version)."""
+    tf = _transformers()
+    base = getattr(tf, "PreTrainedConfig", None) or tf.PretrainedConfig
+    if isinstance(config, base):
+        return config
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path) as f:
+                config = json.load(f)
+        except (OSError, ValueError) as e:
+            raise InvalidArgument(f"cannot read the model config {path}: {e}") from e
+    if config is None and checkpoint is not None:
+        config = getattr(checkpoint, "config", None)
+    if config is None:
+        what = f"checkpoint '{checkpoint.name}'" if checkpoint is not None else "load_model"
+        raise InvalidArgument(f"{what} has no config.json (ckptd keeps it when it loads a model folder); "
+                              "pass config= (a dict, a config.json path or a PretrainedConfig)")
+    if not isinstance(config, dict):
+        raise InvalidArgument(f"config must be a dict, a path or a PretrainedConfig, not {type(config).__name__}")
+    model_type = config.get("model_type")
+    if not model_type:
+        raise InvalidArgument("the model config has no model_type")
+    mapping = getattr(tf, "CONFIG_MAPPING", None)
+    if mapping is None:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING as mapping
+    if model_type not in mapping:
+        raise Unsupported(f"model_type '{model_type}' is not known to transformers {tf.__version__}")
+    return mapping[model_type].from_dict(dict(config))
+
+
+def _model_class(tf, config, model_class):
+    if model_class is not None and not isinstance(model_class, str):
+        return model_class
+    names = [model_class] if isinstance(model_class, str) else list(getattr(config, "architectures", None) or [])
+    for name in names:
+        cls = getattr(tf, name, None)
+        if cls is not None:
+            return cls
+    if isinstance(model_class, str):
+        raise InvalidArgument(f"transformers {tf.__version__} has no model class '{model_class}'")
+    mapping = getattr(tf, "MODEL_FOR_CAUSAL_LM_MAPPING", None)
+    if mapping is None:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING as mapping
+    try:
+        return mapping[type(config)]
+    except KeyError:
+        raise Unsupported(f"no causal-LM class for {type(config).__name__} in transformers {tf.__version__} "
+                          f"(architectures {names}); pass model_class=") from None
+
+
+@contextlib.contextmanager
+def _no_init_weights(tf):
+    """transformers' own switch that skips weight initialisation, where it has one."""
+    for where in ("transformers.initialization", "transformers.modeling_utils"):
+        try:
+            module = __import__(where, fromlist=["no_init_weights"])
+        except ImportError:
+            continue
+        ctx = getattr(module, "no_init_weights", None)
+        if ctx is not None:
+            with ctx():
+                yield
+            return
+    yield
+
+
+def build_model(config, *, model_class=None, dtype: Optional[torch.dtype] = None,
+                buffers_device: Union[None, str, torch.device] = None, attn_implementation: Optional[str] = None):
+    """The transformers model for `config` (see model_config) with every parameter on the
+    meta device and real buffers (rotary inv_freq and the like, computed by the model's
+    own __init__; on `buffers_device` with torch >= 2, else on the CPU). The class is
+    model_class (a class or a transformers class name), else config.architectures[0],
+    else the AutoModelForCausalLM class for the config. Tied parameters are one Parameter."""
+    tf = _transformers()
+    config = model_config(None, config)
+    cls = _model_class(tf, config, model_class)
+    kwargs = {}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    device_ctx = contextlib.nullcontext()
+    if buffers_device is not None and hasattr(torch, "get_default_device"):  # torch >= 2.3
+        device_ctx = torch.device(buffers_device)
+    build = getattr(cls, "_from_config", None) or cls
+    with parameters_on_meta(), _no_init_weights(tf), device_ctx:
+        model = None
+        if dtype is not None:
+            for key in ("dtype", "torch_dtype"):  # transformers 5 / 4 spelling
+                try:
+                    model = build(config, **{key: dtype}, **kwargs)
+                    break
+                except TypeError:
+                    continue
+        if model is None:
+            model = build(config, **kwargs)
+    _tie(model)  # tied names become one Parameter (the model's __init__ usually did it already)
+    return model
+
+
+def _tie(model):
+    tie = getattr(model, "tie_weights", None)
+    if tie is not None:
+        tie()
+
+
+def _default_device(launch: Launch) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", launch.local_rank % max(torch.cuda.device_count(), 1))
+    return torch.device("cpu")
+
+
+def _supports_conventions(checkpoint) -> bool:
+    try:
+        return "convention" in inspect.signature(checkpoint.state_dict).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _families():
+    from . import _ckpt, plans
+    listing = getattr(plans, "families", None) or _ckpt.plan_families
+    return list(listing())
+
+
+def _ckpt_plan(checkpoint, tp_plan, config, world):
+    """What load_model passes to Checkpoint.state_dict as its plan."""
+    if not isinstance(tp_plan, str) or tp_plan != "auto":
+        return tp_plan
+    if getattr(checkpoint, "config", None) is not None:
+        return "auto"
+    # No stored config.json (config= given): the family named by model_type.
+    families = _families()
+    for name in (config.model_type, config.model_type.replace("_", "-")):
+        if name in families:
+            return name
+    if world == 1:
+        return None  # nothing to split
+    raise InvalidArgument(f"no built-in plan for model_type '{config.model_type}' (families: {families}); "
+                          "pass tp_plan= (a family, a plan file or a dict plan)")
+
+
+def _init_tp(launch: Launch, device: torch.device):
+    """The default process group (initialised from the launcher's env:// variables if it is
+    not yet) and a 1-D device mesh over it, as transformers' initialize_tensor_parallelism
+    makes them."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        raise Unsupported("tensor parallelism needs torch.distributed, which this torch lacks")
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+    except ImportError as e:
+        raise Unsupported(f"transformers' tensor parallelism needs torch >= 2.5 (this is {torch.__version__}); "
+                          "convention='megatron' fills the model's modules with shards without it") from e
+    if not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        try:
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                                    rank=launch.rank, world_size=launch.world)
+        except ValueError as e:
+            raise InvalidArgument(f"cannot initialise torch.distributed for rank {launch.rank} of {launch.world} "
+                                  f"({e}); launch with torchrun or set MASTER_ADDR and MASTER_PORT") from e
+    if (dist.get_rank(), dist.get_world_size()) != (launch.rank, launch.world):
+        raise InvalidArgument(f"the default process group is rank {dist.get_rank()} of {dist.get_world_size()}, "
+                              f"load_model was asked for rank {launch.rank} of {launch.world}")
+    return init_device_mesh(device.type, (launch.world,), mesh_dim_names=("tp",))
+
+
+def _distribute(model, mesh, world):
+    """Applies transformers' TP plan to the meta `model` through the function
+    from_pretrained(tp_plan="auto") calls: distribute_model(model, tp_plan, distributed_config,
+    device_mesh, tp_size) (forward hooks only; transformers 4.5x to 5.x) or, in the DTensor
+    backend of later releases, apply_tensor_parallelism(model, tp_mesh) (hooks, and the
+    parameters become DTensor placeholders whose placements say what each rank holds)."""
+    offer = {"model": model, "tp_plan": "auto", "distributed_config": None, "device_mesh": mesh, "tp_mesh": mesh,
+             "tp_size": world}
+    tried = []
+    for where in ("transformers.integrations.tensor_parallel", "transformers.distributed.tensor_parallel"):
+        try:
+            tpi = __import__(where, fromlist=["ALL_PARALLEL_STYLES"])
+        except ImportError:
+            continue
+        for fn_name in ("distribute_model", "apply_tensor_parallelism"):
+            fn = getattr(tpi, fn_name, None)
+            if fn is None:
+                continue
+            params = inspect.signature(fn).parameters
+            unknown = [p.name for p in params.values() if p.default is p.empty and p.name not in offer
+                       and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+            if unknown:
+                tried.append(f"{where}.{fn_name}{inspect.signature(fn)} (needs {unknown})")
+                continue
+            out = fn(**{k: v for k, v in offer.items() if k in params})
+            model = out if isinstance(out, nn.Module) else model
+            for attr, value in (("_tp_size", world), ("_device_mesh", mesh)):
+                if getattr(model, attr, None) is None:
+                    try:
+                        setattr(model, attr, value)
+                    except AttributeError:
+                        pass
+            return model, tpi
+    raise _NoTpMachinery("no tensor-parallel entry point ckpt knows" + (f" ({'; '.join(tried)})" if tried else ""))
+
+
+# Placements of parameters in transformers versions whose TP layers hold DTensors
+# (TensorParallelLayer.use_dtensor): {style: {parameter kind: placement}}.
+_DTENSOR_PLACEMENTS = {
+    "colwise": {"weight": ("shard", -2), "bias": ("shard", -1)},
+    "colwise_rep": {"weight": ("shard", -2), "bias": ("shard", -1)},
+    "colwise_gather_output": {"weight": ("shard", -2), "bias": ("shard", -1)},
+    "packed_colwise": {"weight": ("shard", -2), "bias": ("shard", -1)},
+    "rowwise": {"weight": ("shard", -1), "bias": ("replicate", None)},
+    "rowwise_rep": {"weight": ("shard", -1), "bias": ("replicate", None)},
+    "rowwise_split_input": {"weight": ("shard", -1), "bias": ("replicate", None)},
+    "packed_rowwise": {"weight": ("shard", -1), "bias": ("replicate", None)},
+    "sequence_parallel": {"weight": ("replicate", None), "bias": ("replicate", None)},
+}
+
+
+def _parameter_style(tpi, model, name):
+    plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {}
+    get = getattr(tpi, "_get_parameter_tp_plan", None)
+    if get is None or not plan:
+        return None
+    try:
+        return get(parameter_name=name, tp_plan=plan, is_weight=True)
+    except TypeError:
+        return get(name, plan)
+
+
+def _dtensor_maker(tpi, model, mesh):
+    """make_parameter for fill_module: wraps a shard in a DTensor where this transformers
+    version's TP layer would (old use_dtensor layers), leaves it a plain tensor otherwise."""
+    styles = getattr(tpi, "ALL_PARALLEL_STYLES", None) or {}
+
+    def make(name, shard, old):
+        if hasattr(old, "placements") and hasattr(old, "to_local"):
+            # A DTensor placeholder (transformers' DTensor backend): the same mesh and
+            # placements around this rank's shard (fill_module checked its local shape).
+            from torch.distributed.tensor import DTensor
+            return DTensor.from_local(shard, old.device_mesh, old.placements, run_check=False,
+                                      shape=old.shape, stride=old.stride())
+        style = _parameter_style(tpi, model, name)
+        layer = styles.get(style) if style is not None and hasattr(styles, "get") else None
+        if layer is None or not getattr(layer, "use_dtensor", False):
+            return shard
+        kind = name.rsplit(".", 1)[-1]
+        placement = _DTENSOR_PLACEMENTS.get(style, {}).get("bias" if kind == "bias" else "weight")
+        if placement is None:
+            raise _NoTpMachinery(f"transformers style '{style}' of {name} holds a DTensor of unknown placement")
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+        p = Shard(placement[1]) if placement[0] == "shard" else Replicate()
+        return DTensor.from_local(shard, mesh, [p], run_check=False, shape=old.shape, stride=old.stride())
+
+    return make
+
+
+def _ignored(model):
+    patterns = list(_ALWAYS_IGNORED)
+    for attr in ("_keys_to_ignore_on_load_unexpected",):
+        extra = getattr(model, attr, None) or ()
+        patterns.extend(extra)
+    return patterns
+
+
+def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = None,
+               device: Union[None, str, torch.device] = None, dtype: Optional[torch.dtype] = None,
+               convention: Optional[str] = "hf", tp_plan="auto", client=None, socket: Optional[str] = None,
+               model_class=None, config=None, strict: bool = True, attn_implementation: Optional[str] = None,
+               copy: Optional[bool] = None, fill: str = "ckpt", **state_dict_kwargs):
+    """The transformers model of checkpoint `name` for this rank, in eval mode.
+
+    rank / world: default from the launcher (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_*,
+    SLURM_*; ckpt.launcher_env()); device: default cuda:LOCAL_RANK when CUDA is there,
+    else the CPU. dtype converts floating-point tensors (on the GPU for a CUDA device).
+    convention: "hf" (default) gives transformers' own layout: with world > 1 the model is
+    transformers' tensor-parallel model (the default torch.distributed group, initialised
+    from the launcher's variables if it is not yet: NCCL for CUDA, gloo for the CPU; a
+    device mesh over it; transformers' TP plan applied as from_pretrained(tp_plan="auto")
+    applies it), and its forward does the collectives. "megatron" (world > 1): the model's
+    modules hold megatron shards and its forward does no collectives (for kernels that
+    take those shards, e.g. DeepSpeed inference injection).
+    tp_plan: the plan ckptd shards by: "auto" (from the stored config), a family name, a
+    plan file, a dict plan or a TpPlan; transformers' own plan is always its "auto".
+    client / socket: the ckptd connection (default ckpt.connect(socket)).
+    model_class: a class or a transformers class name (default config.architectures[0],
+    else AutoModelForCausalLM's); config: overrides the stored config.json.
+    strict: a parameter the checkpoint lacks or a tensor the model has no place for is an
+    error naming them (buffers the model computes and tied weights excepted); the model is
+    then not returned.
+    fill: "ckpt" (default): ckptd's shards go into the model; "transformers": transformers'
+    from_pretrained(state_dict=zero-copy views of the whole tensors, tp_plan="auto") does
+    the sharding and filling (a fallback taken automatically, with a warning, when the
+    installed transformers has no tensor-parallel entry point ckpt knows).
+    Other keyword arguments go to Checkpoint.state_dict (engine=, group=, host_path=, ...).
+
+    The model has attributes ckpt_fill ("ckpt" or "transformers") and ckpt_report (the
+    FillReport, or None). Raises Unsupported without transformers, InvalidArgument for a
+    missing config, a plan that does not fit or keys that do not match (naming them)."""
+    tf = _transformers()
+    convention = "hf" if convention is None else convention
+    if convention not in ("hf", "megatron"):
+        raise InvalidArgument(f"convention must be 'hf' or 'megatron', not {convention!r}")
+    if fill not in ("ckpt", "transformers"):
+        raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
+    launch = resolve_rank_world(rank, world)
+    device = torch.device(device) if device is not None else _default_device(launch)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if client is None:
+        from . import connect
+        client = connect(socket)
+    checkpoint = client.attach(name)
+    cfg = model_config(checkpoint, config)
+    tp = launch.world > 1 and convention == "hf"
+    mesh = _init_tp(launch, device) if tp else None
+
+    if fill == "transformers":
+        return _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
+                                          attn_implementation, strict)
+    plan = _ckpt_plan(checkpoint, tp_plan, cfg, launch.world)
+    kwargs = dict(state_dict_kwargs)
+    if _supports_conventions(checkpoint) and plan is not None and not isinstance(plan, (dict, list)) \
+            and not callable(plan):
+        kwargs["convention"] = convention  # a built-in family, "auto", a plan file or a TpPlan
+    if copy is None:
+        copy = True  # CPU shards as private copies (zero-copy views of the mapping are read-only)
+
+    # The shards are fetched on a second thread (the copy engine runs without the GIL)
+    # while this one builds the model skeleton; both must succeed.
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-load") as pool:
+        pending = pool.submit(checkpoint.state_dict, launch.rank, launch.world, plan, device=device, dtype=dtype,
+                              copy=copy, **kwargs)
+        try:
+            # Buffers are computed on the CPU and then moved, as from_pretrained computes
+            # them (rotary inv_freq on a GPU can differ from the CPU's in the last bit).
+            model = build_model(cfg, model_class=model_class, dtype=dtype, attn_implementation=attn_implementation)
+            make = None
+            if tp:
+                model, tpi = _distribute(model, mesh, launch.world)
+                _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
+                make = _dtensor_maker(tpi, model, mesh)
+        except _NoTpMachinery as e:
+            pending.result()  # its errors first: they say more about the checkpoint
+            warnings.warn(f"transformers {tf.__version__}: {e}; load_model falls back to fill='transformers'")
+            return _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
+                                              attn_implementation, strict)
+        except BaseException:
+            pending.cancel()
+            raise
+        shards = pending.result()
+    report = fill_module(model, shards, launch.rank, launch.world, device=device, strict=strict,
+                         shapes="local" if launch.world == 1 else "global", ignore=_ignored(model),
+                         make_parameter=make, label=checkpoint.name)
+    _tie(model)
+    model.eval()
+    model.ckpt_fill = "ckpt"
+    model.ckpt_report = report
+    return model
+
+
+def _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
+                               attn_implementation, strict):
+    cls = _model_class(tf, cfg, model_class)
+    views = {n: checkpoint.tensor(n) for n in checkpoint.keys()}
+    kwargs: Dict[str, Any] = {"config": cfg, "state_dict": views}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if mesh is not None:
+        kwargs.update(tp_plan="auto", device_mesh=mesh)
+    else:
+        kwargs["device_map"] = str(device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # read-only views: transformers copies what it changes
+        model, info = cls.from_pretrained(None, output_loading_info=True, **kwargs)
+    missing = sorted(info.get("missing_keys") or [])
+    unexpected = sorted(info.get("unexpected_keys") or [])
+    if strict and (missing or unexpected):
+        raise InvalidArgument(f"checkpoint '{checkpoint.name}' does not fit {cls.__name__}: "
+                              f"missing {missing[:8]}, unexpected {unexpected[:8]}")
+    model.eval()
+    model.ckpt_fill = "transformers"
+    model.ckpt_report = None
+    return model

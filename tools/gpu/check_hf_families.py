@@ -1,0 +1,518 @@
+#!/usr/bin/env python3
+"""Issue 16, "What must be shown": every model family, sharded exactly as transformers shards it.
+
+For each family a tiny random model is built from transformers' own config class (hidden 64,
+2 layers, 8 heads, vocabulary 128), saved with save_pretrained and loaded into a ckptd started
+here (`ckptctl load FOLDER`). Then, one process per rank:
+  - world 1, on the GPU (cuda:0): the "hf" state dict (state_dict(0, 1, plan="auto",
+    convention="hf", device="cuda:0")) against from_pretrained(folder, device_map="cuda:0")'s
+    tensors, and ckpt.transformers.load_model's logits against from_pretrained's;
+  - world 2 and 4 (--worlds), on the CPU with gloo (CUDA_VISIBLE_DEVICES=, RANK/WORLD_SIZE/
+    MASTER_ADDR as torchrun sets them): every rank's state_dict(rank, world, plan="auto",
+    convention="hf") against from_pretrained(folder, tp_plan="auto")'s local parameter tensors
+    (DTensor.to_local() where transformers holds DTensors), names, shapes, dtypes and bytes;
+    load_model's logits against from_pretrained(tp_plan="auto")'s at world 2 and 4 (--logits-worlds).
+Writes a markdown table (family x world) to --out and prints a traceback for everything that
+failed. A family whose config class or TP plan the installed transformers lacks is reported as
+such; one family failing (or hanging: each rank group has a time limit) does not stop the others.
+
+  python3 tools/gpu/check_hf_families.py --ckptd build-gpu/bin/ckptd --out /tmp/hf_families.md
+      [--worlds 2,4] [--logits-worlds 2,4] [--families llama,gpt2] [--workdir /tmp/hf-families]
+      [--no-gpu] [--group-timeout 240]
+No network: nothing is downloaded. Needs transformers and torch >= 2.5 (torch.distributed).
+"""
+import argparse
+import datetime
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+
+COMMON = dict(vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+LLAMA_LIKE = dict(COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+                  num_key_value_heads=4, max_position_embeddings=128)
+MOE = dict(num_experts_per_tok=2)
+
+# (family, transformers config class, its kwargs). Sizes: heads and key/value heads divide 4.
+FAMILIES = [
+    ("llama", "LlamaConfig", LLAMA_LIKE),
+    ("mistral", "MistralConfig", LLAMA_LIKE),
+    ("mixtral", "MixtralConfig", dict(LLAMA_LIKE, num_local_experts=4, **MOE)),
+    ("qwen2", "Qwen2Config", LLAMA_LIKE),
+    ("qwen2_moe", "Qwen2MoeConfig", dict(LLAMA_LIKE, num_experts=4, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=64, decoder_sparse_step=1, **MOE)),
+    ("qwen3", "Qwen3Config", dict(LLAMA_LIKE, head_dim=8)),
+    ("qwen3_moe", "Qwen3MoeConfig", dict(LLAMA_LIKE, head_dim=8, num_experts=4, moe_intermediate_size=32,
+                                         decoder_sparse_step=1, mlp_only_layers=[], **MOE)),
+    ("gemma", "GemmaConfig", dict(LLAMA_LIKE, head_dim=8)),
+    ("gemma2", "Gemma2Config", dict(LLAMA_LIKE, head_dim=8, query_pre_attn_scalar=8, sliding_window=32)),
+    ("gemma3", "Gemma3TextConfig", dict(LLAMA_LIKE, head_dim=8, query_pre_attn_scalar=8, sliding_window=32)),
+    ("phi3", "Phi3Config", dict(LLAMA_LIKE, original_max_position_embeddings=128, sliding_window=None)),
+    ("olmo2", "Olmo2Config", LLAMA_LIKE),
+    ("starcoder2", "Starcoder2Config", dict(LLAMA_LIKE, sliding_window=None)),
+    ("granite", "GraniteConfig", LLAMA_LIKE),
+    ("cohere", "CohereConfig", LLAMA_LIKE),
+    ("gpt_neox", "GPTNeoXConfig", dict(COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=8, max_position_embeddings=128)),
+    ("falcon", "FalconConfig", dict(COMMON, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+                                    new_decoder_architecture=True, num_kv_heads=4)),
+    ("deepseek_v3", "DeepseekV3Config", dict(LLAMA_LIKE, num_key_value_heads=8, moe_intermediate_size=32,
+                                             n_routed_experts=4, n_shared_experts=1, n_group=1, topk_group=1,
+                                             first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                                             rope_scaling=None, **MOE)),
+    ("gpt_oss", "GptOssConfig", dict(LLAMA_LIKE, intermediate_size=64, head_dim=8, num_local_experts=4,
+                                     sliding_window=32, **MOE)),
+    ("gpt-neo", "GPTNeoConfig", dict(COMMON, hidden_size=64, num_layers=2, num_heads=8, intermediate_size=128,
+                                     attention_types=[[["global", "local"], 1]], max_position_embeddings=128,
+                                     window_size=32)),
+    ("gpt2", "GPT2Config", dict(COMMON, n_embd=64, n_layer=2, n_head=8, n_positions=128, n_inner=128)),
+    ("gptj", "GPTJConfig", dict(COMMON, n_embd=64, n_layer=2, n_head=8, rotary_dim=4, n_positions=128, n_inner=128)),
+    ("bloom", "BloomConfig", dict(COMMON, hidden_size=64, n_layer=2, n_head=8)),
+    ("opt", "OPTConfig", dict(COMMON, hidden_size=64, num_hidden_layers=2, num_attention_heads=8, ffn_dim=128,
+                              max_position_embeddings=128, word_embed_proj_dim=64)),
+]
+NAMES_SHOWN = 3
+
+
+def log(*parts):
+    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
+
+
+def first_line(e):
+    text = f"{type(e).__name__}: {e}"
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------
+# Parent: models, daemon, rank groups, table.
+
+def make_models(families, workdir):
+    """{family: {"status": "ok" | "absent" | "error", "folder", "detail", "tp_plan"}}"""
+    import torch
+    import transformers
+    out = {}
+    for fam, config_name, kwargs in families:
+        folder = os.path.join(workdir, "models", fam)
+        entry = {"folder": folder, "status": "ok", "detail": "", "tp_plan": None}
+        out[fam] = entry
+        config_cls = getattr(transformers, config_name, None)
+        if config_cls is None:
+            entry.update(status="absent", detail=f"transformers {transformers.__version__} has no {config_name}")
+            log(f"{fam}: {entry['detail']}")
+            continue
+        try:
+            config = config_cls(**kwargs)
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(config)
+            with torch.no_grad():  # every tensor random (biases and norms too), so a wrong slice shows
+                for p in model.parameters():
+                    if p.is_floating_point():
+                        p.normal_(0.0, 0.2)
+            plan = dict(getattr(model, "tp_plan", None) or {}) or dict(getattr(type(config), "base_model_tp_plan", None) or {})
+            entry["tp_plan"] = plan
+            entry["class"] = type(model).__name__
+            shutil.rmtree(folder, ignore_errors=True)
+            model.save_pretrained(folder)
+            files = sorted(os.listdir(folder))
+            log(f"{fam}: {type(model).__name__} saved ({', '.join(files)}); transformers TP plan: "
+                f"{len(plan)} rules" if plan else f"{fam}: {type(model).__name__} saved; transformers has NO TP plan")
+        except Exception as e:
+            entry.update(status="error", detail=f"building/saving the model: {first_line(e)}")
+            log(f"{fam}: FAILED to build or save")
+            traceback.print_exc()
+            sys.stdout.flush()
+    return out
+
+
+def start_daemon(ckptd, workdir):
+    sock = os.path.join(workdir, "ckptd.sock")
+    if os.path.exists(sock):
+        os.unlink(sock)
+    logf = open(os.path.join(workdir, "ckptd.log"), "ab")
+    proc = subprocess.Popen([ckptd, "--socket", sock, "--shm-prefix", f"hffam{os.getpid()}", "--cleanup-on-exit"],
+                            stdout=logf, stderr=logf)
+    deadline = time.time() + 20
+    while time.time() < deadline and not os.path.exists(sock):
+        if proc.poll() is not None:
+            raise RuntimeError(f"ckptd exited with {proc.returncode}; see {workdir}/ckptd.log")
+        time.sleep(0.05)
+    return proc, sock
+
+
+def load_into_daemon(ckptctl, sock, models):
+    for fam, entry in models.items():
+        if entry["status"] != "ok":
+            continue
+        r = subprocess.run([ckptctl, "--socket", sock, "load", entry["folder"], "--name", f"hf-{fam}"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            entry.update(status="error", detail=f"ckptctl load: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+            log(f"{fam}: ckptctl load failed:\n{r.stdout}{r.stderr}")
+        else:
+            log(f"{fam}: loaded into ckptd as hf-{fam}")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_group(args, world, families, device, logits, results_dir):
+    """Runs `world` worker processes over `families`; returns {family: [per-rank results]}.
+    A group that dies or exceeds --group-timeout is restarted without the family it was on."""
+    remaining = list(families)
+    collected = {}
+    attempt = 0
+    while remaining and attempt < len(families) + 1:
+        attempt += 1
+        tag = f"w{world}-{device}-a{attempt}"
+        port = free_port()
+        procs = []
+        paths = []
+        for rank in range(world):
+            env = dict(os.environ, CKPT_CHECK_RANK=str(rank), CKPT_CHECK_WORLD=str(world),
+                       OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // (2 * world))))
+            for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+                env.pop(var, None)
+            if world > 1:  # as torchrun sets them (world 1: a plain process, as a user runs one)
+                env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            if device == "cpu":
+                env["CUDA_VISIBLE_DEVICES"] = ""
+            path = os.path.join(results_dir, f"{tag}-r{rank}.jsonl")
+            paths.append(path)
+            cmd = [sys.executable, "-X", "faulthandler", os.path.abspath(__file__), "--worker",
+                   "--socket", args.socket, "--models", args.models_json, "--results", path,
+                   "--families", ",".join(remaining), "--device", device, "--collective-timeout",
+                   str(args.collective_timeout)] + (["--logits"] if logits else [])
+            out = open(os.path.join(results_dir, f"{tag}-r{rank}.log"), "w")
+            procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out))
+        deadline = time.time() + args.group_timeout
+        while time.time() < deadline and any(p.poll() is None for p, _ in procs):
+            time.sleep(0.2)
+        timed_out = any(p.poll() is None for p, _ in procs)
+        for p, out in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+            p.wait()
+            out.close()
+        per_rank = []
+        for path in paths:
+            rows = {}
+            if os.path.exists(path):
+                with open(path) as f:
+                    for line in f:
+                        try:
+                            row = json.loads(line)
+                        except ValueError:
+                            continue
+                        rows[row["family"]] = row
+            per_rank.append(rows)
+        for rank in range(world):  # the ranks' logs: tracebacks per family are in them
+            with open(os.path.join(results_dir, f"{tag}-r{rank}.log")) as f:
+                text = f.read()
+            if text.strip():
+                print(f"----- {tag} rank {rank} log -----\n{text}", flush=True)
+        done = [fam for fam in remaining if all(fam in rows for rows in per_rank)]
+        for fam in done:
+            collected[fam] = [rows[fam] for rows in per_rank]
+        remaining = [fam for fam in remaining if fam not in done]
+        started = any(f"=== {remaining[0]} " in open(os.path.join(results_dir, f"{tag}-r{r}.log")).read()
+                      for r in range(world)) if remaining else True
+        if remaining and not done and not started:
+            log(f"world {world} on {device}: the rank group failed before its first family (see the logs above)")
+            for fam in remaining:
+                collected[fam] = [{"family": fam, "rank": r, "error": "the rank group failed before its first "
+                                   "family (see its log)"} for r in range(world)]
+            break
+        if remaining:
+            stuck = remaining.pop(0)
+            why = "timed out" if timed_out else "died (exit codes " + ",".join(str(p.returncode) for p, _ in procs) + ")"
+            log(f"world {world} on {device}: the rank group {why} during {stuck}; restarting without it")
+            collected[stuck] = [{"family": stuck, "rank": r, "error": f"rank group {why} during this family "
+                                 "(see its log above)"} for r in range(world)]
+    return collected
+
+
+def summarize_tensors(rows):
+    errs = [r.get("tensors_error") for r in rows if r.get("tensors_error")] + [r.get("error") for r in rows if r.get("error")]
+    if errs:
+        return "error: " + errs[0]
+    bad = []
+    for r in rows:
+        bad.extend(f"r{r['rank']}: {d}" for d in r.get("tensors_diff", []))
+    n = rows[0].get("tensors_compared", 0) if rows else 0
+    if not bad:
+        return f"equal ({n} tensors x {len(rows)} ranks)"
+    return f"**different** ({len(bad)}): " + "; ".join(bad[:NAMES_SHOWN])
+
+
+def summarize_logits(rows):
+    errs = [r.get("logits_error") for r in rows if r.get("logits_error")] + [r.get("error") for r in rows if r.get("error")]
+    if errs:
+        return "error: " + errs[0]
+    if not rows or "logits_equal" not in rows[0]:
+        return "-"
+    fills = sorted({r.get("fill", "?") for r in rows})
+    if all(r["logits_equal"] for r in rows):
+        text = "equal"
+    else:
+        text = f"**max abs diff {max(r['logits_max_diff'] for r in rows):.3g}**"
+    model_diff = [d for r in rows for d in r.get("model_diff", [])]
+    if model_diff:
+        text += f"; model tensors differ: {'; '.join(model_diff[:NAMES_SHOWN])}"
+    return text + ("" if fills == ["ckpt"] else f" (fill={','.join(fills)})")
+
+
+def esc(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def write_table(path, models, results, worlds, logits_worlds, gpu, versions):
+    cols = []
+    if gpu:
+        cols += [("gpu", 1, "tensors"), ("gpu", 1, "logits")]
+    for w in worlds:
+        cols.append(("cpu", w, "tensors"))
+        if w in logits_worlds:
+            cols.append(("cpu", w, "logits"))
+    head = ["family"] + [f"{'GPU' if d == 'gpu' else 'CPU/gloo'} TP={w} {k}" for d, w, k in cols]
+    lines = [f"Generated by `tools/gpu/check_hf_families.py` on "
+             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
+             f"{versions}.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for fam, _, _ in FAMILIES:
+        if fam not in models:
+            continue
+        entry = models[fam]
+        if entry["status"] != "ok":
+            lines.append(f"| {fam} | " + " | ".join([esc(entry["detail"])] + ["-"] * (len(cols) - 1)) + " |")
+            continue
+        cells = []
+        for d, w, k in cols:
+            rows = results.get((d, w), {}).get(fam)
+            if not rows:
+                cells.append("not run")
+            elif k == "tensors":
+                cells.append(esc(summarize_tensors(rows)))
+            else:
+                cells.append(esc(summarize_logits(rows)))
+        note = "" if entry.get("tp_plan") else " (no transformers TP plan)"
+        lines.append(f"| {fam}{note} | " + " | ".join(cells) + " |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def parent(args):
+    import torch
+    import transformers
+    versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
+    log(versions)
+    os.makedirs(args.workdir, exist_ok=True)
+    wanted = [f for f in args.families.split(",") if f] if args.families else [f for f, _, _ in FAMILIES]
+    unknown = [f for f in wanted if f not in {n for n, _, _ in FAMILIES}]
+    if unknown:
+        sys.exit(f"unknown families {unknown}; known: {[n for n, _, _ in FAMILIES]}")
+    families = [f for f in FAMILIES if f[0] in wanted]
+    t0 = time.time()
+    models = make_models(families, args.workdir)
+    args.models_json = os.path.join(args.workdir, "models.json")
+    with open(args.models_json, "w") as f:
+        json.dump(models, f)
+    ckptctl = args.ckptctl or os.path.join(os.path.dirname(os.path.abspath(args.ckptd)), "ckptctl")
+    daemon, args.socket = start_daemon(args.ckptd, args.workdir)
+    results = {}
+    try:
+        load_into_daemon(ckptctl, args.socket, models)
+        with open(args.models_json, "w") as f:
+            json.dump(models, f)
+        ok = [f for f, e in models.items() if e["status"] == "ok"]
+        results_dir = os.path.join(args.workdir, "results")
+        shutil.rmtree(results_dir, ignore_errors=True)
+        os.makedirs(results_dir)
+        gpu = not args.no_gpu and torch.cuda.is_available()
+        groups = ([("gpu", 1, "cuda", True)] if gpu else []) + [("cpu", w, "cpu", w in args.logits_worlds)
+                                                               for w in args.worlds]
+
+        def run(key, world, device, logits):  # the groups run side by side (16 cores: 1 + 2 + 4 ranks)
+            try:
+                results[(key, world)] = run_group(args, world, ok, device, logits, results_dir)
+            except Exception:
+                log(f"world {world} on {device}: the driver failed")
+                traceback.print_exc()
+
+        import threading
+        threads = []
+        for key, world, device, logits in groups:
+            log(f"world {world} on {device}: {len(ok)} families")
+            threads.append(threading.Thread(target=run, args=(key, world, device, logits)))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=30)
+    write_table(args.out, models, results, args.worlds, args.logits_worlds, gpu, versions)
+    log(f"table written to {args.out} ({time.time() - t0:.0f} s)")
+    with open(args.out) as f:
+        print(f.read(), flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Worker: one rank, every family in turn.
+
+def local(t):
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def same_bytes(a, b):
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+        return False
+    import torch
+    a = a.detach().contiguous().cpu().reshape(-1)
+    b = b.detach().contiguous().cpu().reshape(-1)
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def describe(t):
+    return f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+
+
+def compare(ours, ref_model):
+    """Differences between {name: tensor} and the reference model's local tensors (its
+    state_dict; names it holds only as tied aliases of a compared tensor are fine)."""
+    ref = {n: local(t) for n, t in ref_model.state_dict().items()}
+    diffs = []
+    for name, t in ours.items():
+        r = ref.get(name)
+        if r is None:
+            diffs.append(f"{name}: not in transformers' model")
+        elif not same_bytes(local(t), r):
+            diffs.append(f"{name}: {describe(local(t))} vs transformers {describe(r)}"
+                         + ("" if describe(local(t)) != describe(r) else " (bytes differ)"))
+    ptrs = {r.data_ptr() for n, r in ref.items() if n in ours and r.numel()}
+    for name, r in ref.items():
+        if name not in ours and not (r.numel() and r.data_ptr() in ptrs):
+            diffs.append(f"{name}: missing (transformers holds {describe(r)})")
+    return diffs
+
+
+def worker(args):
+    import torch
+    import torch.distributed as dist
+    import transformers
+    import ckpt
+    import ckpt.transformers
+    rank, world = int(os.environ["CKPT_CHECK_RANK"]), int(os.environ["CKPT_CHECK_WORLD"])
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=args.collective_timeout))
+    with open(args.models) as f:
+        models = json.load(f)
+    client = ckpt.connect(args.socket)
+    out = open(args.results, "a")
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1234)).to(device)
+    for fam in args.families.split(","):
+        entry = models[fam]
+        row = {"family": fam, "rank": rank, "world": world}
+        t0 = time.time()
+        print(f"=== {fam} rank {rank}/{world} on {device}", flush=True)
+        ref = None
+        try:
+            kwargs = {"tp_plan": "auto"} if world > 1 else {"device_map": str(device)}
+            ref = transformers.AutoModelForCausalLM.from_pretrained(entry["folder"], **kwargs).eval()
+        except Exception as e:
+            row["error"] = f"transformers' from_pretrained({'tp_plan=auto' if world > 1 else ''}): {first_line(e)}"
+            traceback.print_exc()
+        checkpoint = client.attach(f"hf-{fam}")
+        # A ckptd that keeps no config.json with the segment: the folder's, and the family's
+        # built-in plan by model_type instead of "auto".
+        config = None if getattr(checkpoint, "config", None) is not None else entry["folder"]
+        plan = "auto"
+        if config is not None:
+            try:
+                plan = ckpt.transformers._ckpt_plan(checkpoint, "auto", ckpt.transformers.model_config(None, config),
+                                                    world)
+            except Exception as e:
+                row["note"] = f"no plan for this family without a stored config: {first_line(e)}"
+        if ref is not None:
+            try:
+                sd = checkpoint.state_dict(rank, world, plan, convention="hf", device=device)
+                row["tensors_compared"] = len(sd)
+                row["tensors_diff"] = compare(sd, ref)
+                del sd
+            except Exception as e:
+                row["tensors_error"] = f"ckpt state_dict(plan=auto, convention=hf): {first_line(e)}"
+                traceback.print_exc()
+            if args.logits:
+                try:
+                    model = ckpt.transformers.load_model(f"hf-{fam}", rank=rank, world=world, device=device,
+                                                         client=client, config=config)
+                    row["fill"] = getattr(model, "ckpt_fill", "?")
+                    row["model_diff"] = compare({n: t for n, t in model.state_dict().items()}, ref)
+                    with torch.no_grad():
+                        got = model(input_ids=ids).logits
+                        want = ref(input_ids=ids).logits
+                    row["logits_equal"] = bool(torch.equal(got, want))
+                    row["logits_max_diff"] = float((got.float() - want.float()).abs().max().item())
+                    del model
+                except Exception as e:
+                    row["logits_error"] = f"load_model: {first_line(e)}"
+                    traceback.print_exc()
+        row["seconds"] = round(time.time() - t0, 2)
+        print(f"=== {fam} rank {rank}: {json.dumps({k: v for k, v in row.items() if k != 'tensors_diff'})}"
+              + (f"\n    differences: {row['tensors_diff'][:10]}" if row.get("tensors_diff") else ""), flush=True)
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+        del ref
+        if world > 1:
+            dist.barrier()  # ranks go on to the next family together
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    out.close()
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ckptd", help="ckptd binary (parent)")
+    ap.add_argument("--ckptctl", help="ckptctl binary (default: next to ckptd)")
+    ap.add_argument("--out", help="markdown table to write (parent)")
+    ap.add_argument("--workdir", default="/tmp/hf-families")
+    ap.add_argument("--worlds", default="2,4", help="CPU/gloo TP degrees")
+    ap.add_argument("--logits-worlds", default="2,4", help="CPU TP degrees that also compare load_model's logits")
+    ap.add_argument("--families", default="", help="comma-separated subset (default: all)")
+    ap.add_argument("--no-gpu", action="store_true", help="skip the world-1 GPU column")
+    ap.add_argument("--group-timeout", type=float, default=240, help="seconds a rank group may run")
+    ap.add_argument("--collective-timeout", type=float, default=60, help="gloo timeout in the workers")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--socket", help=argparse.SUPPRESS)
+    ap.add_argument("--models", help=argparse.SUPPRESS)
+    ap.add_argument("--results", help=argparse.SUPPRESS)
+    ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
+    ap.add_argument("--logits", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if not args.ckptd or not args.out:
+        ap.error("--ckptd and --out are required")
+    args.worlds = [int(w) for w in args.worlds.split(",") if w]
+    args.logits_worlds = [int(w) for w in args.logits_worlds.split(",") if w]
+    parent(args)
+
+
+if __name__ == "__main__":
+    main()
