@@ -17,7 +17,7 @@ set(CPACK_PACKAGE_NAME "ckpt")
 set(CPACK_PACKAGE_VENDOR "ckpt")
 set(CPACK_PACKAGE_VERSION "${PROJECT_VERSION}")
 set(CPACK_PACKAGE_CONTACT "ckpt maintainers <ckpt-maintainers@localhost>")
-set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "shared-memory checkpoint server for GPU jobs")
+# No CPACK_PACKAGE_DESCRIPTION_SUMMARY: each package's first description line is its own.
 set(CPACK_PACKAGING_INSTALL_PREFIX "${CMAKE_INSTALL_PREFIX}")
 set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL daemon client dev)
@@ -25,9 +25,10 @@ if(TARGET ckpttorch)
   list(APPEND CPACK_COMPONENTS_ALL torch)
 endif()
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION "misc")
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)  # shlibs + ldconfig triggers for the libraries
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)  # shlibs, and ldconfig in the libraries' scripts
 set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS ON)
 # Libraries of this build that a package's binaries link (ckpt-shard-reader ->
 # libckptclient.so.0) are found here, not as a Debian package: the component
@@ -52,23 +53,24 @@ set(CPACK_COMPONENT_DEV_DEPENDS client)
 set(CPACK_DEBIAN_DAEMON_PACKAGE_NAME "ckptd")
 set(CPACK_DEBIAN_DAEMON_PACKAGE_SECTION "admin")
 set(CPACK_DEBIAN_DAEMON_PACKAGE_DEPENDS "systemd (>= 247) | systemd-standalone-sysusers, passwd")
-set(CPACK_COMPONENT_DAEMON_DESCRIPTION
-    "ckptd: one copy of each checkpoint per node, in POSIX shared memory\n"
-    "The daemon (a Type=notify systemd service), its CLI ckptctl, ckpt-shard-reader\n"
-    "(a minimal client), the unit, users and groups (sysusers.d) and /etc/ckptd/ckptd.conf.\n"
-    "The service is not started on installation: see /usr/share/doc or docs/operations.md.")
+set(CPACK_DEBIAN_DAEMON_DESCRIPTION "checkpoint server: one copy of each checkpoint per node in shared memory
+The daemon ckptd (a Type=notify systemd service), its CLI ckptctl, ckpt-shard-reader
+(a minimal client that attaches), the unit, its users and groups (sysusers.d) and the
+configuration /etc/ckptd/ckptd.conf. Installing does not enable or start the service:
+set model-root and memory-budget first, then systemctl enable --now ckptd.")
 set(CPACK_DEBIAN_CLIENT_PACKAGE_NAME "libckptclient0")
 set(CPACK_DEBIAN_CLIENT_PACKAGE_SECTION "libs")
-set(CPACK_COMPONENT_CLIENT_DESCRIPTION
-    "ckpt client library: attach to ckptd's checkpoints read-only, zero copy\n"
-    "libckptclient.so.0 (C and C++ APIs).${ckpt_gpu_note}")
+set(CPACK_DEBIAN_CLIENT_DESCRIPTION "ckpt client library: attach to ckptd's checkpoints read-only
+libckptclient.so.0 (C and C++ APIs): zero-copy views and shards of the checkpoints a
+ckptd serves.${ckpt_gpu_note}")
 set(CPACK_DEBIAN_TORCH_PACKAGE_NAME "libckpttorch0")
 set(CPACK_DEBIAN_TORCH_PACKAGE_SECTION "libs")
-set(CPACK_COMPONENT_TORCH_DESCRIPTION "ckpt libtorch adapter\nlibckpttorch.so.0: state dicts of torch tensors from ckptd's checkpoints.")
+set(CPACK_DEBIAN_TORCH_DESCRIPTION "ckpt libtorch adapter
+libckpttorch.so.0: state dicts of torch tensors from ckptd's checkpoints.")
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME "libckptclient-dev")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION "libdevel")
-set(CPACK_COMPONENT_DEV_DESCRIPTION
-    "ckpt client library: development files\nHeaders (<ckpt/...>), link names and the CMake package (find_package(ckpt)).")
+set(CPACK_DEBIAN_DEV_DESCRIPTION "ckpt client library: development files
+Headers (<ckpt/...>), link names and the CMake package (find_package(ckpt)).")
 
 # Maintainer scripts of ckptd, and its configuration as a conffile.
 set(CKPT_SYSUSERS_FILE "${CMAKE_INSTALL_PREFIX}/${CKPT_SYSUSERS_DIR}/ckptd.conf")
