@@ -151,10 +151,11 @@ done
 [[ -n $leader ]] || { cat "$work/boot.log"; fail "the container's systemd did not start"; }
 in_machine() { nsenter -t "$leader" -a -- /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 "$@"; }
 as_user() { local u=$1; shift; in_machine setpriv --reuid "$u" --regid "$u" --init-groups "$@"; }
+for _ in $(seq 300); do in_machine test -S /run/systemd/private 2>/dev/null && break; sleep 0.1; done
 state=$(timeout 120 nsenter -t "$leader" -a -- /usr/bin/systemctl is-system-running --wait || true)
 step "machine booted: $state"
 prop() { in_machine systemctl show ckptd -p "$1" --value; }
-wait_for() {  # wait_for SECONDS COMMAND...: true once COMMAND succeeds
+wait_for() {  # wait_for SECONDS COMMAND...: true once COMMAND succeeds (run again each time)
   local deadline=$((SECONDS + $1)); shift
   until "$@"; do ((SECONDS < deadline)) || return 1; sleep 0.2; done
 }
@@ -163,6 +164,8 @@ ctl_json() { in_machine ckptctl --json "$@"; }
 attached() {  # attached NAME: the attachment count the daemon reports
   ctl_json list | python3 -c 'import json,sys; print(next((c["attached"] for c in json.load(sys.stdin)["checkpoints"] if c["name"] == sys.argv[1]), -1))' "$1"
 }
+attached_is() { [[ $(attached "$1") == "$2" ]]; }
+lines_at_least() { [[ $(wc -l <"$2") -ge $1 ]]; }
 generation() {
   ctl_json list | python3 -c 'import json,sys; print(next((c["generation"] for c in json.load(sys.stdin)["checkpoints"] if c["name"] == sys.argv[1]), -1))' "$1"
 }
@@ -173,7 +176,10 @@ generation() {
 step "systemctl start ckptd"
 in_machine systemctl start ckptd || fail "systemctl start ckptd"
 [[ $(prop ActiveState)/$(prop SubState) == active/running ]] || fail "not active/running: $(prop ActiveState)/$(prop SubState)"
-[[ $(prop StatusText) == "serving on $sock"* ]] || fail "no readiness STATUS=: '$(prop StatusText)'"
+# Type=notify: start returned only after READY=1; STATUS= lines come over the same socket.
+[[ $(prop Type) == notify ]] || fail "the unit is Type=$(prop Type)"
+[[ $(prop StatusText) == "serving on $sock"* || $(prop StatusText) == *" checkpoints, "* ]] ||
+  fail "no STATUS= from ckptd: '$(prop StatusText)'"
 first_pid=$(prop MainPID)
 in_machine journalctl -u ckptd --no-pager >"$work/journal" || true
 grep -q "serving on $sock" "$work/journal" || fail "journalctl -u ckptd lacks the daemon's 'serving on' line"
@@ -194,7 +200,7 @@ as_user alice ckpt-shard-reader "$sock" tiny 0 2 <"$work/hold" >"$work/reader.ou
 exec {hold}>"$work/hold"
 wait_for 20 grep -q "rank 0/2: attached 'tiny'" "$work/reader.out" || fail "alice could not attach: $(cat "$work/reader.out")"
 first_line=$(head -n 1 "$work/reader.out")
-wait_for 10 test "$(attached tiny)" = 1 || fail "the daemon does not count alice's attachment: $(attached tiny)"
+wait_for 10 attached_is tiny 1 || fail "the daemon does not count alice's attachment: $(attached tiny)"
 gen=$(generation tiny)
 
 # ---- 7. restart keeps checkpoints and attachments
@@ -203,9 +209,9 @@ in_machine systemctl restart ckptd || fail "systemctl restart ckptd"
 [[ $(prop ActiveState) == active && $(prop MainPID) != "$first_pid" ]] || fail "not restarted: $(prop ActiveState) pid $(prop MainPID)"
 [[ $(generation tiny) == "$gen" && $(generation data) != -1 && $(generation home) != -1 ]] ||
   fail "checkpoints lost across the restart: $(ctl_json list)"
-wait_for 15 test "$(attached tiny)" = 1 || fail "alice's attachment is not counted again after the restart: $(attached tiny)"
+wait_for 15 attached_is tiny 1 || fail "alice's attachment is not counted again after the restart: $(attached tiny)"
 echo >&"$hold"  # read the shard again, after the restart
-wait_for 10 test "$(wc -l <"$work/reader.out")" -ge 2 || fail "the attached reader stopped: $(cat "$work/reader.out")"
+wait_for 10 lines_at_least 2 "$work/reader.out" || fail "the attached reader stopped: $(cat "$work/reader.out")"
 [[ $(sed -n 2p "$work/reader.out" | sed 's/ in .* s / /') == "$(sed 's/ in .* s / /' <<<"$first_line")" ]] ||
   fail "the reader read different bytes after the restart: $(cat "$work/reader.out")"
 in_machine journalctl -u ckptd --no-pager >"$work/journal" || true
@@ -222,7 +228,7 @@ in_machine setpriv --reuid nobody --regid nogroup --clear-groups cat "$metrics" 
 
 exec {hold}>&-
 hold=
-wait_for 10 test "$(attached tiny)" = 0 || fail "alice's reader did not detach"
+wait_for 10 attached_is tiny 0 || fail "alice's reader did not detach"
 
 # ---- 9. configuration errors fail the unit once
 fails_once() {  # fails_once WHAT NEEDLE: the unit failed with 78, was not restarted, journal names NEEDLE
