@@ -1,7 +1,7 @@
 #include "daemon/server.h"
 
-#include <poll.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -33,6 +33,7 @@ Status ValidateOptions(const ServerOptions& o) {
   if (o.load_threads < 1 || o.load_threads > 256) return InvalidArgument("load threads must be 1 to 256");
   if (o.max_connections < 1) return InvalidArgument("max connections must be >= 1");
   if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
+  if (o.metrics_file_mode > 0777) return InvalidArgument("metrics file mode must be at most 0777");
   return Status::Ok();
 }
 }  // namespace
