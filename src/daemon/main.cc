@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
   app.add_flag_callback("--version", [] {
     std::printf("ckptd %s\n", CKPT_VERSION);
     std::exit(0);
-  }, "print the version");
+  }, "print the version")->configurable(false);
   // Keys the configuration file names but ckptd does not know are errors, not ignored.
   app.allow_config_extras(CLI::config_extras_mode::error);
   try {

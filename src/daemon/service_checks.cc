@@ -214,6 +214,12 @@ std::string DescribeParseError(const CLI::App& app, const CLI::ParseError& error
            (closest.empty() ? "" : " (did you mean '" + closest + "'?)") +
            "; remove or correct it (the keys are the long options of ckptd --help)";
   }
+  const std::string not_configurable = ": This option is not allowed in a configuration file";
+  if (dynamic_cast<const CLI::ConfigError*>(&error) != nullptr && what.size() > not_configurable.size() &&
+      what.compare(what.size() - not_configurable.size(), not_configurable.size(), not_configurable) == 0) {
+    return "key '" + what.substr(0, what.size() - not_configurable.size()) + "' in " + file +
+           " is a command-line option only: remove it from " + file;
+  }
   if (dynamic_cast<const CLI::FileError*>(&error) != nullptr) {
     return what + ": name an existing configuration file with --config";
   }

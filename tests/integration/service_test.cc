@@ -57,6 +57,17 @@ TEST_F(ServiceTest, AKeyInAnUnknownTableIsRefusedToo) {
   EXPECT_NE(r.err.find("unknown table [server]"), std::string::npos) << r.err;
 }
 
+TEST_F(ServiceTest, CommandLineOnlyKeysInTheFileExit78) {
+  // "version = true" must not make the service print its version and exit 0 (a clean
+  // stop that no one would notice), nor "help", nor "config".
+  for (const char* key : {"version", "help"}) {
+    CommandResult r = RunWithConfig(std::string(key) + " = true\n");
+    EXPECT_EQ(r.exit_code, kExConfig) << key << r.out << r.err;
+    EXPECT_NE(r.err.find("key '" + std::string(key) + "' in " + dir_.File("ckptd.conf") + " is a command-line option only"),
+              std::string::npos) << r.err;
+  }
+}
+
 TEST_F(ServiceTest, BadValuesExit78NamingTheOption) {
   struct Case {
     std::string config, needle;
