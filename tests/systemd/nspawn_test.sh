@@ -13,7 +13,9 @@
 #     by nobody;
 #   - a config error (an unknown key; a model root under /tmp, hidden by PrivateTmp=) fails
 #     the unit once: exit status 78, NRestarts=0, the cause in the journal;
-#   - apt-get remove stops the service and frees its shared memory; purge removes /etc/ckptd.
+#   - an upgrade restarts a running ckptd (checkpoints and attachment kept) and enables
+#     nothing; apt-get remove stops the service and frees its shared memory; purge removes
+#     /etc/ckptd.
 #
 #   tests/systemd/nspawn_test.sh [ckptd_*.deb libckptclient0_*.deb]     (as root)
 #
@@ -225,6 +227,15 @@ wait_for 10 in_machine test -e "$metrics" || fail "no metrics file (ReadWritePat
 [[ $(in_machine stat -c %a "$metrics") == 644 ]] || fail "metrics file mode $(in_machine stat -c %a "$metrics")"
 in_machine setpriv --reuid nobody --regid nogroup --clear-groups cat "$metrics" | grep -q "^ckptd_up 1" ||
   fail "nobody cannot read the metrics file"
+
+# ---- 8b. an upgrade (here: the same package again) restarts a running ckptd
+step "reinstalling ckptd (postinst's upgrade path) restarts it, keeping the checkpoints"
+before_pid=$(prop MainPID)
+in_machine sh -c 'dpkg -i /root/debs/ckptd_*.deb' >"$work/upgrade.log" 2>&1 || { cat "$work/upgrade.log"; fail "dpkg -i (upgrade)"; }
+[[ $(prop ActiveState) == active && $(prop MainPID) != "$before_pid" ]] || fail "the upgrade did not restart ckptd"
+[[ $(in_machine systemctl is-enabled ckptd || true) == disabled ]] || fail "the upgrade enabled ckptd"
+[[ $(generation tiny) == "$gen" ]] || fail "the upgrade lost the checkpoint"
+wait_for 15 attached_is tiny 1 || fail "alice's attachment is not counted after the upgrade: $(attached tiny)"
 
 exec {hold}>&-
 hold=
