@@ -108,6 +108,27 @@ Status CheckGroup(const std::string& key, const std::string& name) {
   return Status::Ok();
 }
 
+// The directory of `file` (named by option `key`) must exist and be writable for ckptd,
+// which creates `file` there. `hint` is added to the message when it does not exist.
+Status CheckDirectoryOf(const std::string& key, const std::string& file, const std::string& hint) {
+  const size_t slash = file.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : file.substr(0, std::max<size_t>(slash, 1));
+  if (::access(dir.c_str(), W_OK | X_OK) == 0) return Status::Ok();
+  const int err = errno;
+  const std::string what = key + " '" + file + "': its directory " + dir;
+  if (err == EROFS) {
+    return FailedPrecondition(what + " is read-only for ckptd (the unit's ProtectSystem=strict mounts "
+                              "everything read-only): add ReadWritePaths=" + dir +
+                              " with a drop-in (systemctl edit ckptd)");
+  }
+  if (err == ENOENT || err == ENOTDIR) {
+    return FailedPrecondition(what + " does not exist as ckptd sees it" + SandboxHint(dir) + hint +
+                              ": create it, or change " + key);
+  }
+  return FailedPrecondition(what + " is not writable by ckptd (" + UserName() + "): " + std::strerror(err) +
+                            ": give that user write permission on it");
+}
+
 Status CheckMetricsFile(const ServerOptions& o) {
   if (o.metrics_file.empty()) {
     if (!o.metrics_file_group.empty()) {
@@ -127,22 +148,16 @@ Status CheckMetricsFile(const ServerOptions& o) {
                                 "(the file is then the daemon's group, mode metrics-file-mode)");
     }
   }
-  const std::string dir = file.substr(0, std::max<size_t>(file.rfind('/'), 1));
-  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-    const int err = errno;
-    const std::string key = "metrics-file '" + file + "': its directory " + dir;
-    if (err == EROFS) {
-      return FailedPrecondition(key + " is read-only for ckptd (the unit's ProtectSystem=strict mounts "
-                                "everything read-only): add ReadWritePaths=" + dir +
-                                " with a drop-in (systemctl edit ckptd)");
-    }
-    if (err == ENOENT || err == ENOTDIR) {
-      return FailedPrecondition(key + " does not exist as ckptd sees it" + SandboxHint(dir) + ": create it");
-    }
-    return FailedPrecondition(key + " is not writable by ckptd (" + UserName() + "): " + std::strerror(err) +
-                              ": give that user write permission on it");
-  }
-  return Status::Ok();
+  return CheckDirectoryOf("metrics-file", file, "");
+}
+
+Status CheckSocket(const ServerOptions& o) {
+  const std::string& path = o.socket_path;
+  if (path.empty()) return FailedPrecondition("socket is empty: name the control socket's path");
+  return CheckDirectoryOf("socket", path,
+                          Beneath(path, "/run") ? " (the unit's RuntimeDirectory=ckptd creates /run/ckptd: keep the "
+                                                  "socket there)"
+                                                : "");
 }
 }  // namespace
 
@@ -161,6 +176,7 @@ Status CheckServiceConfig(const ServerOptions& options) {
   CKPT_RETURN_IF_ERROR(CheckGroup("admin-group", options.admin_group));
   CKPT_RETURN_IF_ERROR(CheckGroup("reader-group", options.reader_group));
   CKPT_RETURN_IF_ERROR(CheckGroup("metrics-file-group", options.metrics_file_group));
+  CKPT_RETURN_IF_ERROR(CheckSocket(options));
   return CheckMetricsFile(options);
 }
 

@@ -29,7 +29,8 @@ Result<uint32_t> ParseModeBits(const std::string& key, const std::string& text);
 // Checks what the options name, as this process sees it: every model root exists, is a
 // directory and is readable and searchable by this user; admin-group, reader-group and
 // metrics-file-group exist; this process belongs to metrics-file-group (or is root) so
-// it can give the file to it; the metrics file's directory exists and is writable.
+// it can give the file to it; the directories of the socket and of the metrics file
+// exist and are writable.
 // Returns FailedPrecondition (or NotFound for a group) whose message names the key, the
 // cause (e.g. PrivateTmp= hiding /tmp, ProtectSystem=strict making a directory read-only)
 // and the fix. Touches nothing. Thread-compatible (reads the group database).

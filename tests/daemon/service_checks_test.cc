@@ -44,9 +44,14 @@ TEST(MemoryBudgetWarningsTest, NamesTheFileSystemAndPhysicalMemory) {
 TEST(CheckServiceConfigTest, AcceptsWhatExistsAndRefusesWhatDoesNot) {
   testing::ScratchDir dir;
   ServerOptions o;
+  o.socket_path = dir.File("ckptd.sock");
   o.model_roots = {dir.path()};
   o.metrics_file = dir.File("ckptd.prom");
   EXPECT_TRUE(CheckServiceConfig(o).ok()) << CheckServiceConfig(o).ToString();
+  o.socket_path = dir.File("no-dir/ckptd.sock");
+  EXPECT_NE(CheckServiceConfig(o).message().find("its directory " + dir.File("no-dir") + " does not exist"),
+            std::string::npos) << CheckServiceConfig(o).ToString();
+  o.socket_path = dir.File("ckptd.sock");
   o.model_roots = {"relative/models"};
   EXPECT_NE(CheckServiceConfig(o).message().find("not an absolute path"), std::string::npos);
   o.model_roots = {dir.path()};

@@ -117,6 +117,15 @@ TEST_F(ServiceTest, AModelRootTheDaemonUserCannotReadExits78) {
   EXPECT_NE(r.err.find("not readable by ckptd (user 'nobody')"), std::string::npos) << r.err;
 }
 
+TEST_F(ServiceTest, ASocketInADirectoryThatDoesNotExistExits78) {
+  // Not an I/O error that a restart could cure: the unit would restart it forever.
+  CommandResult r = testing::RunCommand({"timeout", "5", CKPTD_BIN, "--socket", "/run/ckpt-typo/ckptd.sock"});
+  EXPECT_EQ(r.exit_code, kExConfig) << r.err;
+  EXPECT_NE(r.err.find("socket '/run/ckpt-typo/ckptd.sock': its directory /run/ckpt-typo does not exist"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("RuntimeDirectory=ckptd"), std::string::npos) << r.err;
+}
+
 TEST_F(ServiceTest, AnUnknownGroupExits78NamingTheGroupAndSysusers) {
   for (const char* key : {"admin-group", "reader-group", "metrics-file-group"}) {
     std::vector<std::string> args = {std::string("--") + key, "ckpt-no-such-group"};
