@@ -26,8 +26,24 @@ cleanup() {
 }
 trap cleanup EXIT
 
-node_mem() { awk '/^(Shmem|AnonPages):/ {s += $2} END {print s * 1024}' /proc/meminfo; }
-mib_of() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
+# Integer arithmetic in bash only: awk (Debian's mawk) prints large sums as 3.61908e+09,
+# which bash arithmetic cannot read.
+node_mem() {
+  local key value unit total=0
+  while read -r key value unit; do
+    case $key in Shmem: | AnonPages:) total=$((total + value * 1024)) ;; esac
+  done </proc/meminfo
+  echo "$total"
+}
+# fixed N SCALE DIGITS: N / SCALE with DIGITS decimals (N may be negative).
+fixed() {
+  local n=$1 scale=$2 digits=$3 sign= unit=1 i
+  for ((i = 0; i < digits; i++)); do unit=$((unit * 10)); done
+  ((n < 0)) && sign=- && n=$((-n))
+  local q=$((n * unit / scale))
+  printf '%s%d.%0*d' "$sign" $((q / unit)) "$digits" $((q % unit))
+}
+mib_of() { echo "$(fixed "$1" 1048576 1) MiB"; }
 
 echo "== writing a ${mib} MiB GPT-shaped checkpoint with PyTorch"
 /usr/bin/python3 "$root/tools/make_checkpoint.py" "$work/gpt.safetensors" --mib "$mib" --layers 8
@@ -62,7 +78,7 @@ rise=$((during - before))
 echo
 echo "checkpoint size:                         $(mib_of "$size")"
 echo "node memory (Shmem+AnonPages) rose by:   $(mib_of "$rise") with $ranks ranks attached"
-awk -v r="$rise" -v s="$size" -v n="$ranks" 'BEGIN {printf "= %.3f x the checkpoint (per-rank loading would need about %d x)\n", r / s, n}'
+echo "= $(fixed "$rise" "$size" 3) x the checkpoint (per-rank loading would need about $ranks x)"
 echo
 
 exec {hold}>&-

@@ -9,6 +9,7 @@ packages=(
   libtorch-dev python3-torch python3-dev pybind11-dev
   clang-14 libclang-rt-14-dev
   systemd passwd util-linux  # systemd-analyze (unit test), useradd, setpriv (access tests)
+  debootstrap systemd-container dpkg-dev  # tests/systemd/nspawn_test.sh; cpack's dpkg-shlibdeps
 )
 missing=()
 for p in "${packages[@]}"; do

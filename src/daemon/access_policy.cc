@@ -18,7 +18,6 @@ Result<PeerCredentials> PeerOf(int fd) {
                          static_cast<uint32_t>(cred.gid)};
 }
 
-namespace {
 Result<std::optional<gid_t>> ResolveGroup(const std::string& name) {
   if (name.empty()) return std::optional<gid_t>();
   std::vector<char> buf(16384);
@@ -28,7 +27,6 @@ Result<std::optional<gid_t>> ResolveGroup(const std::string& name) {
   if (rc != 0 || found == nullptr) return NotFound("no group named '" + name + "'");
   return std::optional<gid_t>(gr.gr_gid);
 }
-}  // namespace
 
 Result<std::unique_ptr<AccessPolicy>> AccessPolicy::Create(const std::string& admin_group,
                                                            const std::string& reader_group) {

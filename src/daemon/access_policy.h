@@ -32,6 +32,10 @@ enum class Role { kNone = 0, kReader = 1, kAdmin = 2 };
 // The peer of connected socket `fd` (SO_PEERCRED). IoError if the kernel refuses.
 Result<PeerCredentials> PeerOf(int fd);
 
+// The gid of group `name`; nullopt for an empty name; NotFound for a group that does not
+// exist. Thread-safe (getgrnam_r).
+Result<std::optional<gid_t>> ResolveGroup(const std::string& name);
+
 class AccessPolicy {
  public:
   // Resolves group names (empty: not configured). NotFound for a group that does not exist.

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "daemon/server.h"
+#include "daemon/service_checks.h"
 
 namespace {
 // "64G", "512MiB", "1000000" -> bytes (binary units). InvalidArgument otherwise.
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string socket_mode = "0660", shm_mode = "0640";
   std::string memory_budget;
+  std::string metrics_file_mode = "0644";
 
   CLI::App app{"ckptd: holds checkpoints once per node in POSIX shared memory"};
   app.add_option("--socket", options.socket_path, "control socket path")->capture_default_str();
@@ -71,7 +73,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--cleanup-on-exit", options.cleanup_on_exit,
                "unlink every segment on shutdown instead of leaving it for the next start");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
+      ->capture_default_str();
   app.add_option("--memory-budget", memory_budget,
                  "shared memory all checkpoints may use, e.g. 64G (default: no budget); a load "
                  "that does not fit evicts the least recently used unattached checkpoints or fails");
@@ -84,32 +88,50 @@ int main(int argc, char** argv) {
                  "write metrics (Prometheus text) to this file periodically, e.g. for node-exporter's textfile collector");
   app.add_option("--metrics-interval", options.metrics_interval_s, "seconds between metrics-file writes")
       ->capture_default_str();
+  app.add_option("--metrics-file-mode", metrics_file_mode, "permission bits of the metrics file (octal)")
+      ->capture_default_str();
+  app.add_option("--metrics-file-group", options.metrics_file_group,
+                 "group of the metrics file (default: the daemon's; ckptd must be a member)");
   app.set_config("--config", "/etc/ckptd/ckptd.conf",
                  "configuration file (TOML/INI: key = value with the long option names); "
                  "command-line flags win over it");
   app.add_flag_callback("--version", [] {
     std::printf("ckptd %s\n", CKPT_VERSION);
     std::exit(0);
-  }, "print the version");
-  CLI11_PARSE(app, argc, argv);
+  }, "print the version")->configurable(false);
+  // Keys the configuration file names but ckptd does not know are errors, not ignored.
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    return ckpt::daemon::ReportConfigError(ckpt::daemon::DescribeParseError(app, e));
+  }
 
   auto logger = spdlog::stderr_color_mt("ckptd");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
   spdlog::set_default_logger(logger);
   spdlog::set_level(spdlog::level::from_str(log_level));
-  try {
-    options.socket_mode = static_cast<uint32_t>(std::stoul(socket_mode, nullptr, 8));
-    options.shm_mode = static_cast<uint32_t>(std::stoul(shm_mode, nullptr, 8));
-  } catch (const std::exception&) {
-    spdlog::error("modes must be octal numbers such as 0660");
-    return 2;
+  auto socket_bits = ckpt::daemon::ParseModeBits("socket-mode", socket_mode);
+  auto shm_bits = ckpt::daemon::ParseModeBits("shm-mode", shm_mode);
+  auto metrics_bits = ckpt::daemon::ParseModeBits("metrics-file-mode", metrics_file_mode);
+  for (const auto* bits : {&socket_bits, &shm_bits, &metrics_bits}) {
+    if (!bits->ok()) return ckpt::daemon::ReportConfigError(bits->status().message());
   }
+  options.socket_mode = *socket_bits;
+  options.shm_mode = *shm_bits;
+  options.metrics_file_mode = *metrics_bits;
   auto budget = ParseBytes(memory_budget);
   if (!budget.ok()) {
-    spdlog::error("--memory-budget: {}", budget.status().message());
-    return 2;
+    return ckpt::daemon::ReportConfigError("memory-budget: " + budget.status().message());
   }
   options.memory_budget_bytes = *budget;
+  if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(options); !checked.ok()) {
+    return ckpt::daemon::ReportConfigError(checked.message());
+  }
+  for (const std::string& warning : ckpt::daemon::MemoryBudgetWarnings(options.memory_budget_bytes)) {
+    spdlog::warn("{}", warning);
+  }
   // One descriptor per connection and per checkpoint: take the hard limit.
   rlimit nofile{};
   if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
@@ -129,6 +151,9 @@ int main(int argc, char** argv) {
 
   auto server = ckpt::daemon::Server::Create(options);
   if (!server.ok()) {
+    if (ckpt::daemon::IsConfigurationError(server.status())) {
+      return ckpt::daemon::ReportConfigError(server.status().message());
+    }
     spdlog::error("cannot start: {}", server.status().ToString());
     sd_notifyf(0, "STATUS=cannot start: %s", server.status().ToString().c_str());
     return 1;

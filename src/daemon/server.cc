@@ -1,5 +1,6 @@
 #include "daemon/server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -44,6 +45,7 @@ Status ValidateOptions(const ServerOptions& o) {
   if (!(o.idle_timeout_s > 0 && o.idle_timeout_s <= 86400)) return InvalidArgument("idle timeout must be 0 to 86400 s");
   if (o.rendezvous_per_uid < 1) return InvalidArgument("rendezvous entries per uid must be >= 1");
   if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
+  if (o.metrics_file_mode > 0777) return InvalidArgument("metrics file mode must be at most 0777");
   return Status::Ok();
 }
 
@@ -82,6 +84,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   if (!server->wake_fd_.valid()) return ErrnoError("eventfd", errno);
   CKPT_ASSIGN_OR_RETURN(server->access_, AccessPolicy::Create(options.admin_group, options.reader_group));
   CKPT_ASSIGN_OR_RETURN(server->roots_, ModelRoots::Create(options.model_roots));
+  CKPT_ASSIGN_OR_RETURN(server->metrics_gid_, ResolveGroup(options.metrics_file_group));
   if (!server->roots_->restricted()) spdlog::warn("no model roots configured: loads from any path are allowed");
   CKPT_ASSIGN_OR_RETURN(server->listen_fd_, protocol::ListenUnix(options.socket_path, options.socket_mode));
   if (server->access_->reader_gid() &&
@@ -167,9 +170,19 @@ void Server::WriteMetricsFile() {
   // The daemon's own view, rendered as for an admin's "metrics" request.
   const std::string text = RenderMetrics(Context());
   const std::string tmp = options_.metrics_file + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "we");
+  // Mode and group set on the descriptor, so the unit's UMask= does not decide them.
+  ::unlink(tmp.c_str());
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd.valid() || ::fchmod(fd.get(), options_.metrics_file_mode) != 0 ||
+      (metrics_gid_ && ::fchown(fd.get(), static_cast<uid_t>(-1), *metrics_gid_) != 0)) {
+    spdlog::warn("cannot write metrics to {}: {}", tmp, std::strerror(errno));
+    if (fd.valid()) ::unlink(tmp.c_str());
+    return;
+  }
+  FILE* f = ::fdopen(fd.release(), "w");
   if (f == nullptr) {
     spdlog::warn("cannot write metrics to {}: {}", tmp, std::strerror(errno));
+    std::remove(tmp.c_str());
     return;
   }
   const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();

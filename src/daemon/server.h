@@ -41,6 +41,8 @@ struct ServerOptions {
   std::string reader_group;              // may attach, list, ...; empty: anyone connecting
   std::string metrics_file;              // Prometheus text written here periodically (if set)
   int metrics_interval_s = 15;
+  uint32_t metrics_file_mode = 0644;     // readable by a node-exporter textfile collector
+  std::string metrics_file_group;        // group of the metrics file; empty: the daemon's
 };
 
 // Counters for metrics, updated by request handlers.
@@ -100,7 +102,8 @@ class Server {
   Status AdoptExistingSegments();
   void Serve(Connection* connection);
   void ReapFinishedConnections();
-  // Writes the metrics to options_.metrics_file (a temporary file, then rename).
+  // Writes the metrics to options_.metrics_file (a temporary file with metrics_file_mode
+  // and metrics_gid_, then rename).
   void WriteMetricsFile();
   // Sends systemd a STATUS= line (checkpoints, memory, connections) when it changed.
   void NotifyStatus();
@@ -112,6 +115,7 @@ class Server {
   std::unique_ptr<ConnectionLimits> limits_;
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<ModelRoots> roots_;
+  std::optional<gid_t> metrics_gid_;  // metrics_file_group resolved; nullopt: the daemon's group
   DaemonCounters counters_;
   UniqueFd listen_fd_;
   UniqueFd wake_fd_;  // eventfd that wakes Run() for Stop()
