@@ -193,10 +193,15 @@ struct Builder {
     const int64_t n = per_layer && c.layers ? *c.layers : 1;
     require.push_back({{"pattern", pattern}, {"count", n}, {"what", what + (per_layer && c.layers ? " (one per layer)" : "")}});
   }
-  // A dim-0 split over `heads` heads (plain column without a config).
+  // A dim-0 split over `heads` heads, heads % world == 0 (plain column without a config).
   json Heads(std::optional<int64_t> heads) const {
     if (!heads) return "column";
     return {{"split", 0}, {"heads", *heads}};
+  }
+  // The same for key/value heads: replicated when there are fewer than ranks.
+  json KvHeads(std::optional<int64_t> heads) const {
+    if (!heads) return "column";
+    return {{"split", 0}, {"kv_heads", *heads}};
   }
   // The transformers plan `keys` (relative to `prefix`): exact parameter keys first, then
   // module keys (a module's own parameters), as transformers looks them up.
@@ -405,8 +410,8 @@ Result<std::string> LlamaLikePlan(Builder& b) {
     if (!have_heads || !c.head_dim) return NeedConfig(b, "splitting the fused qkv_proj into q, k and v heads");
     const int64_t hd = *c.head_dim;
     json sections = json::array({{{"rows", *c.heads * hd}, {"heads", *c.heads}},
-                                 {{"rows", *c.kv_heads * hd}, {"heads", *c.kv_heads}},
-                                 {{"rows", *c.kv_heads * hd}, {"heads", *c.kv_heads}}});
+                                 {{"rows", *c.kv_heads * hd}, {"kv_heads", *c.kv_heads}},
+                                 {{"rows", *c.kv_heads * hd}, {"kv_heads", *c.kv_heads}}});
     b.Add(attn + "qkv_proj\\.(weight|bias)$", {{"split", 0}, {"sections", sections}});
   } else if (d.mla) {
     b.Add(attn + "(q_proj|q_b_proj|kv_b_proj)\\.weight$", b.Heads(c.heads));
@@ -414,16 +419,16 @@ Result<std::string> LlamaLikePlan(Builder& b) {
   } else if (b.o.fuse_qkv) {
     json fuse = {{"fuse_into", "$1qkv_proj.$3"}, {"fuse_key", 2}, {"fuse_order", {"q", "k", "v"}}};
     b.Add(attn + "(q)_proj\\.(weight|bias)$", b.Heads(c.heads), fuse);
-    b.Add(attn + "(k|v)_proj\\.(weight|bias)$", b.Heads(c.kv_heads), fuse);
+    b.Add(attn + "(k|v)_proj\\.(weight|bias)$", b.KvHeads(c.kv_heads), fuse);
   } else {
     b.Add(attn + "q_proj\\.(weight|bias)$", b.Heads(c.heads));
-    b.Add(attn + "(k|v)_proj\\.(weight|bias)$", b.Heads(c.kv_heads));
+    b.Add(attn + "(k|v)_proj\\.(weight|bias)$", b.KvHeads(c.kv_heads));
   }
   b.Add(attn + "o_proj\\.(weight|bias)$", "row");
   if (d.sinks) b.Add(attn + "sinks$", b.Heads(c.heads));
   if (d.per_head_norms) {  // cohere's LayerNorm over [heads, head_dim]: each rank its heads
     b.Add(attn + "q_norm\\.weight$", b.Heads(c.heads));
-    b.Add(attn + "k_norm\\.weight$", b.Heads(c.kv_heads));
+    b.Add(attn + "k_norm\\.weight$", b.KvHeads(c.kv_heads));
   }
   // MoE experts (before the dense MLP rules, whose names they share).
   if (d.moe == LlamaLike::Moe::kMixtral || d.moe == LlamaLike::Moe::kQwen) {
@@ -567,8 +572,8 @@ Result<std::string> OlderPlan(Builder& b) {
     } else if (c.multi_query.value_or(true)) {
       b.Add(qkvp, {{"split", 0},
                    {"sections", json::array({{{"rows", *c.heads * hd}, {"heads", *c.heads}},
-                                             {{"rows", hd}, {"heads", 1}},
-                                             {{"rows", hd}, {"heads", 1}}})}});
+                                             {{"rows", hd}, {"kv_heads", 1}},
+                                             {{"rows", hd}, {"kv_heads", 1}}})}});
     } else {
       b.Add(qkvp, b.Heads(c.heads));  // [n_head, 3, head_dim]
     }

@@ -38,6 +38,7 @@ struct Rule {
   struct Section {
     int64_t rows = 0;
     int64_t heads = 0;
+    bool replicate_heads = false;
   };
   Kind kind = Kind::kReplicate;
   int dim = 0;
@@ -46,6 +47,7 @@ struct Rule {
   bool ceil = false;                // uneven parts as torch.chunk
   Vector vector = Vector::kSame;    // how a 1-d tensor is treated
   int64_t heads = 0;                // > 0: each chunk of `dim` holds that many heads
+  bool replicate_heads = false;     // kv_heads: fewer heads than ranks are replicated
   int64_t experts = 0;              // > 0: `dim` holds that many experts or groups (kSplit, whole ones
                                     // per rank) / the expert count (kExpert)
   std::string units = "experts";    // what `experts` counts, for messages ("groups")
@@ -147,22 +149,28 @@ Result<Rule> ParseRule(const nlohmann::json& j) {
       else if (s == "replicate_bias") r.vector = Rule::Vector::kReplicateBias;
       else if (s == "dim0" || s == "last" || s == "split") r.vector = Rule::Vector::kSplit;
       else return InvalidArgument("\"vector\" must be \"same\", \"replicate\", \"replicate_bias\" or \"split\"");
-    } else if (k == "heads") {
+    } else if (k == "heads" || k == "kv_heads") {
+      if (r.heads) return InvalidArgument("a rule takes \"heads\" or \"kv_heads\", not both");
       CKPT_ASSIGN_OR_RETURN(r.heads, PositiveInt(v, k));
+      r.replicate_heads = k == "kv_heads";
     } else if (k == "experts" || k == "groups") {
       CKPT_ASSIGN_OR_RETURN(r.experts, PositiveInt(v, k));
       r.units = k;
     } else if (k == "sections") {
       if (!v.is_array() || v.empty()) return InvalidArgument("\"sections\" must be a non-empty array");
       for (const auto& s : v) {
-        if (!s.is_object() || !s.contains("rows")) return InvalidArgument("a section is {\"rows\": n, \"heads\": h}");
+        if (!s.is_object() || !s.contains("rows"))
+          return InvalidArgument("a section is {\"rows\": n, \"heads\" or \"kv_heads\": h}");
         Rule::Section sec;
         CKPT_ASSIGN_OR_RETURN(sec.rows, PositiveInt(s["rows"], "rows"));
         if (s.contains("heads")) {
           CKPT_ASSIGN_OR_RETURN(sec.heads, PositiveInt(s["heads"], "heads"));
+        } else if (s.contains("kv_heads")) {
+          CKPT_ASSIGN_OR_RETURN(sec.heads, PositiveInt(s["kv_heads"], "kv_heads"));
+          sec.replicate_heads = true;
         }
         for (auto si = s.begin(); si != s.end(); ++si) {
-          if (si.key() != "rows" && si.key() != "heads")
+          if (si.key() != "rows" && si.key() != "heads" && si.key() != "kv_heads")
             return InvalidArgument("unknown key '" + si.key() + "' in a section");
         }
         r.sections.push_back(sec);
@@ -403,8 +411,8 @@ struct Placement {
 
 // (rank, world) for a dim holding `units` equal heads: every rank takes whole heads, and
 // when there are fewer heads than ranks each head is held by world / units ranks.
-Result<std::pair<int, int>> HeadCoords(int64_t units, int rank, int world, const std::string& what) {
-  if (units >= world) {
+Result<std::pair<int, int>> HeadCoords(int64_t units, bool replicate, int rank, int world, const std::string& what) {
+  if (units >= world || !replicate) {
     if (units % world != 0)
       return InvalidArgument(std::to_string(units) + " " + what + " do not divide over world " + std::to_string(world));
     return std::make_pair(rank, world);
@@ -463,13 +471,13 @@ Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector
   if (d < 0 || d >= ndim)
     return InvalidArgument("split dim " + std::to_string(dim) + " out of range for a " + std::to_string(ndim) +
                            "-d tensor");
-  auto spec_for = [&](int64_t heads, int64_t length) -> Result<ShardSpec> {
+  auto spec_for = [&](int64_t heads, bool replicate, int64_t length) -> Result<ShardSpec> {
     int r = rank, w = world;
     if (heads > 0) {
       if (length % heads != 0)
         return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
                                " does not hold " + std::to_string(heads) + " equal heads (config disagrees)");
-      CKPT_ASSIGN_OR_RETURN(auto rw, HeadCoords(heads, rank, world, "heads"));
+      CKPT_ASSIGN_OR_RETURN(auto rw, HeadCoords(heads, replicate, rank, world, replicate ? "key/value heads" : "heads"));
       r = rw.first;
       w = rw.second;
     }
@@ -485,7 +493,7 @@ Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector
                              std::to_string(total));
     int64_t begin = 0;
     for (const auto& s : rule.sections) {
-      CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(s.heads, s.rows));
+      CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(s.heads, s.replicate_heads, s.rows));
       p.pieces.push_back({t.name, spec, begin, s.rows});
       begin += s.rows;
     }
@@ -507,7 +515,7 @@ Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector
   if (rule.heads > 0 && length % rule.chunks != 0)
     return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
                            " does not hold " + std::to_string(rule.chunks) + " equal fused chunks");
-  CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(rule.heads, length / rule.chunks));
+  CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(rule.heads, rule.replicate_heads, length / rule.chunks));
   p.pieces.push_back({t.name, spec});
   return p;
 }
@@ -528,6 +536,11 @@ Result<ShardLayout> PieceLayout(const ShardPiece& piece, const TensorInfo& info)
   return layout;
 }
 
+}  // namespace
+
+namespace {
+template <typename Lookup>
+Result<OutputLayout> PlanOutputWith(const ShardOutput& output, const Lookup& lookup);
 }  // namespace
 
 Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const {
@@ -572,8 +585,12 @@ Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& 
     std::set<std::string> stack_values;
   };
   std::unordered_map<std::string, Fused> fused;
-  std::set<std::string> names;  // every source name, to catch an output named like another tensor
-  for (const TensorInfo& t : tensors) names.insert(t.name);
+  std::unordered_map<std::string, const TensorInfo*> names;  // every source, by name
+  for (const TensorInfo& t : tensors) names.emplace(t.name, &t);
+  auto lookup = [&](const std::string& name) -> const TensorInfo* {
+    auto it = names.find(name);
+    return it == names.end() ? nullptr : it->second;
+  };
   bool any_rule_matched = false;
 
   for (const TensorInfo& t : tensors) {
@@ -663,7 +680,7 @@ Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& 
                                (ep ? " on rank " + std::to_string(rank) : std::string()) + ", the config names " +
                                std::to_string(want) + " (missing expert tensors, or a config that disagrees)");
     }
-    CKPT_ASSIGN_OR_RETURN(OutputLayout flat, PlanOutput(out, tensors));
+    CKPT_ASSIGN_OR_RETURN(OutputLayout flat, PlanOutputWith(out, lookup));
     if (flat.shape.empty() || flat.shape[0] % n != 0)
       return InvalidArgument("output '" + name + "': " + std::to_string(flat.shape.empty() ? 0 : flat.shape[0]) +
                              " rows cannot be stacked into " + std::to_string(n) + " equal parts (experts of different sizes?)");
@@ -673,24 +690,21 @@ Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& 
   }
   // Check that every output's pieces fit together.
   for (const ShardOutput& out : outputs) {
-    auto layout = PlanOutput(out, tensors);
+    auto layout = PlanOutputWith(out, lookup);
     if (!layout.ok()) return layout.status();
   }
   return outputs;
 }
 
-Result<OutputLayout> PlanOutput(const ShardOutput& output, const std::vector<TensorInfo>& tensors) {
+namespace {
+
+template <typename Lookup>
+Result<OutputLayout> PlanOutputWith(const ShardOutput& output, const Lookup& lookup) {
   if (output.pieces.empty()) return InvalidArgument("output '" + output.name + "' has no pieces");
   OutputLayout result;
   for (size_t i = 0; i < output.pieces.size(); ++i) {
     const ShardPiece& piece = output.pieces[i];
-    const TensorInfo* info = nullptr;
-    for (const TensorInfo& t : tensors) {
-      if (t.name == piece.source) {
-        info = &t;
-        break;
-      }
-    }
+    const TensorInfo* info = lookup(piece.source);
     if (!info) return NotFound("output '" + output.name + "': no tensor '" + piece.source + "'");
     auto layout = PieceLayout(piece, *info);
     if (!layout.ok()) return layout.status().WithContext("tensor '" + piece.source + "'");
@@ -726,6 +740,17 @@ Result<OutputLayout> PlanOutput(const ShardOutput& output, const std::vector<Ten
     result.shape = output.shape;
   }
   return result;
+}
+
+}  // namespace
+
+Result<OutputLayout> PlanOutput(const ShardOutput& output, const std::vector<TensorInfo>& tensors) {
+  return PlanOutputWith(output, [&](const std::string& name) -> const TensorInfo* {
+    for (const TensorInfo& t : tensors) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  });
 }
 
 Status GatherOutput(const ShardOutput& output, const OutputLayout& layout, const std::vector<const std::byte*>& sources,
