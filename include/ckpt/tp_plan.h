@@ -67,7 +67,8 @@
 // g ("stack_count": n requires n of them); "if_absent": pattern applies the entry only when
 // no tensor of the checkpoint matches that pattern (e.g. a tied embedding: no lm_head).
 // Plan keys besides rules/default: "require": [{"pattern": p, "count": n, "what": text}]
-// (p must match at least n tensors, else an error naming `what`), "family", "comment".
+// (p must match at least n tensors, else an error naming `what`), "max_world": {"world": n,
+// "why": text} (larger worlds refused), "family", "comment".
 #pragma once
 
 #include <memory>
@@ -183,6 +184,8 @@ class TpPlan {
   std::string json_;
   std::string family_;
   Convention convention_ = Convention::kMegatron;
+  int max_world_ = 0;  // > 0: Resolve refuses larger worlds, saying max_world_why_
+  std::string max_world_why_;
 };
 
 // The dense layout of an output: dtype and shape of the concatenated (and transposed or

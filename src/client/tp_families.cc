@@ -619,9 +619,18 @@ Result<std::string> PlanJson(const std::string& family, const TpPlan::Options& o
   static const std::set<std::string> kOlder = {"gpt-neo", "gpt2", "gptj", "bloom", "opt", "falcon", "gpt_neox"};
   static const std::set<std::string> kNoHfPlan = {"gpt-neo", "gpt2", "gptj", "bloom", "opt", "falcon"};
   if (b.hf && kNoHfPlan.count(*canonical)) {
-    return InvalidArgument("family '" + *canonical +
-                           "' has no tensor-parallel plan in transformers, so the \"hf\" convention has nothing to "
-                           "match (transformers replicates or refuses it); use convention \"megatron\"");
+    // transformers has no TP plan for these: at world 1 its model holds every tensor whole;
+    // beyond, there is nothing to match (use megatron). The family's requirements stay.
+    Builder m{options, *config, *canonical, false};
+    auto megatron = OlderPlan(m);
+    if (!megatron.ok() && config->present) return megatron.status();
+    json plan = {{"family", *canonical}, {"convention", "hf"}, {"default", "replicate"}, {"rules", json::array()},
+                 {"require", m.require},
+                 {"max_world", {{"world", 1}, {"why", "family '" + *canonical +
+                                                          "' has no tensor-parallel plan in transformers, so the "
+                                                          "\"hf\" convention has nothing to match; use convention "
+                                                          "\"megatron\""}}}};
+    return plan.dump(1);
   }
   if (kOlder.count(*canonical)) return OlderPlan(b);
   return LlamaLikePlan(b);

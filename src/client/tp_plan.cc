@@ -247,10 +247,10 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
   TpPlan plan;
   plan.json_ = json_text;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
-    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require"};
+    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require", "max_world"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument("unknown key '" + it.key() +
-                             "' in plan (known: rules, default, convention, family, require, comment)");
+                             "' in plan (known: rules, default, convention, family, require, max_world, comment)");
   }
   if (doc.contains("convention")) {
     if (!doc["convention"].is_string()) return InvalidArgument("plan \"convention\" must be \"megatron\" or \"hf\"");
@@ -261,6 +261,13 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
   if (doc.contains("family")) {
     if (!doc["family"].is_string()) return InvalidArgument("plan \"family\" must be a string");
     plan.family_ = doc["family"].get<std::string>();
+  }
+  if (doc.contains("max_world")) {
+    const auto& mw = doc["max_world"];
+    if (!mw.is_object() || !mw.contains("world") || !mw["world"].is_number_integer() || mw["world"].get<int>() < 1)
+      return InvalidArgument("plan \"max_world\" is {\"world\": n, \"why\": text}");
+    plan.max_world_ = mw["world"].get<int>();
+    plan.max_world_why_ = mw.contains("why") && mw["why"].is_string() ? mw["why"].get<std::string>() : "";
   }
   auto default_entry = std::make_shared<Entry>();
   if (doc.contains("default")) {
@@ -546,6 +553,9 @@ Result<OutputLayout> PlanOutputWith(const ShardOutput& output, const Lookup& loo
 Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const {
   if (world < 1 || rank < 0 || rank >= world)
     return InvalidArgument("rank " + std::to_string(rank) + " out of range for world " + std::to_string(world));
+  if (max_world_ > 0 && world > max_world_)
+    return InvalidArgument("this plan is for world <= " + std::to_string(max_world_) + ", not " + std::to_string(world) +
+                           (max_world_why_.empty() ? std::string() : ": " + max_world_why_));
   const std::string known =
       " (built-in families: " + FamilyList() +
       "; or a plan file: {\"rules\": [{\"pattern\": regex, \"rule\": name}, ...]}, docs/tp-plans.md)";

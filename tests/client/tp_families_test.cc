@@ -74,13 +74,14 @@ TEST_F(TpFamiliesTest, EveryFamilyEveryConventionEveryRankMatchesTorchSlices) {
     ASSERT_TRUE(family_of.ok()) << family_of.status().ToString();
     EXPECT_EQ(*family_of, family);
     const auto cases = nlohmann::json::parse(ReadFile(d + "/cases.json"));
-    for (const auto& conv_name : cases["conventions"]) {
+    for (const auto& [conv, worlds] : cases["conventions"].items()) {
+      const nlohmann::json conv_name = conv;
       TpPlan::Options o;
-      o.convention = *ParseConvention(conv_name.get<std::string>());
+      o.convention = *ParseConvention(conv);
       auto plan = TpPlan::ForConfig(config, o);
       ASSERT_TRUE(plan.ok()) << plan.status().ToString();
       EXPECT_EQ(plan->family(), family);
-      for (int world : cases["worlds"].get<std::vector<int>>()) {
+      for (int world : worlds.get<std::vector<int>>()) {
         for (int rank = 0; rank < world; ++rank) {
           SCOPED_TRACE(conv_name.get<std::string>() + " world " + std::to_string(world) + " rank " + std::to_string(rank));
           const std::string prefix = conv_name.get<std::string>() + "/w" + std::to_string(world) + "/r" + std::to_string(rank) + "/";

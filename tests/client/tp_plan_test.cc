@@ -307,9 +307,13 @@ TEST(TpPlanTest, BuiltInConventionsConfigsAndErrors) {
   EXPECT_NE(gqa.status().message().find("not a multiple of num_key_value_heads"), std::string::npos);
   TpPlan::Options hf;
   hf.convention = Convention::kHf;
-  auto no_hf = TpPlan::BuiltIn("bloom", hf);
-  ASSERT_FALSE(no_hf.ok());
-  EXPECT_NE(no_hf.status().message().find("\"megatron\""), std::string::npos) << no_hf.status().ToString();
+  auto no_hf = TpPlan::BuiltIn("bloom", hf);  // transformers has no plan: whole at world 1 only
+  ASSERT_TRUE(no_hf.ok()) << no_hf.status().ToString();
+  const std::vector<TensorInfo> bloom = {T("h.0.self_attention.query_key_value.weight", {12, 4})};
+  EXPECT_TRUE(no_hf->Resolve(bloom, 0, 1).ok());
+  auto two = no_hf->Resolve(bloom, 0, 2);
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("\"megatron\""), std::string::npos) << two.status().ToString();
   auto phi3 = TpPlan::BuiltIn("phi3");
   ASSERT_FALSE(phi3.ok());
   EXPECT_NE(phi3.status().message().find("needs the model's config"), std::string::npos);

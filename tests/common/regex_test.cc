@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -31,8 +33,10 @@ const std::vector<std::string> kTemplates = {"$1qkv_proj.$3", "$0!", "$$1", "pre
 // Python's verdict on each (pattern, name): null if the pattern does not compile, else per
 // name null (no match) or {"groups": [...], "subs": [...]} (None groups as "").
 nlohmann::json PythonReference(const std::vector<std::string>& patterns) {
-  const std::string dir = ::testing::TempDir();
-  const std::string in = dir + "/regex_ref_in.json", out = dir + "/regex_ref_out.json", script = dir + "/regex_ref.py";
+  // Names unique to this process and call: ctest runs the test cases in parallel.
+  static int calls = 0;
+  const std::string dir = ::testing::TempDir() + "/regex_ref_" + std::to_string(::getpid()) + "_" + std::to_string(++calls);
+  const std::string in = dir + ".in.json", out = dir + ".out.json", script = dir + ".py";
   {
     std::ofstream f(in);
     f << nlohmann::json{{"patterns", patterns}, {"names", kNames}, {"templates", kTemplates}}.dump();
@@ -79,6 +83,9 @@ json.dump(result, open(sys.argv[2], 'w'))
   std::ifstream f(out);
   std::stringstream ss;
   ss << f.rdbuf();
+  std::remove(in.c_str());
+  std::remove(out.c_str());
+  std::remove(script.c_str());
   return nlohmann::json::parse(ss.str());
 }
 

@@ -55,8 +55,8 @@ class PlanFamiliesTest(unittest.TestCase):
             model = self.client.attach(family)
             expected = self.client.attach(family + ".expected")
             cases = self.cases(family)
-            for conv in cases["conventions"]:
-                for world in cases["worlds"]:
+            for conv, worlds in cases["conventions"].items():
+                for world in worlds:
                     for rank in range(world):
                         with self.subTest(family=family, convention=conv, world=world, rank=rank):
                             prefix = f"{conv}/w{world}/r{rank}/"
