@@ -616,6 +616,9 @@ Result<std::string> PlanJson(const std::string& family, const TpPlan::Options& o
   auto config = ParseConfig(options.config_json);
   if (!config.ok()) return config.status();
   Builder b{options, *config, *canonical, options.convention == Convention::kHf};
+  if (b.hf && (options.fuse_qkv || options.fuse_gate_up || options.expert_parallel || options.fuse_experts))
+    return InvalidArgument("fuse_qkv, fuse_gate_up, expert_parallel and fuse_experts are options of the \"megatron\" "
+                           "convention; \"hf\" is transformers' own layout (its MoE experts are always fused)");
   static const std::set<std::string> kOlder = {"gpt-neo", "gpt2", "gptj", "bloom", "opt", "falcon", "gpt_neox"};
   static const std::set<std::string> kNoHfPlan = {"gpt-neo", "gpt2", "gptj", "bloom", "opt", "falcon"};
   if (b.hf && kNoHfPlan.count(*canonical)) {

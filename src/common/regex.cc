@@ -68,6 +68,9 @@ Result<Regex> Regex::Compile(const std::string& text) {
     return InvalidArgument("bad regular expression /" + text + "/ at offset " + std::to_string(offset) + ": " +
                            ErrorText(error));
   }
+  // JIT-compile where the platform allows (plans match every tensor name against every
+  // rule); pcre2_match falls back to the interpreter otherwise. The match limit holds for both.
+  (void)pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
   uint32_t count = 0;
   pcre2_pattern_info(code, PCRE2_INFO_CAPTURECOUNT, &count);
   Regex r;

@@ -320,6 +320,11 @@ TEST(TpPlanTest, BuiltInConventionsConfigsAndErrors) {
   TpPlan::Options ep;
   ep.expert_parallel = true;
   EXPECT_FALSE(TpPlan::BuiltIn("mixtral", ep).ok());  // the expert count comes from the config
+  TpPlan::Options hf_fused = hf;
+  hf_fused.fuse_qkv = true;
+  auto contradiction = TpPlan::BuiltIn("llama", hf_fused);
+  ASSERT_FALSE(contradiction.ok());
+  EXPECT_NE(contradiction.status().message().find("options of the \"megatron\" convention"), std::string::npos);
   auto plan = TpPlan::BuiltIn("llama", hf);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->convention(), Convention::kHf);
