@@ -2,9 +2,9 @@
 
     import ckpt
     client = ckpt.connect()                       # $CKPTD_SOCKET or /run/ckptd/ckptd.sock
-    client.load("/models/gpt-neo/model.safetensors", name="gpt-neo")
-    sd = client.state_dict("gpt-neo", rank=rank, world=world, plan="auto", convention="hf",
-                           device=f"cuda:{rank}", dtype=torch.float16)
+    client.load("/models/llama/model.safetensors", name="llama")
+    sd = client.state_dict("llama", rank=rank, world=world, plan="auto", convention="hf",
+                           device=f"cuda:{rank}", dtype=torch.float16)  # plans: docs/tp-plans.md
     model.load_state_dict(sd, strict=False)
 
 Every rank attaches the daemon's one copy read-only; tensors are zero-copy views of it
