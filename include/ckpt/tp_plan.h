@@ -159,7 +159,8 @@ class TpPlan {
   // fit a tensor (dim out of range, a dimension world does not divide, heads or experts that
   // do not divide over world or disagree with the tensor's shape), rank/world are out of
   // range, fused pieces disagree in dtype or trailing shape, a "require" entry is not met,
-  // or no rule of a plan with rules matches any tensor (a wrong family).
+  // or no rule of a plan with rules matches any tensor (a wrong family). A plan is
+  // immutable: Resolve may run on several threads at once, and copies share the patterns.
   Result<std::vector<ShardOutput>> Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const;
 
   // The plan in the file format above (what a built-in plan is made of).
