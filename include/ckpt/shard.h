@@ -28,6 +28,9 @@ struct ShardSpec {
   int fused_chunks = 1;  // k >= 1: `dim` holds k equal chunks (fused QKV: 3), each split
   bool allow_uneven = false;  // if false, a chunk length not divisible by world is an error;
                               // if true, parts follow torch.tensor_split (first ranks +1)
+  bool ceil_parts = false;    // with allow_uneven: parts follow torch.chunk / DTensor Shard
+                              // instead (ceil(n / world) each, the last ones shorter or empty),
+                              // as transformers' tensor parallelism splits
 
   static ShardSpec Replicate() { return {}; }
   static ShardSpec Split(int dim, int rank, int world, int fused_chunks = 1,
@@ -37,6 +40,10 @@ struct ShardSpec {
   // For MiCS, pass rank % mics_shard_size and world = mics_shard_size: partitions are
   // taken within a shard group and replicated across groups.
   static ShardSpec FlatPartition(int rank, int world) { return {Kind::kFlatPartition, 0, rank, world, 1, true}; }
+  // torch.chunk parts (see ceil_parts).
+  static ShardSpec Chunk(int dim, int rank, int world, int fused_chunks = 1) {
+    return {Kind::kSplit, dim, rank, world, fused_chunks, true, true};
+  }
 };
 
 // One strided copy: `rows` rows of `row_bytes` bytes, row r read at

@@ -1,32 +1,74 @@
-// Tensor-parallel sharding plans: which rule applies to which tensor of a checkpoint,
-// and what each rank's state dict holds (outputs made of one or several fused pieces).
+// Tensor-parallel sharding plans: which rule applies to which tensor of a checkpoint, and
+// what each rank's state dict holds (outputs made of one or several pieces of source
+// tensors, optionally transposed or viewed in another shape). The one plan engine: the CUDA
+// engine, the libtorch adapter and the Python module (CPU and GPU) all resolve plans here.
 //
-//   auto plan = ckpt::TpPlan::BuiltIn("gpt-neo");              // or TpPlan::FromJsonFile(path)
+//   auto plan = ckpt::TpPlan::ForConfig(config_json, {.convention = ckpt::Convention::kHf});
+//   // or TpPlan::BuiltIn("llama", options), TpPlan::FromJsonFile(path)
 //   auto outs = plan->Resolve(checkpoint.tensors(), rank, world);
 //   // outs: one ShardOutput per tensor of the rank's state dict
 //
+// Conventions (docs/tp-plans.md says exactly what each rank gets per family):
+//   kHf        what transformers' own tensor parallelism (from_pretrained(tp_plan="auto"))
+//              holds on each rank: its parameter names (per-expert MoE tensors fused into
+//              3-d experts.gate_up_proj / down_proj as transformers converts them at load),
+//              its split arithmetic (torch.chunk: ceil-sized parts), everything outside its
+//              plan replicated.
+//   kMegatron  the layout fused inference kernels use: vocabulary-parallel embedding and head
+//              (torch.tensor_split parts), column/row parallel linears, key/value heads
+//              replicated when the TP degree exceeds them, MoE experts split inside (TP) or
+//              whole per rank (expert_parallel), router replicated; fusions on request.
+//
 // Plan file (JSON):
-//   {"default": "replicate",                       // rule of tensors no entry matches
-//    "rules": [                                     // first matching entry wins
+//   {"convention": "megatron",                     // or "hf" (informational + validation)
+//    "default": "replicate",                       // rule of tensors no entry matches
+//    "rules": [                                    // first matching entry wins
 //      {"pattern": "\\.(q|k|v)_proj\\.weight$", "rule": "column"},
-//      {"pattern": "^(.*)\\.attn\\.c_attn\\.weight$", "rule": "conv1d_fused_qkv", "transpose": true},
 //      {"pattern": "^(.*)\\.(q|k|v)_proj\\.weight$", "rule": "column",
 //       "fuse_into": "$1.qkv_proj.weight", "fuse_key": 2, "fuse_order": ["q", "k", "v"]},
-//      {"pattern": "wte", "rule": {"split": 0, "chunks": 1, "uneven": true}}]}
-// Patterns are regular expressions (an ECMAScript subset: src/common/pattern.h) searched in
-// the tensor name. Rules:
+//      {"pattern": "k_proj\\.weight$", "rule": {"split": 0, "heads": 2}},
+//      {"pattern": "wte", "rule": {"split": 0, "uneven": true}}]}
+// Patterns are regular expressions (PCRE2, the syntax of Python's `re` for what plans use)
+// searched in the tensor name. Rule names:
 //   replicate          the whole tensor
-//   column             Linear layout [out, in]: split dim 0 (weights and their biases)
-//   row                Linear layout: split the last dim (a 1-d tensor is replicated)
-//   vocab              split dim 0, uneven allowed (embeddings, lm_head)
+//   column             Linear [out, in]: split dim 0 (weights and their biases)
+//   row                Linear: split the last dim (a 1-d tensor is replicated)
+//   vocab              split dim 0, uneven allowed (torch.tensor_split parts)
 //   fused_qkv          dim 0 holds q, k, v: each split (Linear layout, and fused biases)
-//   conv1d_column      GPT-2 Conv1D layout [in, out]: split the last dim (1-d: dim 0)
-//   conv1d_row         Conv1D layout: split dim 0 (a 1-d tensor is replicated)
-//   conv1d_fused_qkv   Conv1D layout: the last dim holds q, k, v, each split
-//   {"split": d, "chunks": k, "uneven": b}   the general form
-// "transpose": true writes the (2-d) shard transposed. "fuse_into" names the output that
-// the matching tensors' shards are concatenated into along dim 0, in "fuse_order" of the
-// capture group "fuse_key" (pieces whose key is not listed come last, by name).
+//   conv1d_column      GPT-2 Conv1D [in, out]: split the last dim (1-d: dim 0)
+//   conv1d_row         Conv1D: split dim 0 (a 1-d tensor is replicated)
+//   conv1d_fused_qkv   Conv1D: the last dim holds q, k, v, each split
+//   transformers' style names, with its arithmetic (uneven parts as torch.chunk):
+//   colwise, colwise_gather_output, colwise_rep, local_colwise   weight dim -2, 1-d dim -1
+//   rowwise, rowwise_split_input, rowwise_rep, local_rowwise     weight dim -1, "*.bias"
+//                      replicated, other 1-d tensors split
+//   packed_colwise     dim -2 holds 2 blocks (gate, up), each split; 1-d dim -1
+//   packed_rowwise, local_packed_rowwise   dim -1 holds 2 blocks; bias replicated
+//   embedding_rowwise / embedding_colwise  dim 0 / dim 1
+//   grouped_gemm       dim 0 holds experts: whole experts per rank (their count % world == 0)
+//   replicated_with_grad_allreduce, sequence_parallel, ep_router, moe_tp_experts, gather,
+//   local, all_reduce, mla_kv_a_proj   replicated
+//   The general form: {"split": d, "chunks": k, "uneven": false | true | "chunk",
+//     "vector": "same" | "replicate" | "replicate_bias" | "dim0" | "last",
+//     "heads": n,          dim (each chunk) holds n equal heads: n % world == 0, or, if
+//                          n < world, world % n == 0 and rank r takes head r * n / world
+//     "experts": n,        dim holds n experts: n % world == 0 (whole experts per rank)
+//     "sections": [{"rows": r, "heads": n}, ...]   dim 0 holds sections of r rows, each
+//                          split on its own (by its heads); the rank's parts are concatenated
+//     }
+//   {"expert": g, "experts": n}   the whole tensor, kept only by the rank that owns expert
+//                          number <capture group g> (expert e belongs to rank e / (n / world));
+//                          the other ranks' state dicts omit it
+// Entry keys besides pattern/rule: "transpose": true writes the (2-d) shard transposed;
+// "fuse_into" names an output the matching tensors' shards are concatenated into along dim
+// 0 ($n: capture groups), sorted by "fuse_key" (a group or a list of groups; a key listed in
+// "fuse_order" sorts by its position there, all-digit keys numerically, others by text);
+// "stack": g views the output with a new leading dim, one entry per distinct value of group
+// g ("stack_count": n requires n of them); "if_absent": pattern applies the entry only when
+// no tensor of the checkpoint matches that pattern (e.g. a tied embedding: no lm_head).
+// Plan keys besides rules/default: "require": [{"pattern": p, "count": n, "what": text}]
+// (p must match at least n tensors, else an error naming `what`), "max_world": {"world": n,
+// "why": text} (larger worlds refused), "family", "comment".
 #pragma once
 
 #include <memory>
@@ -45,41 +87,87 @@ namespace ckpt {
 struct ShardPiece {
   std::string source;  // tensor name in the checkpoint
   ShardSpec spec;
+  // The spec applies to rows [row_begin, row_begin + row_count) of the source's dim 0 (a
+  // section of a fused tensor); row_count < 0: the whole tensor.
+  int64_t row_begin = 0;
+  int64_t row_count = -1;
 };
 
-// One tensor of a rank's state dict: its pieces' shards concatenated along dim 0
-// (one piece unless fused), optionally transposed (2-d only).
+// One tensor of a rank's state dict: its pieces' shards concatenated along dim 0 (one piece
+// unless fused), then optionally transposed (2-d only) or viewed as `shape` (same number of
+// elements, e.g. stacked experts [E, rows / E, ...]; not with transpose).
 struct ShardOutput {
   std::string name;
   std::vector<ShardPiece> pieces;
   bool transpose = false;
+  std::vector<int64_t> shape;  // empty: the concatenation's own shape
 };
+
+enum class Convention { kMegatron, kHf };
+// "megatron" / "hf".
+const char* ConventionName(Convention convention);
+// InvalidArgument for anything but "megatron" / "hf".
+Result<Convention> ParseConvention(const std::string& name);
 
 class TpPlan {
  public:
-  // Built-in plans for HF checkpoints of: "gpt-neo", "gpt2", "gptj", "llama", "mistral",
-  // "bloom", "opt". Options: fuse_qkv fuses separate q/k/v projections into one
-  // "...qkv_proj.weight" (and bias) output; transpose_conv1d writes GPT-2's Conv1D
-  // weights in Linear layout. InvalidArgument for an unknown family.
-  struct BuiltInOptions {
+  struct Options {
+    Convention convention = Convention::kMegatron;
+    // megatron: separate q/k/v projections into one "...qkv_proj.{weight,bias}" output.
     bool fuse_qkv = false;
+    // megatron: gate/up projections (or w1/w3) into one "...gate_up_proj.weight" output.
+    bool fuse_gate_up = false;
+    // GPT-2: Conv1D weights written in Linear layout ([out, in]).
     bool transpose_conv1d = false;
+    // megatron MoE: each rank keeps whole experts (expert parallelism) instead of a
+    // tensor-parallel part of every expert.
+    bool expert_parallel = false;
+    // megatron MoE: per-expert tensors stacked into 3-d "...mlp.experts.gate_up_proj" /
+    // "down_proj" outputs as transformers names them (hf always does).
+    bool fuse_experts = false;
+    // The model's config.json text ("" if none). Head and expert counts, tied embeddings
+    // and the layer count come from it; without it heads are not checked, k/v are split
+    // like q, and phi3/falcon (whose fused layouts need head counts) are refused.
+    std::string config_json;
   };
-  static Result<TpPlan> BuiltIn(const std::string& family, const BuiltInOptions& options);
-  static Result<TpPlan> BuiltIn(const std::string& family) { return BuiltIn(family, {}); }
-  // The families BuiltIn knows.
+  using BuiltInOptions = Options;
+
+  // The built-in plan of `family` (Families(); aliases such as "gpt_neo", "gemma3_text"
+  // accepted). InvalidArgument for an unknown family (naming the built-in ones and the plan
+  // file format), a config that is not JSON or has a field of the wrong type, or a
+  // convention the family lacks (hf for a family transformers has no plan for: refused,
+  // naming "megatron").
+  static Result<TpPlan> BuiltIn(const std::string& family, const Options& options);
+  static Result<TpPlan> BuiltIn(const std::string& family) { return BuiltIn(family, Options{}); }
+  // The built-in plan for the model `config_json` describes (its model_type, else its
+  // architectures), with options.config_json set to it. InvalidArgument as BuiltIn, and for
+  // a config naming no known family.
+  static Result<TpPlan> ForConfig(const std::string& config_json, const Options& options);
+  static Result<TpPlan> ForConfig(const std::string& config_json) { return ForConfig(config_json, Options{}); }
+  // The family ForConfig would pick, or InvalidArgument as ForConfig.
+  static Result<std::string> FamilyOf(const std::string& config_json);
+  // The families BuiltIn knows (canonical names).
   static std::vector<std::string> Families();
   // Parses a plan (format above). InvalidArgument naming the entry for bad JSON, a bad
-  // regular expression, an unknown rule name, or a malformed fusion.
+  // regular expression, an unknown rule name or key, or a malformed fusion.
   static Result<TpPlan> FromJson(const std::string& json_text);
   static Result<TpPlan> FromJsonFile(const std::string& path);
 
-  // Every tensor of `tensors` goes into exactly one output; outputs in the order of their
-  // first source tensor. InvalidArgument if a rule does not fit a tensor (dim out of
-  // range, a dimension world does not divide, rank/world out of range) or fused pieces
-  // disagree in dtype or trailing shape, naming the tensor.
-  Result<std::vector<ShardOutput>> Resolve(const std::vector<TensorInfo>& tensors, int rank,
-                                           int world) const;
+  // Every tensor of `tensors` goes into at most one output (exactly one unless an "expert"
+  // rule gives it to another rank); outputs in the order of their first source tensor.
+  // InvalidArgument, naming the tensor (and the rule or config field), if a rule does not
+  // fit a tensor (dim out of range, a dimension world does not divide, heads or experts that
+  // do not divide over world or disagree with the tensor's shape), rank/world are out of
+  // range, fused pieces disagree in dtype or trailing shape, a "require" entry is not met,
+  // or no rule of a plan with rules matches any tensor (a wrong family). A plan is
+  // immutable: Resolve may run on several threads at once, and copies share the patterns.
+  Result<std::vector<ShardOutput>> Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const;
+
+  // The plan in the file format above (what a built-in plan is made of).
+  const std::string& json() const { return json_; }
+  Convention convention() const { return convention_; }
+  // The built-in family ("" for a plan file without "family").
+  const std::string& family() const { return family_; }
 
   struct Entry;  // internal
   TpPlan();
@@ -91,19 +179,34 @@ class TpPlan {
 
  private:
   std::vector<std::shared_ptr<const Entry>> entries_;
-  std::string default_rule_ = "replicate";
+  std::shared_ptr<const Entry> default_;
+  struct Requirement;
+  std::vector<std::shared_ptr<const Requirement>> requirements_;
+  std::string json_;
+  std::string family_;
+  Convention convention_ = Convention::kMegatron;
+  int max_world_ = 0;  // > 0: Resolve refuses larger worlds, saying max_world_why_
+  std::string max_world_why_;
 };
 
-// The dense layout of an output: dtype and shape of the concatenated (and possibly
-// transposed) shards, and each piece's layout. InvalidArgument if a piece's tensor is
-// missing or the pieces cannot be concatenated.
+// The dense layout of an output: dtype and shape of the concatenated (and transposed or
+// reshaped) shards, and each piece's layout. InvalidArgument if a piece's tensor is missing,
+// its row range is outside the tensor, or the pieces cannot be concatenated or viewed so.
 struct OutputLayout {
   DType dtype = DType::kU8;
-  std::vector<int64_t> shape;            // after concatenation and transpose
-  std::vector<ShardLayout> pieces;       // each piece's shard (before transpose)
+  std::vector<int64_t> shape;            // final: after concatenation and transpose / view
+  std::vector<ShardLayout> pieces;       // each piece's shard (regions relative to its source
+                                         // tensor's first byte, before transpose)
   std::vector<uint64_t> piece_offsets;   // bytes into the concatenated (untransposed) output
   uint64_t nbytes = 0;
 };
 Result<OutputLayout> PlanOutput(const ShardOutput& output, const std::vector<TensorInfo>& tensors);
+
+// Writes `output` (laid out as `layout`, from PlanOutput) into host memory `dst`:
+// `sources[i]` is the first byte of piece i's source tensor. Transposes on the CPU.
+// InvalidArgument (nothing written) if dst_size < layout.nbytes or sources do not match
+// the pieces.
+Status GatherOutput(const ShardOutput& output, const OutputLayout& layout, const std::vector<const std::byte*>& sources,
+                    void* dst, size_t dst_size);
 
 }  // namespace ckpt

@@ -2,18 +2,15 @@
 
     import ckpt
     client = ckpt.connect()                       # $CKPTD_SOCKET or /run/ckptd/ckptd.sock
-    client.load("/models/gpt-neo/model.safetensors", name="gpt-neo")
-    sd = client.state_dict("gpt-neo", rank=rank, world=world, plan=ckpt.plans.GPT_NEO,
-                           device=f"cuda:{rank}", dtype=torch.float16)
+    client.load("/models/llama/model.safetensors", name="llama")
+    sd = client.state_dict("llama", rank=rank, world=world, plan="auto", convention="hf",
+                           device=f"cuda:{rank}", dtype=torch.float16)  # plans: docs/tp-plans.md
     model.load_state_dict(sd, strict=False)
 
 Every rank attaches the daemon's one copy read-only; tensors are zero-copy views of it
 (read-only CPU tensors) until a shard is gathered or moved to a device. Errors raise
 ckpt.CkptError subclasses that carry the daemon's message.
 """
-import json
-import os
-import re
 import warnings
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -29,7 +26,7 @@ __all__ = [
     "CkptError", "InvalidArgument", "NotFound", "AlreadyExists", "Corrupt", "Unsupported", "ResourceExhausted",
     "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "DeadlineExceeded", "Cancelled",
     "NcclGroup", "nccl_group",
-    "ds_partition_size",
+    "ds_partition_size", "plans",
 ]
 
 DTYPES = {
@@ -74,46 +71,13 @@ def partition_rule() -> Rule:
     return Rule("partition")
 
 
-# A plan: {regex: Rule} (the first pattern that re.search-matches a name wins, tensors
-# that match none are replicated), or a callable (name, info dict) -> Rule.
-Plan = Union[None, Mapping[str, Rule], Callable[[str, dict], Rule]]
-
-
-def _rule_for(plan: Plan, name: str, info: dict) -> Rule:
-    if plan is None:
-        return REPLICATE
-    if callable(plan):
-        return plan(name, info)
-    for pattern, rule in plan.items():
-        if re.search(pattern, name):
-            return rule
-    return REPLICATE
+# A plan: None (every tensor whole), "auto" (the family from the checkpoint's config), a
+# built-in family name, a plan file, a ckpt.plans.TpPlan, {regex: Rule} (first match wins,
+# others replicated), or a callable (name, info dict) -> Rule applied tensor by tensor.
+Plan = Union[None, str, "plans.TpPlan", Mapping[str, Rule], Callable[[str, dict], Rule]]
 
 
 _DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
-
-
-def _plan_for_gpu(plan: Plan):
-    """(kind, text) for the CUDA engine's TpPlan, or None if the plan has no such form."""
-    if plan is None:
-        return "json", json.dumps({"default": "replicate", "rules": []})
-    if isinstance(plan, str):
-        if plan in _ckpt.plan_families():
-            return "family", plan
-        if os.path.isfile(plan):
-            return "file", plan
-        raise InvalidArgument(f"unknown plan '{plan}': not a built-in family {_ckpt.plan_families()} nor a file")
-    if callable(plan):
-        return None
-    rules = []
-    for pattern, (kind, dim, chunks, uneven) in plan.items():
-        if kind == "replicate":
-            rules.append({"pattern": pattern, "rule": "replicate"})
-        elif kind == "split":
-            rules.append({"pattern": pattern, "rule": {"split": dim, "chunks": chunks, "uneven": bool(uneven)}})
-        else:
-            return None  # flat partitions: not a tensor-parallel plan
-    return "json", json.dumps({"default": "replicate", "rules": rules})
 
 
 def ds_partition_size(numel: int, world: int) -> int:
@@ -189,20 +153,40 @@ class Checkpoint:
         part_rank, parts = _partition_coords(rank, world, group_size)
         return self.shard(name, partition_rule(), part_rank, parts, device=device, dtype=dtype, copy=True)
 
-    def state_dict(self, rank: int = 0, world: int = 1, plan: Plan = None, *,
+    def resolve(self, rank: int = 0, world: int = 1, plan: Plan = None, *, convention: str = "megatron",
+                config=None, **options):
+        """This rank's outputs under `plan` (ckpt.plans.ShardOutput: name, pieces, transpose,
+        view), as the plan engine resolves them for both the CPU and the CUDA path. `config`
+        (dict or JSON text) defaults to the checkpoint's own (self.config)."""
+        from . import plans as _plans
+        if config is None:
+            config = getattr(self, "config", None)
+        tp = _plans.make(plan, config=config, convention=convention, **options)
+        return self._h.resolve(tp, rank, world)
+
+    def state_dict(self, rank: int = 0, world: int = 1, plan: Plan = None, *, convention: str = "megatron",
+                   config=None, fuse_qkv: bool = False, fuse_gate_up: bool = False, expert_parallel: bool = False,
+                   fuse_experts: bool = False, transpose_conv1d: bool = False,
                    device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
                    copy: bool = False, names=None, engine: str = "auto", group=None,
                    collective: str = "auto", host_path: str = "bounce") -> Dict[str, torch.Tensor]:
-        """{name: this rank's shard} for every tensor (or `names`), sharded by `plan`: a
-        {regex: Rule} dict, a callable, a built-in family name ("gpt-neo", "llama", ...;
-        see _ckpt.plan_families()) or a JSON plan file. dtype converts floating-point
-        tensors only, on the device when there is one.
+        """{name: this rank's tensor} of the rank's state dict under `plan`: "auto" (the family
+        from the checkpoint's config.json: `config`, else self.config), a built-in family name
+        (ckpt.plans.families()), a plan file, a ckpt.plans.TpPlan, a {regex: Rule} dict, None
+        (every tensor whole) or a callable (name, info) -> Rule. `convention`: "megatron"
+        (default) or "hf" (names, shapes and bytes of transformers' own tensor-parallel model
+        on this rank, per-expert MoE tensors fused into 3-d experts.* as transformers does);
+        docs/tp-plans.md says what each rank gets. Options (megatron): fuse_qkv, fuse_gate_up,
+        expert_parallel (whole experts per rank), fuse_experts (3-d experts outputs),
+        transpose_conv1d (GPT-2). `names` keeps only those outputs. dtype converts
+        floating-point tensors only, on the device when there is one. Every plan but a
+        callable goes through the C++ plan engine, for the CPU as for the CUDA path.
 
         engine: "gpu" copies through the CUDA copy engine (pinned bounce buffers, 2D DMA,
         several streams, conversion on the GPU) into one device allocation; "torch" copies
-        tensor by tensor with torch; "auto" takes "gpu" for a CUDA device when the engine
-        is available and the plan has a tensor-parallel form (a dict of split/replicate
-        rules, a family name or a plan file; not a callable).
+        output by output on the CPU (zero-copy views where an output is one contiguous run)
+        and moves them with torch; "auto" takes "gpu" for a CUDA device when the engine is
+        available and the plan is not a callable.
 
         group: load collectively with the other ranks of a node (they must all call this,
         each with its own rank/world/plan): a torch.distributed ProcessGroup (an NCCL
@@ -215,31 +199,70 @@ class Checkpoint:
         32 MiB per call while it runs; the fastest), "register" (pins the mapping's pages
         in place: no extra host memory, several times slower), "pageable"."""
         device = torch.device(device)
+        if engine not in ("auto", "gpu", "torch"):
+            raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")
         if group is not None:
             if engine == "torch":
                 raise InvalidArgument("a collective load (group=) needs the gpu engine")
             engine = "gpu"
             if device.type == "cuda" and not isinstance(group, _ckpt.NcclGroup):
                 group = nccl_group(group, device=device)
-        gpu_plan = _plan_for_gpu(plan) if device.type == "cuda" and names is None else None
-        use_gpu = engine == "gpu" or (engine == "auto" and gpu_plan is not None
-                                       and _ckpt.gpu_available() and (dtype is None or dtype in _DTYPE_NAMES))
+        if callable(plan) and not isinstance(plan, (str, _ckpt.TpPlan)):
+            if engine == "gpu":
+                raise InvalidArgument("the GPU engine needs a plan the plan engine resolves (not a callable)")
+            return self._state_dict_by_rule(plan, rank, world, device, dtype, copy, names)
+        options = dict(fuse_qkv=fuse_qkv, fuse_gate_up=fuse_gate_up, expert_parallel=expert_parallel,
+                       fuse_experts=fuse_experts, transpose_conv1d=transpose_conv1d)
+        outputs = self.resolve(rank, world, plan, convention=convention, config=config, **options)
+        if names is not None:
+            wanted = set(names)
+            known = {o.name for o in outputs}
+            missing = sorted(wanted - known)
+            if missing:
+                raise NotFound(f"rank {rank}'s state dict has no {missing[:5]} (of {len(known)} outputs)")
+            outputs = [o for o in outputs if o.name in wanted]
+        use_gpu = engine == "gpu" or (engine == "auto" and device.type == "cuda" and _ckpt.gpu_available()
+                                       and (dtype is None or dtype in _DTYPE_NAMES))
         if use_gpu:
-            if gpu_plan is None:
-                raise InvalidArgument("the GPU engine needs a CUDA device, all tensors, and a dict, family or file plan")
-            capsules = self._h.load_gpu(gpu_plan[0], gpu_plan[1], rank, world, _cuda_index(device),
+            if device.type != "cuda":
+                raise InvalidArgument("the GPU engine needs a CUDA device")
+            capsules = self._h.load_gpu(outputs, _cuda_index(device),
                                         _DTYPE_NAMES.get(dtype, "") if dtype is not None else "",
                                         group=group, collective=collective, host_path=host_path)
             return {name: torch.utils.dlpack.from_dlpack(c) for name, c in capsules.items()}
-        if engine not in ("auto", "torch"):
-            raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")
-        if isinstance(plan, str):
-            from . import plans as _plans
-            plan = _plans.BY_FAMILY.get(plan) or _plans.from_file(plan)
         out = {}
+        for o in outputs:
+            t = self._output_on_cpu(o, copy)
+            want = dtype if (dtype is not None and t.is_floating_point()) else None
+            if device.type != "cpu":
+                t = t.to(device)
+            if want is not None and want != t.dtype:
+                t = t.to(want)
+            out[o.name] = t
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+
+    def _output_on_cpu(self, output, copy: bool) -> torch.Tensor:
+        """One resolved output on the CPU: a zero-copy (read-only) view when it is one
+        contiguous run of its source and copy is False, else gathered by the plan engine."""
+        shape, dtype_name, nbytes, offset = self._h.output_layout(output)
+        dtype = _torch_dtype(dtype_name)
+        if offset >= 0 and not copy:
+            whole = self.tensor(output.pieces[0]["source"]).reshape(-1).view(torch.uint8)
+            return whole[offset:offset + nbytes].view(dtype).view(shape)
+        t = torch.empty(shape, dtype=dtype)
+        if nbytes > 0:
+            self._h.copy_output(output, t.data_ptr(), nbytes)
+        return t
+
+    def _state_dict_by_rule(self, plan, rank, world, device, dtype, copy, names):
+        """A callable plan: plan(name, info) -> Rule, tensor by tensor (user code)."""
+        out = {}
+        device = torch.device(device)
         for name in (names if names is not None else self._infos):
             info = self.info(name)
-            rule = _rule_for(plan, name, info)
+            rule = plan(name, info)
             want = dtype if (dtype is not None and _torch_dtype(info["dtype"]).is_floating_point) else None
             out[name] = self.shard(name, rule, rank, world, device=device, dtype=want, copy=copy)
         if device.type == "cuda":
@@ -383,5 +406,6 @@ def _partition_coords(rank: int, world: int, group_size: Optional[int]) -> Tuple
         raise InvalidArgument(f"MiCS shard group size {group_size} must divide world {world}")
     return rank % group_size, group_size
 
+from . import plans  # noqa: E402  (the plan engine, C++; imported last: it needs _ckpt only)
 from .modules import FillReport, Launch, fill_module, launcher_env  # noqa: E402  (needs the names above)
 __all__ += ["fill_module", "FillReport", "launcher_env", "Launch"]

@@ -1,67 +1,118 @@
-"""Tensor-parallel plans for Hugging Face model families, as {regex: ckpt.Rule}.
+"""Tensor-parallel plans: the C++ plan engine (ckpt._ckpt.TpPlan), the one place plans live.
 
-Megatron-style: attention q/k/v and the MLP up-projection are column parallel (split the
-output dim of the [out, in] weight and its bias); attention output and MLP down-projection
-are row parallel (split the input dim; bias replicated); embeddings are split along the
-vocabulary (uneven allowed); everything else (norms, position embeddings) is replicated.
+    import ckpt.plans
+    plan = ckpt.plans.for_config(config, convention="hf")      # family from model_type
+    plan = ckpt.plans.builtin("llama", convention="megatron", config=config, fuse_qkv=True)
+    plan = ckpt.plans.from_file("my_plan.json")                  # format: docs/tp-plans.md
+    outs = plan.resolve(checkpoint.tensors(), rank, world)       # what each rank holds
+
+Conventions: "megatron" (default; the layout fused inference kernels use) and "hf" (what
+transformers' own tensor parallelism holds on each rank). docs/tp-plans.md says exactly what
+each rank gets, per family. Checkpoint.state_dict(plan=...) accepts a TpPlan, "auto" (the
+family from the checkpoint's config), a family name, a plan file path, or a {regex: Rule}
+dict (turned into a plan file here, resolved by the same engine).
 """
-from . import Rule, column, row
+import json
+import os
+from typing import Mapping, Optional, Union
 
-_VOCAB = column(0, allow_uneven=True)
+from . import _ckpt
 
-GPT_NEO = {
-    r"attn\.attention\.[qkv]_proj\.weight$": column(),
-    r"attn\.attention\.out_proj\.weight$": row(),
-    r"mlp\.c_fc\.(weight|bias)$": column(),
-    r"mlp\.c_proj\.weight$": row(),
-    r"(^|\.)wte\.weight$": _VOCAB,
-    r"^lm_head\.weight$": _VOCAB,
-}
+TpPlan = _ckpt.TpPlan
+ShardOutput = _ckpt.ShardOutput
 
-# GPT-2 uses Conv1D: weights are [in, out], so column parallel splits dim 1 and the fused
-# c_attn (q, k, v along the output dim) splits each of its 3 chunks.
-GPT2 = {
-    r"attn\.c_attn\.weight$": Rule("split", 1, 3),
-    r"attn\.c_attn\.bias$": Rule("split", 0, 3),
-    r"attn\.c_proj\.weight$": Rule("split", 0),
-    r"mlp\.c_fc\.weight$": Rule("split", 1),
-    r"mlp\.c_fc\.bias$": Rule("split", 0),
-    r"mlp\.c_proj\.weight$": Rule("split", 0),
-    r"(^|\.)wte\.weight$": _VOCAB,
-}
+# Family names, kept for code that passed ckpt.plans.GPT_NEO: the plans themselves are in C++.
+GPT_NEO = "gpt-neo"
+GPT2 = "gpt2"
+LLAMA = "llama"
 
-LLAMA = {
-    r"self_attn\.[qkv]_proj\.weight$": column(),
-    r"self_attn\.o_proj\.weight$": row(),
-    r"mlp\.(gate|up)_proj\.weight$": column(),
-    r"mlp\.down_proj\.weight$": row(),
-    r"embed_tokens\.weight$": _VOCAB,
-    r"^lm_head\.weight$": _VOCAB,
-}
+CONVENTIONS = ("megatron", "hf")
 
 
-# Family names as the C++ TpPlan::BuiltIn knows them (used when the CUDA engine is absent).
-BY_FAMILY = {"gpt-neo": GPT_NEO, "gpt2": GPT2, "llama": LLAMA, "mistral": LLAMA}
+def families():
+    """The built-in families (canonical names)."""
+    return list(TpPlan.families())
 
 
-def from_file(path):
-    """A {regex: Rule} plan from a JSON plan file whose rules are "replicate" or
-    {"split": d, "chunks": k, "uneven": b} (named rules such as "column" need the CUDA
-    engine's TpPlan)."""
-    import json
-    import os
-    from . import InvalidArgument
-    if not os.path.isfile(path):
-        raise InvalidArgument(f"unknown plan '{path}': not a known family nor a file")
-    with open(path) as f:
-        spec = json.load(f)
-    plan = {}
-    for entry in spec.get("rules", []):
-        rule = entry["rule"]
-        if rule == "replicate":
-            plan[entry["pattern"]] = Rule("replicate")
-        elif isinstance(rule, dict) and "split" in rule:
-            plan[entry["pattern"]] = Rule("split", rule["split"], rule.get("chunks", 1), rule.get("uneven", False))
+def _config_text(config) -> str:
+    if config is None:
+        return ""
+    if isinstance(config, (bytes, bytearray)):
+        return config.decode()
+    if isinstance(config, str):
+        return config
+    if isinstance(config, Mapping):
+        return json.dumps(dict(config))
+    raise _ckpt.InvalidArgument(f"config must be a dict or JSON text, not {type(config).__name__}")
+
+
+def builtin(family: str, convention: str = "megatron", *, config=None, fuse_qkv: bool = False,
+            fuse_gate_up: bool = False, transpose_conv1d: bool = False, expert_parallel: bool = False,
+            fuse_experts: bool = False) -> TpPlan:
+    """The built-in plan of `family` (see families()); `config` (dict or JSON text) gives head
+    and expert counts. Raises InvalidArgument for an unknown family or convention."""
+    return TpPlan.builtin(family, convention, _config_text(config), fuse_qkv, fuse_gate_up, transpose_conv1d,
+                          expert_parallel, fuse_experts)
+
+
+def for_config(config, convention: str = "megatron", **options) -> TpPlan:
+    """The built-in plan of the family `config` names (model_type, else architectures)."""
+    text = _config_text(config)
+    if not text:
+        return TpPlan.for_config("", convention)  # raises: plan "auto" needs a config
+    return TpPlan.for_config(text, convention, **options)
+
+
+def from_json(text: str) -> TpPlan:
+    return TpPlan.from_json(text)
+
+
+def from_file(path: str) -> TpPlan:
+    return TpPlan.from_file(str(path))
+
+
+def from_rules(rules: Mapping, convention: str = "megatron") -> TpPlan:
+    """A plan from {regex: ckpt.Rule} (first match wins; unmatched tensors replicated)."""
+    entries = []
+    for pattern, rule in rules.items():
+        kind, dim, chunks, uneven = rule
+        if kind == "replicate":
+            entries.append({"pattern": pattern, "rule": "replicate"})
+        elif kind == "split":
+            entries.append({"pattern": pattern, "rule": {"split": dim, "chunks": chunks, "uneven": bool(uneven)}})
         else:
-            raise InvalidArgument(f"plan rule {rule!r} needs the CUDA engine")
-    return plan
+            raise _ckpt.InvalidArgument(f"rule {kind!r} for /{pattern}/ is not a tensor-parallel rule "
+                                        "(flat partitions: Checkpoint.partitions())")
+    return TpPlan.from_json(json.dumps({"convention": convention, "default": "replicate", "rules": entries}))
+
+
+def make(plan, *, config=None, convention: str = "megatron", **options) -> TpPlan:
+    """A TpPlan from what state_dict(plan=...) accepts: None (every tensor whole), a TpPlan,
+    "auto" (the family from `config`), a family name, a plan file path, or {regex: Rule}."""
+    if convention not in CONVENTIONS:
+        raise _ckpt.InvalidArgument(f"unknown convention '{convention}' (known: megatron, hf)")
+    if plan is None:
+        return TpPlan.from_json(json.dumps({"convention": convention, "default": "replicate", "rules": []}))
+    if isinstance(plan, TpPlan):
+        return plan
+    if isinstance(plan, str):
+        if plan == "auto":
+            return for_config(config, convention, **options)
+        if plan in families() or _is_alias(plan):
+            return builtin(plan, convention, config=config, **options)
+        if os.path.isfile(plan):
+            return from_file(plan)
+        raise _ckpt.InvalidArgument(f"unknown plan '{plan}': not \"auto\", a built-in family {families()} "
+                                    "nor a plan file (format: docs/tp-plans.md)")
+    if isinstance(plan, Mapping):
+        return from_rules(plan, convention)
+    raise _ckpt.InvalidArgument(f"a plan is None, \"auto\", a family name, a plan file, a TpPlan or "
+                                f"{{regex: Rule}}, not {type(plan).__name__}")
+
+
+def _is_alias(name: str) -> bool:
+    try:
+        TpPlan.builtin(name)
+        return True
+    except _ckpt.InvalidArgument as e:
+        return "unknown model family" not in str(e)

@@ -25,10 +25,15 @@ struct Part {
   int64_t length;
 };
 
-Result<Part> PartOf(int64_t n, int rank, int world, bool allow_uneven) {
+Result<Part> PartOf(int64_t n, int rank, int world, bool allow_uneven, bool ceil_parts) {
   if (n % world != 0 && !allow_uneven) {
     return InvalidArgument("cannot split " + std::to_string(n) + " into " +
                            std::to_string(world) + " equal parts (allow_uneven not set)");
+  }
+  if (ceil_parts) {  // torch.chunk: ceil-sized parts, the last ones shorter or empty
+    const int64_t size = (n + world - 1) / world;
+    const int64_t begin = std::min<int64_t>(n, size * rank);
+    return Part{begin, std::min<int64_t>(size, n - begin)};
   }
   int64_t base = n / world, extra = n % world;
   int64_t begin = rank * base + std::min<int64_t>(rank, extra);
@@ -93,7 +98,7 @@ Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
                            std::to_string(spec.fused_chunks) + " equal fused chunks");
   }
   const int64_t chunk_len = dim_len / spec.fused_chunks;
-  auto part = PartOf(chunk_len, spec.rank, spec.world, spec.allow_uneven);
+  auto part = PartOf(chunk_len, spec.rank, spec.world, spec.allow_uneven, spec.ceil_parts);
   if (!part.ok()) return part.status();
 
   uint64_t outer = 1;

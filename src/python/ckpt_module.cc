@@ -161,11 +161,64 @@ py::object ToCapsule(const ckpt::GpuTensor& t, int device, std::shared_ptr<void>
   return py::reinterpret_steal<py::object>(capsule);
 }
 
-ckpt::Result<ckpt::TpPlan> PlanFrom(const std::string& kind, const std::string& text) {
-  if (kind == "family") return ckpt::TpPlan::BuiltIn(text);
-  if (kind == "json") return ckpt::TpPlan::FromJson(text);
-  if (kind == "file") return ckpt::TpPlan::FromJsonFile(text);
-  return ckpt::InvalidArgument("plan kind must be family, json or file, not '" + kind + "'");
+ckpt::TpPlan::Options PlanOptions(const std::string& convention, const std::string& config, bool fuse_qkv,
+                                  bool fuse_gate_up, bool transpose_conv1d, bool expert_parallel, bool fuse_experts) {
+  ckpt::TpPlan::Options o;
+  o.convention = Unwrap(ckpt::ParseConvention(convention));
+  o.config_json = config;
+  o.fuse_qkv = fuse_qkv;
+  o.fuse_gate_up = fuse_gate_up;
+  o.transpose_conv1d = transpose_conv1d;
+  o.expert_parallel = expert_parallel;
+  o.fuse_experts = fuse_experts;
+  return o;
+}
+
+// TensorInfo from a Python dict {"name", "dtype", "shape"} (what Checkpoint.tensors() gives).
+ckpt::TensorInfo InfoFromDict(const py::dict& d) {
+  ckpt::TensorInfo t;
+  t.name = py::cast<std::string>(d["name"]);
+  const std::string dtype = py::cast<std::string>(d["dtype"]);
+  auto dt = ckpt::DTypeFromName(dtype);
+  if (!dt) Raise(ckpt::InvalidArgument("unknown dtype '" + dtype + "' for tensor '" + t.name + "'"));
+  t.dtype = *dt;
+  t.shape = py::cast<std::vector<int64_t>>(d["shape"]);
+  for (int64_t x : t.shape) {
+    if (x < 0) Raise(ckpt::InvalidArgument("negative dimension for tensor '" + t.name + "'"));
+  }
+  auto bytes = ckpt::TensorBytes(t.dtype, ckpt::NumElements(t.shape));
+  t.nbytes = bytes ? *bytes : 0;
+  return t;
+}
+
+py::dict PieceDict(const ckpt::ShardPiece& p) {
+  py::dict d;
+  d["source"] = p.source;
+  const char* kind = p.spec.kind == ckpt::ShardSpec::Kind::kReplicate ? "replicate"
+                     : p.spec.kind == ckpt::ShardSpec::Kind::kSplit   ? "split"
+                                                                        : "partition";
+  d["kind"] = kind;
+  d["dim"] = p.spec.dim;
+  d["rank"] = p.spec.rank;
+  d["world"] = p.spec.world;
+  d["chunks"] = p.spec.fused_chunks;
+  d["uneven"] = p.spec.allow_uneven ? (p.spec.ceil_parts ? "chunk" : "tensor_split") : "no";
+  d["row_begin"] = p.row_begin;
+  d["row_count"] = p.row_count;
+  return d;
+}
+
+// The infos of an output's source tensors (for PlanOutput) from an attached checkpoint.
+std::vector<ckpt::TensorInfo> SourceInfos(const ckpt::Checkpoint& c, const ckpt::ShardOutput& out) {
+  std::vector<ckpt::TensorInfo> infos;
+  for (const ckpt::ShardPiece& p : out.pieces) {
+    bool seen = false;
+    for (const auto& i : infos) seen = seen || i.name == p.source;
+    if (seen) continue;
+    ckpt::TensorView v = Unwrap(c.Tensor(p.source));
+    infos.push_back(*v.info);
+  }
+  return infos;
 }
 
 }  // namespace
@@ -200,6 +253,63 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("default_socket_path", &ckpt::Client::DefaultSocketPath);
   m.def("gpu_available", &ckpt::GpuAvailable, "True if the CUDA copy engine is built in and a GPU is usable");
   m.def("plan_families", &ckpt::TpPlan::Families);
+
+  // One tensor of a rank's state dict under a plan (include/ckpt/tp_plan.h ShardOutput).
+  py::class_<ckpt::ShardOutput>(m, "ShardOutput")
+      .def_property_readonly("name", [](const ckpt::ShardOutput& o) { return o.name; })
+      .def_property_readonly("transpose", [](const ckpt::ShardOutput& o) { return o.transpose; })
+      .def_property_readonly("view", [](const ckpt::ShardOutput& o) { return py::tuple(py::cast(o.shape)); })
+      .def_property_readonly("pieces",
+                             [](const ckpt::ShardOutput& o) {
+                               py::list l;
+                               for (const auto& p : o.pieces) l.append(PieceDict(p));
+                               return l;
+                             })
+      .def("__repr__", [](const ckpt::ShardOutput& o) {
+        return "<ShardOutput " + o.name + ": " + std::to_string(o.pieces.size()) + " piece(s)" +
+               (o.transpose ? ", transposed" : "") + ">";
+      });
+
+  // The plan engine (include/ckpt/tp_plan.h), for ckpt.plans.
+  py::class_<ckpt::TpPlan>(m, "TpPlan")
+      .def_static(
+          "builtin",
+          [](const std::string& family, const std::string& convention, const std::string& config, bool fuse_qkv,
+             bool fuse_gate_up, bool transpose_conv1d, bool expert_parallel, bool fuse_experts) {
+            return Unwrap(ckpt::TpPlan::BuiltIn(
+                family, PlanOptions(convention, config, fuse_qkv, fuse_gate_up, transpose_conv1d, expert_parallel,
+                                    fuse_experts)));
+          },
+          py::arg("family"), py::arg("convention") = "megatron", py::arg("config") = "", py::arg("fuse_qkv") = false,
+          py::arg("fuse_gate_up") = false, py::arg("transpose_conv1d") = false, py::arg("expert_parallel") = false,
+          py::arg("fuse_experts") = false)
+      .def_static(
+          "for_config",
+          [](const std::string& config, const std::string& convention, bool fuse_qkv, bool fuse_gate_up,
+             bool transpose_conv1d, bool expert_parallel, bool fuse_experts) {
+            return Unwrap(ckpt::TpPlan::ForConfig(
+                config, PlanOptions(convention, config, fuse_qkv, fuse_gate_up, transpose_conv1d, expert_parallel,
+                                    fuse_experts)));
+          },
+          py::arg("config"), py::arg("convention") = "megatron", py::arg("fuse_qkv") = false,
+          py::arg("fuse_gate_up") = false, py::arg("transpose_conv1d") = false, py::arg("expert_parallel") = false,
+          py::arg("fuse_experts") = false)
+      .def_static("family_of", [](const std::string& config) { return Unwrap(ckpt::TpPlan::FamilyOf(config)); })
+      .def_static("from_json", [](const std::string& text) { return Unwrap(ckpt::TpPlan::FromJson(text)); })
+      .def_static("from_file", [](const std::string& path) { return Unwrap(ckpt::TpPlan::FromJsonFile(path)); })
+      .def_static("families", &ckpt::TpPlan::Families)
+      .def_property_readonly("json", &ckpt::TpPlan::json)
+      .def_property_readonly("family", &ckpt::TpPlan::family)
+      .def_property_readonly("convention", [](const ckpt::TpPlan& p) { return ckpt::ConventionName(p.convention()); })
+      // tensors: [{"name", "dtype", "shape"}, ...] (Checkpoint.tensors()).
+      .def(
+          "resolve",
+          [](const ckpt::TpPlan& p, const py::list& tensors, int rank, int world) {
+            std::vector<ckpt::TensorInfo> infos;
+            for (const auto& t : tensors) infos.push_back(InfoFromDict(py::cast<py::dict>(t)));
+            return Unwrap(p.Resolve(infos, rank, world));
+          },
+          py::arg("tensors"), py::arg("rank"), py::arg("world"));
 
   py::class_<ckpt::Client>(m, "Client")
       .def_static(
@@ -363,16 +473,46 @@ PYBIND11_MODULE(_ckpt, m) {
              return out;
            })
       .def("verify", [](const ckpt::Checkpoint& c) { Check(c.Verify()); })
-      // A rank's state dict on `device` through the CUDA copy engine, as
-      // {name: DLPack capsule}. plan_kind: "family" (built-in plan name), "json" (plan
-      // text) or "file" (plan path). float_dtype: "" (keep) or F16/BF16/F32/F64.
+      // This rank's outputs under `plan` (the plan engine, include/ckpt/tp_plan.h).
+      .def(
+          "resolve",
+          [](const CheckpointPtr& c, const ckpt::TpPlan& plan, int rank, int world) {
+            return Unwrap(plan.Resolve(c->tensors(), rank, world));
+          },
+          py::arg("plan"), py::arg("rank"), py::arg("world"))
+      // (shape, dtype, nbytes, offset): an output's dense layout; offset >= 0 when the output
+      // is one contiguous run of its source tensor (a zero-copy view at that byte offset).
+      .def("output_layout",
+           [](const CheckpointPtr& c, const ckpt::ShardOutput& out) {
+             ckpt::OutputLayout l = Unwrap(ckpt::PlanOutput(out, SourceInfos(*c, out)));
+             int64_t offset = -1;
+             if (out.pieces.size() == 1 && !out.transpose && l.pieces[0].contiguous() && l.nbytes > 0)
+               offset = static_cast<int64_t>(l.pieces[0].regions[0].src_offset);
+             return py::make_tuple(py::tuple(py::cast(l.shape)), ckpt::DTypeName(l.dtype), l.nbytes, offset);
+           })
+      // Writes an output into host memory at address `dst` (e.g. a CPU tensor's data_ptr()):
+      // pieces gathered, concatenated, transposed on the CPU (GIL released).
+      .def(
+          "copy_output",
+          [](const CheckpointPtr& c, const ckpt::ShardOutput& out, uintptr_t dst, uint64_t dst_size) {
+            ckpt::OutputLayout l = Unwrap(ckpt::PlanOutput(out, SourceInfos(*c, out)));
+            std::vector<const std::byte*> sources;
+            for (const auto& p : out.pieces) sources.push_back(Unwrap(c->TensorData(p.source)));
+            ckpt::Status st;
+            {
+              py::gil_scoped_release release;
+              st = ckpt::GatherOutput(out, l, sources, reinterpret_cast<void*>(dst), dst_size);
+            }
+            Check(st);
+          },
+          py::arg("output"), py::arg("dst"), py::arg("dst_size"))
+      // Outputs (from resolve) on `device` through the CUDA copy engine, as
+      // {name: DLPack capsule}. float_dtype: "" (keep) or F16/BF16/F32/F64.
       .def(
           "load_gpu",
-          [](const CheckpointPtr& c, const std::string& plan_kind, const std::string& plan, int rank, int world,
-             int device, const std::string& float_dtype, const std::string& host_path, int streams,
-             bool allow_overflow, std::shared_ptr<ckpt::NcclGroup> group, const std::string& collective) {
-            ckpt::TpPlan tp = Unwrap(PlanFrom(plan_kind, plan));
-            auto outputs = Unwrap(tp.Resolve(c->tensors(), rank, world));
+          [](const CheckpointPtr& c, const std::vector<ckpt::ShardOutput>& outputs, int device,
+             const std::string& float_dtype, const std::string& host_path, int streams, bool allow_overflow,
+             std::shared_ptr<ckpt::NcclGroup> group, const std::string& collective) {
             ckpt::GpuLoadOptions options;
             if (streams != 0) options.streams = streams;  // 0: the library's default
             options.allow_overflow = allow_overflow;
@@ -404,7 +544,7 @@ PYBIND11_MODULE(_ckpt, m) {
             }
             return out;
           },
-          py::arg("plan_kind"), py::arg("plan"), py::arg("rank"), py::arg("world"), py::arg("device"),
+          py::arg("outputs"), py::arg("device"),
           py::arg("float_dtype") = "", py::arg("host_path") = "bounce", py::arg("streams") = 0,
           py::arg("allow_overflow") = false, py::arg("group") = nullptr, py::arg("collective") = "auto")
       // A read-only buffer (buffer protocol) over a whole tensor's bytes; it keeps the

@@ -49,19 +49,17 @@ Result<std::unordered_map<std::string, at::Tensor>> LoadCpu(std::shared_ptr<cons
       CKPT_ASSIGN_OR_RETURN(const std::byte* data, ckpt->TensorData(out.pieces[0].source));
       const uint64_t off = layout->pieces[0].regions.empty() ? 0 : layout->pieces[0].regions[0].src_offset;
       auto keep = ckpt;  // the deleter holds the mapping
-      t = at::from_blob(const_cast<std::byte*>(data + off), layout->pieces[0].shape,
+      t = at::from_blob(const_cast<std::byte*>(data + off), layout->shape,
                         [keep](void*) mutable { keep.reset(); }, opts);
     } else {
-      std::vector<int64_t> shape = layout->shape;
-      if (out.transpose) std::swap(shape[0], shape[1]);
-      t = at::empty(shape, opts);
-      auto* dst = static_cast<std::byte*>(t.data_ptr());
-      for (size_t p = 0; p < out.pieces.size(); ++p) {
-        CKPT_ASSIGN_OR_RETURN(const std::byte* data, ckpt->TensorData(out.pieces[p].source));
-        CKPT_RETURN_IF_ERROR(GatherShard(layout->pieces[p], data, dst + layout->piece_offsets[p],
-                                         layout->nbytes - layout->piece_offsets[p]));
+      // The plan engine's own CPU gather: pieces concatenated, transposed or viewed.
+      t = at::empty(layout->shape, opts);
+      std::vector<const std::byte*> sources;
+      for (const ShardPiece& p : out.pieces) {
+        CKPT_ASSIGN_OR_RETURN(const std::byte* data, ckpt->TensorData(p.source));
+        sources.push_back(data);
       }
-      if (out.transpose) t = t.t().contiguous();
+      CKPT_RETURN_IF_ERROR(GatherOutput(out, *layout, sources, t.data_ptr(), layout->nbytes));
     }
     if (options.gpu.float_dtype && t.is_floating_point()) {
       CKPT_ASSIGN_OR_RETURN(int to, TorchScalarType(*options.gpu.float_dtype));

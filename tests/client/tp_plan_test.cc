@@ -103,18 +103,25 @@ TEST(TpPlanTest, EveryFamilyResolvesItsOwnNames) {
   std::map<std::string, std::vector<TensorInfo>> models = {
       {"gptj", {T("transformer.h.0.attn.q_proj.weight", {64, 64}), T("transformer.h.0.mlp.fc_in.bias", {256}),
                 T("transformer.h.0.mlp.fc_out.weight", {64, 256}), T("lm_head.bias", {100})}},
-      {"llama", {T("model.layers.0.self_attn.k_proj.weight", {32, 64}), T("model.layers.0.mlp.up_proj.weight", {128, 64}),
+      {"llama", {T("model.layers.0.self_attn.q_proj.weight", {64, 64}), T("model.layers.0.self_attn.v_proj.weight", {32, 64}),
+                 T("model.layers.0.self_attn.o_proj.weight", {64, 64}),
+                 T("model.layers.0.self_attn.k_proj.weight", {32, 64}), T("model.layers.0.mlp.up_proj.weight", {128, 64}),
                  T("model.layers.0.mlp.down_proj.weight", {64, 128}), T("model.norm.weight", {64})}},
-      {"mistral", {T("model.layers.0.self_attn.o_proj.weight", {64, 64}), T("model.embed_tokens.weight", {101, 64})}},
+      {"mistral", {T("model.layers.0.self_attn.q_proj.weight", {64, 64}), T("model.layers.0.self_attn.k_proj.weight", {32, 64}),
+                   T("model.layers.0.self_attn.v_proj.weight", {32, 64}),
+                   T("model.layers.0.self_attn.o_proj.weight", {64, 64}), T("model.embed_tokens.weight", {101, 64})}},
       {"bloom", {T("h.0.self_attention.query_key_value.weight", {192, 64}), T("h.0.self_attention.dense.weight", {64, 64}),
                  T("h.0.mlp.dense_4h_to_h.bias", {64})}},
       {"opt", {T("model.decoder.layers.0.fc1.weight", {256, 64}), T("model.decoder.layers.0.fc2.weight", {64, 256}),
+               T("model.decoder.layers.0.self_attn.q_proj.weight", {64, 64}),
                T("model.decoder.layers.0.self_attn.v_proj.bias", {64})}},
   };
   std::map<std::string, std::pair<bool, int>> expect = {  // split?, dim
       {"transformer.h.0.attn.q_proj.weight", {true, 0}}, {"transformer.h.0.mlp.fc_in.bias", {true, 0}},
       {"transformer.h.0.mlp.fc_out.weight", {true, -1}}, {"lm_head.bias", {true, 0}},
       {"model.layers.0.self_attn.k_proj.weight", {true, 0}}, {"model.layers.0.mlp.up_proj.weight", {true, 0}},
+      {"model.layers.0.self_attn.q_proj.weight", {true, 0}}, {"model.layers.0.self_attn.v_proj.weight", {true, 0}},
+      {"model.decoder.layers.0.self_attn.q_proj.weight", {true, 0}},
       {"model.layers.0.mlp.down_proj.weight", {true, -1}}, {"model.norm.weight", {false, 0}},
       {"model.layers.0.self_attn.o_proj.weight", {true, -1}}, {"model.embed_tokens.weight", {true, 0}},
       {"h.0.self_attention.query_key_value.weight", {true, 0}}, {"h.0.self_attention.dense.weight", {true, -1}},
@@ -175,6 +182,190 @@ TEST(TpPlanTest, FusedPiecesMustAgree) {
   EXPECT_TRUE(plan->Resolve({T("k", {4, 8}), T("q", {4, 8})}, 0, 2).ok());
   EXPECT_FALSE(plan->Resolve({T("k", {4, 8}), T("q", {4, 6})}, 0, 2).ok());
   EXPECT_FALSE(plan->Resolve({T("k", {4, 8}, DType::kF16), T("q", {4, 8})}, 0, 2).ok());
+}
+
+TEST(TpPlanTest, ChunkPartsFollowTorchChunkAndTensorSplitStays) {
+  auto hf = TpPlan::FromJson(R"({"rules": [{"pattern": "^lm_head", "rule": "colwise"}]})");
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  auto meg = TpPlan::FromJson(R"({"rules": [{"pattern": "^lm_head", "rule": "vocab"}]})");
+  ASSERT_TRUE(meg.ok());
+  // 10 rows over 4 ranks: torch.chunk gives 3, 3, 3, 1; torch.tensor_split 3, 3, 2, 2.
+  const std::vector<int64_t> chunk = {3, 3, 3, 1}, split = {3, 3, 2, 2};
+  for (int r = 0; r < 4; ++r) {
+    auto a = hf->Resolve({T("lm_head.weight", {10, 2})}, r, 4);
+    auto b = meg->Resolve({T("lm_head.weight", {10, 2})}, r, 4);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(PlanOutput((*a)[0], {T("lm_head.weight", {10, 2})})->shape[0], chunk[r]);
+    EXPECT_EQ(PlanOutput((*b)[0], {T("lm_head.weight", {10, 2})})->shape[0], split[r]);
+  }
+  // 5 rows over 4: chunk gives 2, 2, 1, 0 (an empty part for the last rank).
+  auto last = hf->Resolve({T("lm_head.weight", {5, 2})}, 3, 4);
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(PlanOutput((*last)[0], {T("lm_head.weight", {5, 2})})->shape, (std::vector<int64_t>{0, 2}));
+}
+
+TEST(TpPlanTest, KvHeadsAreReplicatedWholeAndQHeadsNever) {
+  auto plan = TpPlan::FromJson(R"({"rules": [
+      {"pattern": "^q$", "rule": {"split": 0, "heads": 4}},
+      {"pattern": "^k$", "rule": {"split": 0, "kv_heads": 2}}]})");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::vector<TensorInfo> t = {T("q", {16, 8}), T("k", {8, 8})};
+  for (int r = 0; r < 4; ++r) {
+    auto outs = plan->Resolve(t, r, 4);
+    ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+    auto m = ByName(*outs);
+    auto k = PlanOutput(m["k"], t);
+    ASSERT_TRUE(k.ok());
+    EXPECT_EQ(k->shape, (std::vector<int64_t>{4, 8}));               // one whole kv head (4 rows)
+    EXPECT_EQ(k->pieces[0].regions[0].src_offset, (r / 2) * 4 * 8 * 4u);  // ranks 0, 1: head 0; 2, 3: head 1
+  }
+  auto eight = plan->Resolve(t, 0, 8);
+  ASSERT_FALSE(eight.ok());
+  EXPECT_NE(eight.status().message().find("4 heads do not divide over world 8"), std::string::npos)
+      << eight.status().ToString();
+  auto three = plan->Resolve({T("k", {8, 8}), T("q", {12, 8})}, 0, 3);
+  ASSERT_FALSE(three.ok());
+  EXPECT_NE(three.status().message().find("'k'"), std::string::npos) << three.status().ToString();
+  EXPECT_NE(three.status().message().find("2 key/value heads cannot be replicated evenly over world 3"),
+            std::string::npos);
+  auto bad = plan->Resolve({T("q", {18, 8}), T("k", {8, 8})}, 0, 2);  // 18 rows are not 4 heads
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("does not hold 4 equal heads"), std::string::npos) << bad.status().ToString();
+}
+
+TEST(TpPlanTest, SectionsExpertsStacksAndConditions) {
+  auto plan = TpPlan::FromJson(R"({"rules": [
+      {"pattern": "^qkv$", "rule": {"split": 0, "sections": [{"rows": 8, "heads": 4}, {"rows": 2, "kv_heads": 1},
+                                                             {"rows": 2, "kv_heads": 1}]}},
+      {"pattern": "^(x)\\.(\\d+)\\.(w1|w3)$", "rule": {"expert": 2, "experts": 4},
+       "fuse_into": "$1.gate_up", "fuse_key": [2, 3], "fuse_order": ["w1", "w3"], "stack": 2, "stack_count": 4},
+      {"pattern": "^emb$", "rule": "embedding_rowwise", "if_absent": "^head$"}]})");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  std::vector<TensorInfo> t = {T("qkv", {12, 3}), T("emb", {6, 3})};
+  for (int e : {3, 0, 2, 1})
+    for (const char* w : {"w3", "w1"}) t.push_back(T("x." + std::to_string(e) + "." + w, {5, 3}));
+  auto outs = plan->Resolve(t, 1, 2);
+  ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+  auto m = ByName(*outs);
+  // qkv: q rows [4, 8) + the one k row block + the one v row block (replicated).
+  auto qkv = PlanOutput(m["qkv"], t);
+  ASSERT_TRUE(qkv.ok());
+  EXPECT_EQ(qkv->shape, (std::vector<int64_t>{8, 3}));
+  ASSERT_EQ(qkv->pieces.size(), 3u);
+  EXPECT_EQ(qkv->pieces[0].regions[0].src_offset, 4 * 3 * 4u);
+  EXPECT_EQ(qkv->pieces[1].regions[0].src_offset, 8 * 3 * 4u);
+  EXPECT_EQ(qkv->pieces[2].regions[0].src_offset, 10 * 3 * 4u);
+  // rank 1 of 2 owns experts 2 and 3, stacked [2, 2 * 5, 3], w1 before w3.
+  const ShardOutput& gu = m["x.gate_up"];
+  ASSERT_EQ(gu.pieces.size(), 4u);
+  EXPECT_EQ(gu.pieces[0].source, "x.2.w1");
+  EXPECT_EQ(gu.pieces[1].source, "x.2.w3");
+  EXPECT_EQ(gu.pieces[2].source, "x.3.w1");
+  EXPECT_EQ(gu.shape, (std::vector<int64_t>{2, 10, 3}));
+  EXPECT_EQ(PlanOutput(gu, t)->shape, (std::vector<int64_t>{2, 10, 3}));
+  EXPECT_FALSE(m.count("x.0.w1"));
+  EXPECT_EQ(m["emb"].pieces[0].spec.kind, ShardSpec::Kind::kSplit);  // no head: tied, so split
+  t.push_back(T("head", {6, 3}));
+  auto with_head = plan->Resolve(t, 1, 2);
+  ASSERT_TRUE(with_head.ok());
+  EXPECT_EQ(ByName(*with_head)["emb"].pieces[0].spec.kind, ShardSpec::Kind::kReplicate);
+  // A missing expert is named by the stack count.
+  std::vector<TensorInfo> missing;
+  for (const auto& x : t)
+    if (x.name != "x.3.w1" && x.name != "x.3.w3") missing.push_back(x);
+  auto short_stack = plan->Resolve(missing, 1, 2);
+  ASSERT_FALSE(short_stack.ok());
+  EXPECT_NE(short_stack.status().message().find("stacks 1 experts on rank 1, the config names 2"), std::string::npos)
+      << short_stack.status().ToString();
+  // Sections that do not add up to the tensor.
+  auto wrong = plan->Resolve({T("qkv", {14, 3})}, 0, 2);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("sections (config) add up to 12"), std::string::npos) << wrong.status().ToString();
+}
+
+TEST(TpPlanTest, BuiltInConventionsConfigsAndErrors) {
+  EXPECT_EQ(*ParseConvention("hf"), Convention::kHf);
+  EXPECT_EQ(std::string(ConventionName(Convention::kMegatron)), "megatron");
+  EXPECT_FALSE(ParseConvention("deepspeed").ok());
+  auto unknown = TpPlan::BuiltIn("gpt-5");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("built-in families: llama"), std::string::npos);
+  EXPECT_NE(unknown.status().message().find("plan file"), std::string::npos);
+  auto fam = TpPlan::FamilyOf(R"({"model_type": "qwen2_moe"})");
+  ASSERT_TRUE(fam.ok());
+  EXPECT_EQ(*fam, "qwen2_moe");
+  EXPECT_EQ(*TpPlan::FamilyOf(R"({"architectures": ["MixtralForCausalLM"]})"), "mixtral");
+  EXPECT_EQ(*TpPlan::FamilyOf(R"({"model_type": "gpt_neo"})"), "gpt-neo");
+  EXPECT_FALSE(TpPlan::FamilyOf(R"({"model_type": "t5"})").ok());
+  EXPECT_FALSE(TpPlan::FamilyOf("").ok());
+  EXPECT_FALSE(TpPlan::FamilyOf("[1, 2").ok());
+  auto typed = TpPlan::ForConfig(R"({"model_type": "llama", "num_key_value_heads": 2.5})");
+  ASSERT_FALSE(typed.ok());
+  EXPECT_NE(typed.status().message().find("'num_key_value_heads'"), std::string::npos) << typed.status().ToString();
+  auto gqa = TpPlan::ForConfig(R"({"model_type": "llama", "num_attention_heads": 6, "num_key_value_heads": 4})");
+  ASSERT_FALSE(gqa.ok());
+  EXPECT_NE(gqa.status().message().find("not a multiple of num_key_value_heads"), std::string::npos);
+  TpPlan::Options hf;
+  hf.convention = Convention::kHf;
+  auto no_hf = TpPlan::BuiltIn("bloom", hf);  // transformers has no plan: whole at world 1 only
+  ASSERT_TRUE(no_hf.ok()) << no_hf.status().ToString();
+  const std::vector<TensorInfo> bloom = {T("h.0.self_attention.query_key_value.weight", {12, 4})};
+  EXPECT_TRUE(no_hf->Resolve(bloom, 0, 1).ok());
+  auto two = no_hf->Resolve(bloom, 0, 2);
+  ASSERT_FALSE(two.ok());
+  EXPECT_NE(two.status().message().find("\"megatron\""), std::string::npos) << two.status().ToString();
+  auto phi3 = TpPlan::BuiltIn("phi3");
+  ASSERT_FALSE(phi3.ok());
+  EXPECT_NE(phi3.status().message().find("needs the model's config"), std::string::npos);
+  TpPlan::Options ep;
+  ep.expert_parallel = true;
+  EXPECT_FALSE(TpPlan::BuiltIn("mixtral", ep).ok());  // the expert count comes from the config
+  TpPlan::Options hf_fused = hf;
+  hf_fused.fuse_qkv = true;
+  auto contradiction = TpPlan::BuiltIn("llama", hf_fused);
+  ASSERT_FALSE(contradiction.ok());
+  EXPECT_NE(contradiction.status().message().find("options of the \"megatron\" convention"), std::string::npos);
+  auto plan = TpPlan::BuiltIn("llama", hf);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->convention(), Convention::kHf);
+  EXPECT_EQ(plan->family(), "llama");
+  EXPECT_NE(plan->json().find("colwise_gather_output"), std::string::npos);
+  // A plan whose rules match nothing is an error, not a full replica.
+  auto gpt = plan->Resolve({T("h.0.attn.c_attn.weight", {8, 24})}, 0, 2);
+  ASSERT_FALSE(gpt.ok());
+  EXPECT_NE(gpt.status().message().find("another family"), std::string::npos) << gpt.status().ToString();
+  auto file = TpPlan::FromJson(R"({"rules": [{"pattern": "^nothing$", "rule": "column"}]})");
+  ASSERT_TRUE(file.ok());
+  auto none = file->Resolve({T("w", {4, 4})}, 0, 2);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("none of its rules matches any tensor"), std::string::npos);
+}
+
+TEST(TpPlanTest, PlanFileErrorsNameTheEntry) {
+  for (const char* bad : {
+           R"J({"rules": [{"pattern": "(", "rule": "column"}]})J",
+           R"({"rules": [{"pattern": "x", "rule": {"split": 0, "heads": 0}}]})",
+           R"({"rules": [{"pattern": "x", "rule": {"split": 0, "heads": 2, "kv_heads": 2}}]})",
+           R"({"rules": [{"pattern": "x", "rule": {"split": 1, "sections": [{"rows": 2}]}}]})",
+           R"({"rules": [{"pattern": "x", "rule": {"expert": 1, "experts": 4}}]})",
+           R"J({"rules": [{"pattern": "(x)", "rule": "column", "fuse_into": "$2"}]})J",
+           R"J({"rules": [{"pattern": "(x)", "rule": "column", "fuse_into": "a$"}]})J",
+           R"J({"rules": [{"pattern": "(x)", "rule": "column", "stack": 1}]})J",
+           R"J({"rules": [{"pattern": "(x)", "rule": "column", "fuse_into": "y", "stack": 0}]})J",
+           R"J({"rules": [{"pattern": "x", "rule": "column", "if_absent": "("}]})J",
+           R"({"convention": "deepspeed"})",
+           R"({"require": [{"count": 1}]})",
+           R"({"rules": [{"pattern": "x", "rule": {"split": 0, "uneven": "sometimes"}}]})"}) {
+    auto plan = TpPlan::FromJson(bad);
+    ASSERT_FALSE(plan.ok()) << bad;
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  auto bad = TpPlan::FromJson(R"J({"rules": [{"pattern": "ok"}, {"pattern": "q(", "rule": "column"}]})J");
+  ASSERT_FALSE(bad.ok());
+  auto bad2 = TpPlan::FromJson(R"J({"rules": [{"pattern": "ok", "rule": "row"}, {"pattern": "q(", "rule": "column"}]})J");
+  ASSERT_FALSE(bad2.ok());
+  EXPECT_NE(bad2.status().message().find("plan rule #1"), std::string::npos) << bad2.status().ToString();
+  EXPECT_NE(bad2.status().message().find("/q(/"), std::string::npos) << bad2.status().ToString();
 }
 
 }  // namespace

@@ -251,6 +251,7 @@ TEST_F(GpuLoaderTest, FusedQkvAndBuiltInFamilies) {
       {"model.layers.0.self_attn.q_proj.weight", DType::kBF16, {64, 64}, 0, 0},
       {"model.layers.0.self_attn.k_proj.weight", DType::kBF16, {32, 64}, 0, 0},
       {"model.layers.0.self_attn.v_proj.weight", DType::kBF16, {32, 64}, 0, 0},
+      {"model.layers.0.self_attn.o_proj.weight", DType::kBF16, {64, 64}, 0, 0},
       {"model.layers.0.self_attn.q_proj.bias", DType::kBF16, {64}, 0, 0},
       {"model.layers.0.self_attn.k_proj.bias", DType::kBF16, {32}, 0, 0},
       {"model.layers.0.self_attn.v_proj.bias", DType::kBF16, {32}, 0, 0},
@@ -292,10 +293,81 @@ TEST_F(GpuLoaderTest, FusedQkvAndBuiltInFamilies) {
   }
 }
 
+// The plan engine's newer outputs through the CUDA engine: row-range pieces (phi3's fused
+// qkv_proj under megatron), 3-d views of stacked per-expert tensors (mixtral under hf, and
+// megatron with fuse_experts / expert_parallel) and 3-d expert tensors (gpt_oss). The
+// reference is the CPU gather of the same outputs (tp_families_test holds that to torch).
+TEST_F(GpuLoaderTest, SectionsAndStackedExpertsMatchTheCpuPath) {
+  std::vector<TensorInfo> infos;
+  const std::string L = "model.layers.0.";
+  for (const char* p : {"q", "k", "v"}) infos.push_back({L + "self_attn." + p + "_proj.weight", DType::kBF16, {std::string(p) == "q" ? 16 : 8, 16}, 0, 0});
+  infos.push_back({L + "self_attn.o_proj.weight", DType::kBF16, {16, 16}, 0, 0});
+  for (int e = 0; e < 4; ++e) {
+    for (const char* w : {"w1", "w3"}) infos.push_back({L + "block_sparse_moe.experts." + std::to_string(e) + "." + w + ".weight", DType::kBF16, {8, 16}, 0, 0});
+    infos.push_back({L + "block_sparse_moe.experts." + std::to_string(e) + ".w2.weight", DType::kBF16, {16, 8}, 0, 0});
+  }
+  infos.push_back({L + "block_sparse_moe.gate.weight", DType::kBF16, {4, 16}, 0, 0});
+  auto seg = MakeSegment(infos, 5);
+  ASSERT_TRUE(seg);
+  const std::string config = R"({"model_type": "mixtral", "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "head_dim": 4, "hidden_size": 16, "num_hidden_layers": 1, "num_local_experts": 4})";
+  struct Case { Convention c; bool fuse, ep; } cases[] = {
+      {Convention::kHf, false, false}, {Convention::kMegatron, true, false}, {Convention::kMegatron, true, true},
+      {Convention::kMegatron, false, true}};
+  for (const Case& k : cases) {
+    TpPlan::Options o;
+    o.convention = k.c;
+    o.fuse_experts = k.fuse;
+    o.expert_parallel = k.ep;
+    auto plan = TpPlan::ForConfig(config, o);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int world : {1, 2, 4}) {
+      for (int rank = 0; rank < world; ++rank) {
+        auto outs = plan->Resolve(seg->reader->tensors(), rank, world);
+        ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+        for (HostPath path : kPaths) {
+          GpuLoadOptions lo;
+          lo.path = path;
+          auto loader = GpuLoaderImpl::Create(seg->Source(), 0, lo);
+          ASSERT_TRUE(loader.ok());
+          auto dict = (*loader)->Load(*outs);
+          ASSERT_TRUE(dict.ok()) << dict.status().ToString();
+          ExpectMatches(*seg, *outs, *dict, std::nullopt,
+                        std::string(ConventionName(k.c)) + (k.fuse ? " fused" : "") + (k.ep ? " ep " : " ") +
+                            std::to_string(rank) + "/" + std::to_string(world) + " " + HostPathName(path));
+          if (HasFailure()) return;
+        }
+      }
+    }
+  }
+  // phi3's fused qkv_proj: three row-range pieces of one tensor.
+  std::vector<TensorInfo> phi = {{L + "self_attn.qkv_proj.weight", DType::kF32, {32, 16}, 0, 0},
+                                 {L + "self_attn.o_proj.weight", DType::kF32, {16, 16}, 0, 0},
+                                 {L + "mlp.gate_up_proj.weight", DType::kF32, {48, 16}, 0, 0}};
+  auto pseg = MakeSegment(phi, 6);
+  ASSERT_TRUE(pseg);
+  auto pplan = TpPlan::ForConfig(R"({"model_type": "phi3", "num_attention_heads": 4, "num_key_value_heads": 2,
+                                     "head_dim": 4, "hidden_size": 16, "num_hidden_layers": 1})");
+  ASSERT_TRUE(pplan.ok()) << pplan.status().ToString();
+  for (int world : {2, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      auto outs = pplan->Resolve(pseg->reader->tensors(), rank, world);
+      ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+      auto loader = GpuLoaderImpl::Create(pseg->Source(), 0, {});
+      ASSERT_TRUE(loader.ok());
+      auto dict = (*loader)->Load(*outs);
+      ASSERT_TRUE(dict.ok()) << dict.status().ToString();
+      ExpectMatches(*pseg, *outs, *dict, DType::kF16, "phi3 " + std::to_string(rank) + "/" + std::to_string(world));
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST_F(GpuLoaderTest, BadInputIsAClearErrorAndNothingIsReturned) {
   auto seg = MakeSegment({{"w", DType::kF32, {8, 8}, 0, 0}}, 3, /*scale=*/1e6);  // beyond fp16 range
   ASSERT_TRUE(seg);
-  auto plan = TpPlan::BuiltIn("gpt-neo");
+  // Every tensor whole (a family plan would refuse a checkpoint none of its rules fits).
+  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
   // Nonexistent device.
   auto bad_device = GpuLoaderImpl::Create(seg->Source(), 4096, {});
   ASSERT_FALSE(bad_device.ok());

@@ -187,14 +187,16 @@ class CkptModuleTest(unittest.TestCase):
         if ckpt._ckpt.gpu_available():
             self.skipTest("a GPU is present")
         with self.assertRaisesRegex(ckpt.Unsupported, "CUDA|GPU|driver"):
-            c.state_dict(0, 2, "gpt-neo", device="cuda:0", engine="gpu")
+            c.state_dict(0, 2, {r"out_proj\.weight$": ckpt.row()}, device="cuda:0", engine="gpu")
         with self.assertRaisesRegex(ckpt.InvalidArgument, "unknown plan"):
             c.state_dict(0, 2, "no-such-family", device="cuda:0", engine="gpu")
         self.assertIn("gpt-neo", ckpt._ckpt.plan_families())
 
     def test_family_plans_work_without_the_engine(self):
-        sd = self.client.state_dict("gpt", 1, 2, "llama")  # no llama tensors: all replicated
-        self.assertTrue(torch.equal(sd["wte.weight"], self.sd["wte.weight"]))
+        # A family plan on another family's checkpoint used to replicate every tensor
+        # silently; it is an error now (issue 16). Every family on the CPU: test_plans.py.
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "llama plan needs .*another family"):
+            self.client.state_dict("gpt", 1, 2, "llama")
         with self.assertRaisesRegex(ckpt.InvalidArgument, "unknown plan"):
             self.client.state_dict("gpt", 0, 2, "no-such-family")
 
