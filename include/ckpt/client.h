@@ -29,6 +29,7 @@ class SegmentReader;
 struct CheckpointSummary {
   std::string name;
   uint64_t generation = 0;
+  std::string segment_id;      // the generation's random identity (32 hex characters)
   std::string source;          // path it was loaded from
   std::string format;          // "safetensors", ...
   uint64_t segment_bytes = 0;  // shared memory it occupies

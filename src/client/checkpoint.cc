@@ -7,18 +7,21 @@
 #include "ckpt/client.h"
 #include "common/unique_fd.h"
 #include "protocol/daemon_connection.h"
+#include "shm/segment_name.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt {
 
 // Keeps the attachment's lease: watches the connection and, when the daemon went away,
-// reconnects every 0.5 s and attaches to the same generation again. Gives up (keeping
-// the mapping) if the new daemon no longer has that generation.
+// reconnects every 0.5 s and attaches to the same segment again (name, generation and
+// segment id: the content this process mapped). Gives up (keeping the mapping) if the new
+// daemon no longer has that segment as the current generation.
 class Checkpoint::LeaseKeeper {
  public:
-  LeaseKeeper(std::string socket_path, std::string name, uint64_t generation,
+  LeaseKeeper(std::string socket_path, std::string name, uint64_t generation, std::string segment_id,
               std::unique_ptr<protocol::DaemonConnection> lease)
       : socket_path_(std::move(socket_path)), name_(std::move(name)), generation_(generation),
+        segment_id_(std::move(segment_id)),
         lease_(std::move(lease)), stop_(::eventfd(0, EFD_CLOEXEC)), owner_pid_(::getpid()) {
     if (stop_.valid()) thread_ = std::make_unique<std::thread>([this] { Run(); });
   }
@@ -56,8 +59,9 @@ class Checkpoint::LeaseKeeper {
         auto connection = protocol::DaemonConnection::Open(socket_path_);
         if (!connection.ok()) continue;
         UniqueFd unused;  // the descriptor of the segment, already mapped
-        auto r = (*connection)->Call("attach", nlohmann::json{{"name", name_}, {"generation", generation_}},
-                                     nullptr, &unused);
+        auto r = (*connection)->Call(
+            "attach", nlohmann::json{{"name", name_}, {"generation", generation_}, {"segment_id", segment_id_}},
+            nullptr, &unused);
         if (r.ok()) {
           lease_ = std::move(connection).value();
           break;
@@ -70,6 +74,7 @@ class Checkpoint::LeaseKeeper {
 
   std::string socket_path_, name_;
   uint64_t generation_;
+  std::string segment_id_;  // hex, as the daemon names it
   std::unique_ptr<protocol::DaemonConnection> lease_;
   UniqueFd stop_;
   pid_t owner_pid_;
@@ -79,7 +84,8 @@ class Checkpoint::LeaseKeeper {
 Checkpoint::Checkpoint(std::string name, std::string socket_path, std::unique_ptr<protocol::DaemonConnection> lease,
                        std::unique_ptr<shm::SegmentReader> segment)
     : name_(std::move(name)), segment_(std::move(segment)) {
-  keeper_ = std::make_unique<LeaseKeeper>(std::move(socket_path), name_, segment_->generation(), std::move(lease));
+  keeper_ = std::make_unique<LeaseKeeper>(std::move(socket_path), name_, segment_->generation(),
+                                          shm::SegmentIdHex(segment_->segment_id()), std::move(lease));
 }
 
 // Unmaps first, then closes the lease, so the daemon never sees a detach while mapped.

@@ -7,8 +7,8 @@
 #include "common/hex.h"
 #include "protocol/daemon_connection.h"
 #include "protocol/wire.h"
+#include "shm/segment_name.h"
 #include "shm/segment_reader.h"
-#include "shm/shm_object.h"
 
 namespace ckpt {
 
@@ -23,6 +23,7 @@ CheckpointSummary SummaryFromJson(const json& j) {
   CheckpointSummary s;
   s.name = j.at("name").get<std::string>();
   s.generation = j.at("generation").get<uint64_t>();
+  s.segment_id = j.value("segment_id", "");
   s.source = j.value("source", "");
   s.format = j.value("format", "");
   s.segment_bytes = j.value("segment_bytes", uint64_t{0});
@@ -128,21 +129,21 @@ Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
   CKPT_ASSIGN_OR_RETURN(auto lease, DaemonConnection::Open(socket_path_));
   UniqueFd segment_fd;
   CKPT_ASSIGN_OR_RETURN(json response, lease->Call("attach", json{{"name", name}}, nullptr, &segment_fd));
-  auto shm_name = Decode("attach", [&] { return response.at("checkpoint").at("shm_name").get<std::string>(); });
-  if (!shm_name.ok()) return shm_name.status();
-  std::unique_ptr<shm::SegmentReader> segment;
-  if (segment_fd.valid()) {
-    // The daemon's read-only descriptor: map it, then validate the image as usual.
-    CKPT_ASSIGN_OR_RETURN(auto mapping, shm::ShmMapping::FromFd(segment_fd.get(), *shm_name));
-    const std::byte* data = mapping->data();
-    const uint64_t size = mapping->size();
-    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::FromImage(std::move(mapping), data, size));
-  } else {
-    // A daemon that passes no descriptor (older protocol): open the object by name.
-    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::Open(*shm_name));
-  }
+  auto ids = Decode("attach", [&] {
+    const json& c = response.at("checkpoint");
+    return std::make_pair(c.at("shm_name").get<std::string>(), c.value("segment_id", std::string()));
+  });
+  if (!ids.ok()) return ids.status();
+  const auto& [shm_name, segment_id] = *ids;
+  // The daemon's read-only descriptor is the only way in: segments are never opened by name.
+  if (!segment_fd.valid()) return Corrupt("ckptd passed no segment descriptor with its attach response");
+  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(segment_fd.get(), shm_name));
   if (segment->checkpoint_name() != name) {
-    return Corrupt("segment " + *shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
+    return Corrupt("segment " + shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
+  }
+  if (segment_id != shm::SegmentIdHex(segment->segment_id())) {
+    return Corrupt("segment " + shm_name + " has id " + shm::SegmentIdHex(segment->segment_id()) +
+                   ", the daemon announced '" + segment_id + "'");
   }
   return std::unique_ptr<Checkpoint>(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
 }

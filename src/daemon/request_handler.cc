@@ -16,8 +16,8 @@
 #include "loader/checkpoint_loader.h"
 #include "loader/segment_verifier.h"
 #include "protocol/wire.h"
+#include "shm/segment_name.h"
 #include "shm/segment_reader.h"
-#include "shm/shm_object.h"
 
 namespace ckpt::daemon {
 
@@ -119,6 +119,7 @@ std::string DefaultCheckpointName(const std::string& path) {
 json EntryToJson(const CatalogEntry& e) {
   return json{{"name", e.name},
               {"generation", e.generation},
+              {"segment_id", e.segment_id},
               {"shm_name", e.shm_name},
               {"source", e.source_path},
               {"format", e.format},
@@ -230,7 +231,7 @@ Result<json> RequestHandler::Load(const json& request) {
   spdlog::info("loading '{}' generation {} from {}", name, generation, path);
 
   shm::SegmentSpec spec;
-  spec.shm_name = ctx_.options->shm_prefix + "." + name + "." + std::to_string(generation);
+  spec.directory = ctx_.segments;
   spec.checkpoint_name = name;
   spec.source_path = path;
   spec.generation = generation;
@@ -254,18 +255,12 @@ Result<json> RequestHandler::Load(const json& request) {
     spdlog::warn("load of '{}' failed: {}", name, loaded.status().ToString());
     return loaded.status();
   }
-  auto segment_fd = shm::OpenShmReadOnlyFd(loaded->shm_name);
-  if (!segment_fd.ok()) {
-    ++ctx_.counters->load_failures;
-    (void)shm::RemoveShmObject(loaded->shm_name);
-    return segment_fd.status();
-  }
-  SetSegmentOwnership(segment_fd->get(), *ctx_.access, ctx_.options->shm_mode);
 
   CatalogEntry entry;
   entry.name = name;
   entry.generation = generation;
-  entry.shm_name = loaded->shm_name;
+  entry.shm_name = loaded->file_name;
+  entry.segment_id = shm::SegmentIdHex(loaded->segment_id);
   entry.source_path = path;
   entry.format = plan->format;
   entry.segment_bytes = loaded->segment_bytes;
@@ -273,7 +268,7 @@ Result<json> RequestHandler::Load(const json& request) {
   entry.load_seconds = loaded->seconds;
   entry.loaded_unix_s = NowUnixSeconds();
   entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(loaded->tensors));
-  entry.fd = std::make_shared<const UniqueFd>(std::move(segment_fd).value());
+  entry.fd = std::make_shared<const UniqueFd>(std::move(loaded->fd));
   json summary = EntryToJson(entry);
   ++ctx_.counters->loads;
   ctx_.counters->loaded_bytes += loaded->data_bytes;
@@ -320,7 +315,12 @@ Result<json> RequestHandler::Attach(const json& request) {
     if (!g->is_number_unsigned()) return InvalidArgument("'generation' must be a positive integer");
     want_generation = g->get<uint64_t>();
   }
-  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Attach(name, peer_.pid, want_generation));
+  // Also set by a re-registering client: the content it mapped, not just its number.
+  CKPT_ASSIGN_OR_RETURN(std::string want_id, StringField(request, "segment_id", /*required=*/false));
+  if (!want_id.empty() && !shm::ParseSegmentIdHex(want_id)) {
+    return InvalidArgument("'segment_id' must be 32 lower-case hex characters");
+  }
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Attach(name, peer_.pid, want_generation, want_id));
   attachments_.emplace_back(name, entry.generation);
   ++ctx_.counters->attaches;
   // The client maps this read-only descriptor: it needs no access to /dev/shm by name.
@@ -333,7 +333,8 @@ Result<json> RequestHandler::Verify(const json& request) {
   CKPT_ASSIGN_OR_RETURN(std::string name, StringField(request, "name"));
   CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx_.catalog->Get(name));
   // Our own read-only mapping: stays valid even if the checkpoint is evicted meanwhile.
-  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::Open(entry.shm_name));
+  if (!entry.fd) return Internal("checkpoint '" + name + "' has no segment descriptor");
+  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(entry.fd->get(), entry.shm_name));
   CKPT_ASSIGN_OR_RETURN(loader::VerifyReport report,
                         loader::VerifySegment(*segment, std::max(1, ctx_.options->load_threads), ctx_.stopping));
   if (report.ok()) {

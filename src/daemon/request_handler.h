@@ -17,6 +17,7 @@
 #include "daemon/model_roots.h"
 #include "daemon/rendezvous_table.h"
 #include "daemon/server.h"
+#include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
 
@@ -30,6 +31,7 @@ struct DaemonContext {
   const ModelRoots* roots;
   DaemonCounters* counters;
   RendezvousTable* rendezvous;
+  const shm::SegmentDirectory* segments;  // where loads create their segments
 };
 
 class RequestHandler {

@@ -42,6 +42,7 @@ py::dict SummaryDict(const ckpt::CheckpointSummary& s) {
   py::dict d;
   d["name"] = s.name;
   d["generation"] = s.generation;
+  d["segment_id"] = s.segment_id;
   d["source"] = s.source;
   d["format"] = s.format;
   d["segment_bytes"] = s.segment_bytes;
