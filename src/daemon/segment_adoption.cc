@@ -46,7 +46,9 @@ class Adopter {
   std::unique_ptr<Candidate> Examine(const shm::DirectoryEntry& e) {
     // Not a regular file by its directory entry: removed without being opened.
     if (e.type != DT_REG && e.type != DT_UNKNOWN) {
-      Remove(e.name, "not a regular file (never opened)");
+      Remove(e.name, e.type == DT_LNK   ? "a symbolic link (never followed)"
+                     : e.type == DT_DIR ? "a directory, not a regular file"
+                                        : "not a regular file (never opened)");
       return nullptr;
     }
     auto parsed = shm::SegmentName::Parse(e.name);
