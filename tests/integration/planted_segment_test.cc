@@ -23,6 +23,7 @@
 #include "ckpt/client.h"
 #include "integration/ops_helpers.h"
 #include "protocol/daemon_connection.h"
+#include "protocol/wire.h"
 #include "shm/segment_format.h"
 #include "shm/segment_name.h"
 #include "support/test_env.h"
@@ -108,7 +109,8 @@ class PlantedSegmentTest : public ::testing::Test {
                                      "--state-dir", daemon_.state_dir()};
     argv.insert(argv.end(), extra.begin(), extra.end());
     testing::ChildProcess second(argv);
-    ASSERT_TRUE(testing::WaitFor([&] { return fs::exists(sock); }, 10000)) << second.Wait().err;
+    // Answering, not just bound (the socket file exists a moment before it listens).
+    ASSERT_TRUE(testing::WaitFor([&] { return protocol::ConnectUnix(sock).ok(); }, 10000)) << second.Wait().err;
     fn(sock);
     ::kill(second.pid(), SIGTERM);
     CommandResult r = second.Wait();
