@@ -2,6 +2,7 @@
 // daemon: the segment is written by the loader library and attached through SegmentReader,
 // the same read-only mapping a Client::Attach gives.
 //
+// SHM_NAME names a segment directory /dev/shm/SHM_NAME that holds the one segment.
 //   ckpt-bench-gpu segment FILE.safetensors SHM_NAME      write a segment, print seconds
 //   ckpt-bench-gpu limit DEVICE [GiB] [START_AT]           pinned/pageable H2D bandwidth
 //   ckpt-bench-gpu load SHM_NAME RANK WORLD DEVICE PATH FAMILY [DTYPE|-] [START_AT] [STREAMS] [CHUNK_MIB] [REG_THREADS]
@@ -14,6 +15,8 @@
 // START_AT: a CLOCK_REALTIME second at which to start (after CUDA context creation), so
 // several processes start together. Output: one JSON object per line.
 #include <cuda_runtime.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -33,6 +36,7 @@
 #include "cuda/gpu_loader_impl.h"
 #include "format/safetensors.h"
 #include "loader/checkpoint_loader.h"
+#include "shm/segment_directory.h"
 #include "shm/segment_reader.h"
 
 using namespace ckpt;
@@ -53,12 +57,40 @@ static int Die(const std::string& what, const Status& s) {
 }
 #define CHECK_CUDA(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); return 1; } } while (0)
 
+static Result<std::unique_ptr<shm::SegmentDirectory>> Directory(const std::string& shm) {
+  return shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(shm), {std::nullopt, /*lock=*/false});
+}
+
+// The one segment in directory `shm`, mapped read-only (as an attach maps it).
+static Result<std::unique_ptr<shm::SegmentReader>> OpenSegment(const std::string& shm) {
+  CKPT_ASSIGN_OR_RETURN(auto dir, Directory(shm));
+  CKPT_ASSIGN_OR_RETURN(auto entries, dir->List());
+  if (entries.size() != 1) return NotFound(dir->path() + " does not hold exactly one segment");
+  UniqueFd fd(::openat(dir->fd(), entries[0].name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) return ErrnoError("opening " + dir->PathOf(entries[0].name), errno);
+  return shm::SegmentReader::FromFd(fd.get(), dir->PathOf(entries[0].name));
+}
+
+// Removes directory `shm` and its segments.
+static int Unlink(const std::string& shm) {
+  auto dir = Directory(shm);
+  if (!dir.ok()) return Die("unlink", dir.status());
+  auto entries = (*dir)->List();
+  if (!entries.ok()) return Die("unlink", entries.status());
+  for (const auto& e : *entries) {
+    if (Status st = (*dir)->Remove(e.name); !st.ok()) return Die("unlink", st);
+  }
+  return ::rmdir((*dir)->path().c_str()) == 0 ? 0 : 1;
+}
+
 static int Segment(const std::string& file, const std::string& shm) {
   format::LoadPlan plan;
   Status s = format::PlanSafetensorsFile(file, &plan);
   if (!s.ok()) return Die("plan", s);
+  auto dir = Directory(shm);
+  if (!dir.ok()) return Die("segment directory", dir.status());
   shm::SegmentSpec spec;
-  spec.shm_name = shm;
+  spec.directory = dir->get();
   spec.checkpoint_name = "bench";
   spec.source_path = file;
   spec.generation = 1;
@@ -127,7 +159,7 @@ static int Load(int argc, char** argv) {
   WaitUntil(start_at);
 
   auto t0 = Clock::now();
-  auto reader = shm::SegmentReader::Open(shm);  // attach
+  auto reader = OpenSegment(shm);  // attach
   if (!reader.ok()) return Die("attach", reader.status());
   const double attach_s = Since(t0);
   const shm::SegmentReader* r = reader->get();
@@ -196,7 +228,7 @@ static int Collective(int argc, char** argv) {
   WaitUntil(start_at);
 
   auto t0 = Clock::now();
-  auto reader = shm::SegmentReader::Open(shm);
+  auto reader = OpenSegment(shm);
   if (!reader.ok()) return Die("attach", reader.status());
   const shm::SegmentReader* r = reader->get();
   auto outs = kind == "tp" ? plan->Resolve(r->tensors(), rank, world) : plan->Resolve(r->tensors(), 0, 1);
@@ -226,7 +258,7 @@ int main(int argc, char** argv) {
   if (mode == "limit" && argc >= 3) return Limit(std::atoi(argv[2]), argc > 3 ? std::atof(argv[3]) : 2.0, argc > 4 ? std::atof(argv[4]) : 0);
   if (mode == "load" && argc >= 8) return Load(argc, argv);
   if (mode == "collective" && argc >= 9) return Collective(argc, argv);
-  if (mode == "unlink" && argc == 3) return shm::RemoveShmObject(argv[2]).ok() ? 0 : 1;
+  if (mode == "unlink" && argc == 3) return Unlink(argv[2]);
   std::fprintf(stderr, "usage: see the comment at the top of tools/bench_gpu.cc\n");
   return 2;
 }

@@ -27,7 +27,7 @@
 #include "common/aligned_buffer.h"
 #include "format/checkpoint_formats.h"
 #include "loader/checkpoint_loader.h"
-#include "shm/shm_object.h"
+#include "shm/segment_directory.h"
 
 namespace {
 
@@ -170,7 +170,18 @@ double DdDirect(const std::string& path) {
 double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io) {
   static int n = 0;
   ckpt::shm::SegmentSpec spec;
-  spec.shm_name = "ckpt-bench-" + std::to_string(::getpid()) + "." + std::to_string(++n);
+  // A private segment directory per run, removed with the segment.
+  auto dir = ckpt::shm::SegmentDirectory::Open(
+      ckpt::shm::SegmentDirectoryPath("ckpt-bench-" + std::to_string(::getpid()) + "-" + std::to_string(++n)));
+  if (!dir.ok()) {
+    std::fprintf(stderr, "segment directory: %s\n", dir.status().ToString().c_str());
+    return 0;
+  }
+  struct DirRemover {
+    const ckpt::shm::SegmentDirectory& d;
+    ~DirRemover() { (void)::rmdir(d.path().c_str()); }
+  } remove_dir{**dir};
+  spec.directory = dir->get();
   spec.checkpoint_name = "bench";
   spec.source_path = plan.files.empty() ? "" : plan.files[0];
   spec.generation = n;
@@ -184,7 +195,9 @@ double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io
     std::fprintf(stderr, "load failed: %s\n", loaded.status().ToString().c_str());
     return 0;
   }
-  (void)ckpt::shm::RemoveShmObject(loaded->shm_name);
+  if (ckpt::Status st = (*dir)->Remove(loaded->file_name); !st.ok()) {
+    std::fprintf(stderr, "%s\n", st.ToString().c_str());
+  }
   *io = loaded->io_summary;
   return loaded->data_bytes / loaded->seconds;
 }

@@ -49,7 +49,7 @@ echo "== writing a ${mib} MiB GPT-shaped checkpoint with PyTorch"
 /usr/bin/python3 "$root/tools/make_checkpoint.py" "$work/gpt.safetensors" --mib "$mib" --layers 8
 
 echo "== starting ckptd on $sock (shm prefix $prefix)"
-"$bin/ckptd" --socket "$sock" --shm-prefix "$prefix" --cleanup-on-exit 2>"$work/ckptd.log" &
+"$bin/ckptd" --socket "$sock" --shm-prefix "$prefix" --state-dir "$work/state" --cleanup-on-exit 2>"$work/ckptd.log" &
 daemon=$!
 for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.05; done
 ctl() { "$bin/ckptctl" --socket "$sock" "$@"; }

@@ -217,7 +217,7 @@ def main():
         sock = os.path.join(args.workdir, "ckptd.sock")
         prefix = f"ckptrepro{os.getpid()}"
         daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", prefix, "--cleanup-on-exit",
-                                   "--load-threads", str(min(16, os.cpu_count() or 2))])
+                                   "--state-dir", os.path.join(args.workdir, "ckptd-state"), "--load-threads", str(min(16, os.cpu_count() or 2))])
         try:
             client = ckpt.connect(sock, wait=10)
             base = node_bytes()

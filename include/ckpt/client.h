@@ -32,8 +32,8 @@ class SegmentReader;
 struct CheckpointSummary {
   std::string name;
   uint64_t generation = 0;
-  std::string shm_name;        // the segment's shared-memory object
-  std::string segment_id;      // 32 hex characters naming the segment's identity; empty if not reported
+  std::string shm_name;        // the segment's file name inside the daemon's segment directory
+  std::string segment_id;      // the generation's random identity (32 hex characters); empty if not reported
   std::string source;          // path it was loaded from
   std::string format;          // "safetensors", ...
   uint64_t segment_bytes = 0;  // shared memory it occupies
@@ -127,8 +127,9 @@ struct EvictOptions {
 // A checkpoint generation mapped read-only into this process. While it lives, the daemon
 // counts it as attached and its bytes stay valid, even if the checkpoint is evicted.
 // If the daemon restarts meanwhile, a background thread re-registers the attachment with
-// the new daemon as soon as it answers (if that generation is still current there); the
-// mapping stays valid either way.
+// the new daemon as soon as it answers (if that same segment, by generation and segment
+// id, is still current there; never onto other content under the same name); the mapping
+// stays valid either way.
 // Thread-safe: all methods are const and the mapping is immutable.
 class Checkpoint {
  public:
@@ -214,7 +215,8 @@ class Client {
   // stays open as the attachment's lease. The daemon passes a read-only descriptor of the
   // segment over the socket (SCM_RIGHTS), which is mapped PROT_READ: the process needs no
   // access to /dev/shm and cannot write into the checkpoint. NotFound if it is not loaded,
-  // PermissionDenied if this user may not read checkpoints.
+  // PermissionDenied if this user may not read checkpoints, Corrupt if the daemon passes
+  // no descriptor or one whose header does not match its answer (name, segment id).
   Result<std::unique_ptr<Checkpoint>> Attach(const std::string& name);
   // Exchanges a small blob (an NCCL unique id) among the `world` ranks of job `job` on
   // this node. Rank 0 passes `value` (1 to 4096 bytes, any bytes) and gets it back at

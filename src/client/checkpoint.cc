@@ -10,19 +10,21 @@
 #include "common/unique_fd.h"
 #include "protocol/daemon_connection.h"
 #include "protocol/messages.h"
+#include "shm/segment_name.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt {
 
 // Keeps the attachment's lease: watches the connection and, when the daemon went away,
-// reconnects every 0.5 s and attaches to the same generation again. Gives up (keeping
-// the mapping) if the new daemon no longer has that generation.
+// reconnects every 0.5 s and attaches to the same segment again (name, generation and
+// segment id: the content this process mapped). Gives up (keeping the mapping) if the new
+// daemon no longer has that segment as the current generation.
 class Checkpoint::LeaseKeeper {
  public:
-  LeaseKeeper(std::string socket_path, std::string name, uint64_t generation,
+  LeaseKeeper(std::string socket_path, std::string name, uint64_t generation, std::string segment_id,
               std::unique_ptr<protocol::DaemonConnection> lease)
       : socket_path_(std::move(socket_path)), name_(std::move(name)), generation_(generation),
-        lease_(std::move(lease)), owner_pid_(::getpid()) {}
+        segment_id_(std::move(segment_id)), lease_(std::move(lease)), owner_pid_(::getpid()) {}
   // Starts the watching thread. IoError without an eventfd; ResourceExhausted if the
   // thread cannot be started (std::thread throws std::system_error).
   Status Start() {
@@ -72,6 +74,7 @@ class Checkpoint::LeaseKeeper {
         protocol::AttachRequest request;
         request.name = name_;
         request.generation = generation_;
+        request.segment_id = segment_id_;
         auto r = (*connection)->Call(protocol::AttachRequest::kOp, protocol::Encode(request), nullptr, &unused);
         if (r.ok()) {
           lease_ = std::move(connection).value();
@@ -85,6 +88,7 @@ class Checkpoint::LeaseKeeper {
 
   std::string socket_path_, name_;
   uint64_t generation_;
+  std::string segment_id_;  // hex, as the daemon names it
   std::unique_ptr<protocol::DaemonConnection> lease_;
   UniqueFd stop_;
   pid_t owner_pid_;
@@ -94,7 +98,8 @@ class Checkpoint::LeaseKeeper {
 Checkpoint::Checkpoint(std::string name, std::string socket_path, std::unique_ptr<protocol::DaemonConnection> lease,
                        std::unique_ptr<shm::SegmentReader> segment)
     : name_(std::move(name)), segment_(std::move(segment)) {
-  keeper_ = std::make_unique<LeaseKeeper>(std::move(socket_path), name_, segment_->generation(), std::move(lease));
+  keeper_ = std::make_unique<LeaseKeeper>(std::move(socket_path), name_, segment_->generation(),
+                                          shm::SegmentIdHex(segment_->segment_id()), std::move(lease));
 }
 
 Status Checkpoint::StartLeaseKeeper() { return keeper_->Start(); }

@@ -9,8 +9,8 @@
 #include "protocol/daemon_connection.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
+#include "shm/segment_name.h"
 #include "shm/segment_reader.h"
-#include "shm/shm_object.h"
 
 namespace ckpt {
 
@@ -135,20 +135,16 @@ Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
                         lease->Call(protocol::AttachRequest::kOp, protocol::Encode(request), nullptr, &segment_fd));
   CKPT_ASSIGN_OR_RETURN(auto attached, protocol::DecodeAs<protocol::CheckpointResponse>(response));
   const std::string& shm_name = attached.checkpoint.shm_name;
-  std::unique_ptr<shm::SegmentReader> segment;
-  if (segment_fd.valid()) {
-    // The daemon's read-only descriptor: map it, then validate the image as usual.
-    CKPT_ASSIGN_OR_RETURN(auto mapping, shm::ShmMapping::FromFd(segment_fd.get(), shm_name));
-    const std::byte* data = mapping->data();
-    const uint64_t size = mapping->size();
-    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::FromImage(std::move(mapping), data, size));
-  } else {
-    // A daemon that passes no descriptor (older protocol): open the object by name.
-    if (shm_name.empty()) return Corrupt("malformed attach response from ckptd: no 'shm_name' and no descriptor");
-    CKPT_ASSIGN_OR_RETURN(segment, shm::SegmentReader::Open(shm_name));
-  }
+  const std::string& segment_id = attached.checkpoint.segment_id;
+  // The daemon's read-only descriptor is the only way in: segments are never opened by name.
+  if (!segment_fd.valid()) return Corrupt("ckptd passed no segment descriptor with its attach response");
+  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(segment_fd.get(), shm_name));
   if (segment->checkpoint_name() != name) {
     return Corrupt("segment " + shm_name + " holds '" + segment->checkpoint_name() + "', not '" + name + "'");
+  }
+  if (segment_id != shm::SegmentIdHex(segment->segment_id())) {
+    return Corrupt("segment " + shm_name + " has id " + shm::SegmentIdHex(segment->segment_id()) +
+                   ", the daemon announced '" + segment_id + "'");
   }
   std::unique_ptr<Checkpoint> checkpoint(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
   CKPT_RETURN_IF_ERROR(checkpoint->StartLeaseKeeper());

@@ -3,16 +3,18 @@
 #include <algorithm>
 #include <spdlog/spdlog.h>
 
-#include "shm/shm_object.h"
-
 namespace ckpt::daemon {
 
-namespace {
-void Unlink(const CatalogEntry& e) {
-  Status st = shm::RemoveShmObject(e.shm_name);
-  if (!st.ok()) spdlog::error("cannot unlink {}: {}", e.shm_name, st.ToString());
+void Catalog::Unlink(const CatalogEntry& e) const {
+  if (segments_ == nullptr) return;
+  Status st = segments_->Remove(e.shm_name);
+  if (!st.ok()) {
+    spdlog::error("cannot remove segment of '{}' generation {}: {} (its memory stays in use until it is removed)",
+                  e.name, e.generation, st.ToString());
+  }
 }
 
+namespace {
 void RemoveOnePid(std::vector<int32_t>* pids, int32_t pid) {
   auto it = std::find(pids->begin(), pids->end(), pid);
   if (it != pids->end()) pids->erase(it);
@@ -44,6 +46,7 @@ Result<uint64_t> Catalog::BeginLoad(const std::string& name, bool replace, uint6
   if (entries_.count(name) && !replace) {
     return AlreadyExists("checkpoint '" + name + "' is already loaded (use --replace for a new generation)");
   }
+  std::vector<std::string> victims;
   if (budget_bytes_ > 0) {
     const uint64_t used = UsedBytesLocked();
     if (used + bytes > budget_bytes_) {
@@ -63,21 +66,30 @@ Result<uint64_t> Catalog::BeginLoad(const std::string& name, bool replace, uint6
                                  std::to_string(used) + " in use, and only " + std::to_string(freed) +
                                  " bytes of it could be freed by evicting unattached checkpoints");
       }
-      std::vector<std::string> victims;
       for (size_t i = 0; i < take; ++i) victims.push_back(candidates[i]->name);
-      for (const std::string& v : victims) {
-        auto it = entries_.find(v);
-        spdlog::info("evicting '{}' generation {} ({} bytes, least recently used) to make room for '{}'", v,
-                     it->second.generation, it->second.segment_bytes, name);
-        Unlink(it->second);
-        entries_.erase(it);
-        ++evictions_.for_budget;
-        if (evicted) evicted->push_back(v);
-      }
     }
   }
+  // The number is durable before anyone sees it (or anything is evicted for it).
+  const uint64_t generation = next_generation_;
+  if (generations_) {
+    Status persisted = generations_->Persist(generation);
+    if (!persisted.ok()) {
+      spdlog::error("cannot record generation {} for '{}': {}", generation, name, persisted.ToString());
+      return persisted.WithContext("recording the generation number of '" + name + "'");
+    }
+  }
+  ++next_generation_;
+  for (const std::string& v : victims) {
+    auto it = entries_.find(v);
+    spdlog::info("evicting '{}' generation {} ({} bytes, least recently used) to make room for '{}'", v,
+                 it->second.generation, it->second.segment_bytes, name);
+    Unlink(it->second);
+    entries_.erase(it);
+    ++evictions_.for_budget;
+    if (evicted) evicted->push_back(v);
+  }
   loading_[name] = bytes;
-  return next_generation_++;
+  return generation;
 }
 
 void Catalog::AbortLoad(const std::string& name) {
@@ -123,7 +135,8 @@ Status Catalog::Adopt(CatalogEntry entry) {
   return Status::Ok();
 }
 
-Result<CatalogEntry> Catalog::Attach(const std::string& name, int32_t pid, uint64_t generation) {
+Result<CatalogEntry> Catalog::Attach(const std::string& name, int32_t pid, uint64_t generation,
+                                     const std::string& segment_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
@@ -133,6 +146,10 @@ Result<CatalogEntry> Catalog::Attach(const std::string& name, int32_t pid, uint6
   if (generation != 0 && it->second.generation != generation) {
     return NotFound("checkpoint '" + name + "' is at generation " + std::to_string(it->second.generation) +
                     ", not " + std::to_string(generation));
+  }
+  if (!segment_id.empty() && it->second.segment_id != segment_id) {
+    return NotFound("checkpoint '" + name + "' generation " + std::to_string(it->second.generation) +
+                    " is segment " + it->second.segment_id + ", not " + segment_id);
   }
   ++it->second.attached;
   it->second.attached_pids.push_back(pid);

@@ -8,7 +8,9 @@
 // BeginLoad makes room by evicting the least-recently-used unattached checkpoints, or
 // fails (ResourceExhausted) without evicting anything when even that would not suffice.
 //
-// Generations: publishing a name that already exists (a replace) makes the new
+// Generations: numbers come from BeginLoad, increasing, each persisted in the
+// GenerationStore (if any) before it is handed out, so none is ever reused, across
+// restarts too. Publishing a name that already exists (a replace) makes the new
 // generation current at once; the old one is unlinked now if nobody is attached to it,
 // else "retired": it stays mapped by its clients and is unlinked when the last detaches.
 #pragma once
@@ -27,13 +29,16 @@
 #include "ckpt/status.h"
 #include "ckpt/tensor.h"
 #include "common/unique_fd.h"
+#include "daemon/generation_store.h"
+#include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
 
 struct CatalogEntry {
   std::string name;
   uint64_t generation = 0;
-  std::string shm_name;
+  std::string shm_name;    // the segment's file name in the daemon's segment directory
+  std::string segment_id;  // the segment's random id, 32 hex characters (in its header too)
   std::string source_path;
   std::string format;
   uint64_t segment_bytes = 0;
@@ -56,14 +61,21 @@ struct EvictionCounts {
 
 class Catalog {
  public:
-  // `budget_bytes` 0 means no budget.
-  explicit Catalog(uint64_t budget_bytes = 0) : budget_bytes_(budget_bytes) {}
+  // `budget_bytes` 0 means no budget. Segments are removed from `segments` (null: the
+  // catalog removes no files). Generations start above `generations->last()` and each
+  // is persisted there before it is handed out (null: start at 1, nothing persisted).
+  // Neither is owned; both must outlive the catalog.
+  explicit Catalog(uint64_t budget_bytes = 0, const shm::SegmentDirectory* segments = nullptr,
+                   GenerationStore* generations = nullptr)
+      : budget_bytes_(budget_bytes), segments_(segments), generations_(generations),
+        next_generation_(generations ? generations->last() + 1 : 1) {}
 
   // Reserves `name` for a load of about `bytes` and returns the generation to use.
   // AlreadyExists if `name` is being loaded, or is loaded and !replace.
   // ResourceExhausted if `bytes` cannot fit in the budget even after evicting every
   // unattached checkpoint (then nothing is evicted); otherwise the LRU unattached ones
   // are evicted (unlinked) as needed and their names appended to `evicted`.
+  // IoError if the generation cannot be persisted (then nothing is reserved or evicted).
   Result<uint64_t> BeginLoad(const std::string& name, bool replace, uint64_t bytes,
                              std::vector<std::string>* evicted = nullptr);
   // Ends a reservation without publishing.
@@ -76,8 +88,10 @@ class Catalog {
   Status Adopt(CatalogEntry entry);
 
   // Counts one attachment by process `pid` and returns the entry. NotFound if not
-  // published, or if `generation` (when not 0) is not the current generation.
-  Result<CatalogEntry> Attach(const std::string& name, int32_t pid = 0, uint64_t generation = 0);
+  // published, if `generation` (when not 0) is not the current generation, or if
+  // `segment_id` (when not empty) is not the current generation's id.
+  Result<CatalogEntry> Attach(const std::string& name, int32_t pid = 0, uint64_t generation = 0,
+                              const std::string& segment_id = "");
   // Ends an attachment made by Attach. Works for the current generation and for retired
   // ones (the last detach unlinks a retired generation); a no-op otherwise.
   void Detach(const std::string& name, uint64_t generation, int32_t pid = 0);
@@ -102,13 +116,18 @@ class Catalog {
   uint64_t UsedBytesLocked() const;
   // Moves `entry` out of the table: unlinked now, or kept as retired while attached.
   void RetireLocked(CatalogEntry entry, bool unlink_now);
+  // Removes the entry's segment file; a failure is logged as an error (the entry goes
+  // from the table either way: its memory is then only freed by an operator).
+  void Unlink(const CatalogEntry& entry) const;
 
   const uint64_t budget_bytes_;
+  const shm::SegmentDirectory* const segments_;
+  GenerationStore* const generations_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, CatalogEntry> entries_;
   std::unordered_map<std::string, uint64_t> loading_;  // name -> reserved bytes
   std::map<std::pair<std::string, uint64_t>, CatalogEntry> retired_;
-  uint64_t next_generation_ = 1;
+  uint64_t next_generation_;
   uint64_t clock_ = 0;
   EvictionCounts evictions_;
 };

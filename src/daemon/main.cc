@@ -50,7 +50,10 @@ int main(int argc, char** argv) {
 
   CLI::App app{"ckptd: holds checkpoints once per node in POSIX shared memory"};
   app.add_option("--socket", options.socket_path, "control socket path")->capture_default_str();
-  app.add_option("--shm-prefix", options.shm_prefix, "prefix of shared-memory object names")
+  app.add_option("--shm-prefix", options.shm_prefix, "segments live in the directory /dev/shm/<prefix>")
+      ->capture_default_str();
+  app.add_option("--state-dir", options.state_dir,
+                 "directory for the daemon's state (the generation high-water mark); systemd's StateDirectory=")
       ->capture_default_str();
   app.add_option("--socket-mode", socket_mode, "permission bits of the socket (octal)")->capture_default_str();
   app.add_option("--shm-mode", shm_mode, "permission bits of segments (octal)")->capture_default_str();

@@ -23,6 +23,7 @@
 #include "daemon/rendezvous_table.h"
 #include "daemon/server.h"
 #include "protocol/messages.h"
+#include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
 
@@ -39,6 +40,7 @@ struct DaemonContext {
   const ModelRoots* roots;
   DaemonCounters* counters;
   RendezvousTable* rendezvous;
+  const shm::SegmentDirectory* segments;  // where loads create their segments
 };
 
 // The connection an op runs for.

@@ -8,6 +8,7 @@
 
 #include "daemon/connection_limits.h"
 #include "daemon/ops.h"
+#include "shm/segment_name.h"
 #include "protocol/wire.h"
 
 namespace ckpt::daemon {
@@ -22,6 +23,7 @@ CheckpointSummary SummaryOf(const CatalogEntry& e) {
   s.name = e.name;
   s.generation = e.generation;
   s.shm_name = e.shm_name;
+  s.segment_id = e.segment_id;
   s.source = e.source_path;
   s.format = e.format;
   s.segment_bytes = e.segment_bytes;
@@ -55,8 +57,12 @@ Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const proto
 
 Result<protocol::CheckpointResponse> Attach(const DaemonContext& ctx, const Caller& caller,
                                             const protocol::AttachRequest& request, UniqueFd* segment_fd) {
-  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry,
-                        ctx.catalog->Attach(request.name, caller.peer.pid, request.generation));
+  // A re-registering client names the content it mapped (segment_id), not just its number.
+  if (!request.segment_id.empty() && !shm::ParseSegmentIdHex(request.segment_id)) {
+    return InvalidArgument("'segment_id' must be 32 lower-case hex characters");
+  }
+  CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx.catalog->Attach(request.name, caller.peer.pid, request.generation,
+                                                                request.segment_id));
   ++ctx.counters->attaches;
   // The client maps this read-only descriptor: it needs no access to /dev/shm by name.
   if (entry.fd) segment_fd->reset(::fcntl(entry.fd->get(), F_DUPFD_CLOEXEC, 0));

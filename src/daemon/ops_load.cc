@@ -10,7 +10,7 @@
 #include "loader/checkpoint_loader.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
-#include "shm/shm_object.h"
+#include "shm/segment_name.h"
 
 namespace ckpt::daemon {
 
@@ -113,7 +113,7 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   spdlog::info("loading '{}' generation {} from {}", name, generation, path);
 
   shm::SegmentSpec spec;
-  spec.shm_name = ctx.options->shm_prefix + "." + name + "." + std::to_string(generation);
+  spec.directory = ctx.segments;
   spec.checkpoint_name = name;
   spec.source_path = path;
   spec.generation = generation;
@@ -131,21 +131,18 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   }
   watch->Poll();  // a cancel that came with the last bytes still wins
   if (watch->cancelled_by_client() || ctx.stopping->load()) {
-    (void)shm::RemoveShmObject(loaded->shm_name);
+    if (Status removed = ctx.segments->Remove(loaded->file_name); !removed.ok()) {
+      spdlog::error("cannot remove the cancelled segment {}: {}", ctx.segments->PathOf(loaded->file_name),
+                    removed.ToString());
+    }
     return Cancelled("load of '" + name + "' cancelled before it was published");
   }
-  auto segment_fd = shm::OpenShmReadOnlyFd(loaded->shm_name);
-  if (!segment_fd.ok()) {
-    ++ctx.counters->load_failures;
-    (void)shm::RemoveShmObject(loaded->shm_name);
-    return segment_fd.status();
-  }
-  SetSegmentOwnership(segment_fd->get(), *ctx.access, ctx.options->shm_mode);
 
   CatalogEntry entry;
   entry.name = name;
   entry.generation = generation;
-  entry.shm_name = loaded->shm_name;
+  entry.shm_name = loaded->file_name;
+  entry.segment_id = shm::SegmentIdHex(loaded->segment_id);
   entry.source_path = path;
   entry.format = plan->format;
   entry.segment_bytes = loaded->segment_bytes;
@@ -153,7 +150,7 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   entry.load_seconds = loaded->seconds;
   entry.loaded_unix_s = NowUnixSeconds();
   entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(loaded->tensors));
-  entry.fd = std::make_shared<const UniqueFd>(std::move(segment_fd).value());
+  entry.fd = std::make_shared<const UniqueFd>(std::move(loaded->fd));
   LoadResult result{SummaryOf(entry), std::move(evicted)};
   ++ctx.counters->loads;
   ctx.counters->loaded_bytes += loaded->data_bytes;

@@ -22,8 +22,7 @@
 #include "daemon/request_handler.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
-#include "shm/segment_reader.h"
-#include "shm/shm_object.h"
+#include "daemon/segment_adoption.h"
 
 namespace ckpt::daemon {
 
@@ -46,6 +45,10 @@ Status ValidateOptions(const ServerOptions& o) {
   if (o.rendezvous_per_uid < 1) return InvalidArgument("rendezvous entries per uid must be >= 1");
   if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
   if (o.metrics_file_mode > 0777) return InvalidArgument("metrics file mode must be at most 0777");
+  if ((o.shm_mode & 07133) != 0 || (o.shm_mode & 0600) != 0600) {
+    return InvalidArgument("the shm mode must give the owner read and write and others at most read (e.g. 0640)");
+  }
+  if (o.state_dir.empty() || o.state_dir[0] != '/') return InvalidArgument("the state directory must be an absolute path");
   return Status::Ok();
 }
 
@@ -56,33 +59,35 @@ RendezvousTable::Options RendezvousOptionsOf(const ServerOptions& o) {
 }
 }  // namespace
 
-Server::Server(ServerOptions options)
+Server::Server(ServerOptions options, std::unique_ptr<shm::SegmentDirectory> segments,
+               std::unique_ptr<GenerationStore> generations)
     : options_(std::move(options)),
-      catalog_(options_.memory_budget_bytes),
+      segments_(std::move(segments)),
+      generations_(std::move(generations)),
+      catalog_(options_.memory_budget_bytes, segments_.get(), generations_.get()),
       rendezvous_(RendezvousOptionsOf(options_)),
       limits_(std::make_unique<ConnectionLimits>(ConnectionLimits::Options{
           options_.max_connections, options_.max_connections_per_uid, options_.admin_reserved_connections})) {}
 
 DaemonContext Server::Context() {
-  return DaemonContext{&options_, &catalog_,    &stopping_, started_unix_s_, limits_.get(),
-                       access_.get(), roots_.get(), &counters_, &rendezvous_};
-}
-
-void SetSegmentOwnership(int fd, const AccessPolicy& access, uint32_t mode) {
-  if (access.reader_gid() && ::fchown(fd, static_cast<uid_t>(-1), *access.reader_gid()) != 0) {
-    spdlog::warn("cannot give a segment to the reader group: {}", std::strerror(errno));
-  }
-  if (::fchmod(fd, mode) != 0) spdlog::warn("cannot chmod a segment: {}", std::strerror(errno));
+  return DaemonContext{&options_,     &catalog_,    &stopping_, started_unix_s_, limits_.get(),
+                       access_.get(), roots_.get(), &counters_, &rendezvous_,    segments_.get()};
 }
 
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateOptions(options));
-  std::unique_ptr<Server> server(new Server(options));
+  CKPT_ASSIGN_OR_RETURN(auto access, AccessPolicy::Create(options.admin_group, options.reader_group));
+  std::string fixed;
+  CKPT_ASSIGN_OR_RETURN(auto segments, shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(options.shm_prefix),
+                                                                   {access->reader_gid(), true}, &fixed));
+  if (!fixed.empty()) spdlog::warn("{}", fixed);
+  CKPT_ASSIGN_OR_RETURN(auto generations, GenerationStore::Open(options.state_dir));
+  std::unique_ptr<Server> server(new Server(options, std::move(segments), std::move(generations)));
+  server->access_ = std::move(access);
   server->started_unix_s_ = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch()).count();
   server->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!server->wake_fd_.valid()) return ErrnoError("eventfd", errno);
-  CKPT_ASSIGN_OR_RETURN(server->access_, AccessPolicy::Create(options.admin_group, options.reader_group));
   CKPT_ASSIGN_OR_RETURN(server->roots_, ModelRoots::Create(options.model_roots));
   CKPT_ASSIGN_OR_RETURN(server->metrics_gid_, ResolveGroup(options.metrics_file_group));
   if (!server->roots_->restricted()) spdlog::warn("no model roots configured: loads from any path are allowed");
@@ -96,45 +101,13 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
 }
 
 Status Server::AdoptExistingSegments() {
-  std::vector<std::unique_ptr<shm::SegmentReader>> found;
-  for (const std::string& shm_name : shm::ListShmObjects(options_.shm_prefix + ".")) {
-    auto reader = shm::SegmentReader::Open(shm_name);
-    if (!reader.ok()) {
-      spdlog::warn("removing segment {} left by an earlier daemon: {}", shm_name, reader.status().ToString());
-      (void)shm::RemoveShmObject(shm_name);
-      continue;
-    }
-    found.push_back(std::move(reader).value());
-  }
-  // Newest generation first, so an older generation of the same name is the one removed.
-  std::sort(found.begin(), found.end(),
-            [](const auto& a, const auto& b) { return a->generation() > b->generation(); });
-  for (auto& reader : found) {
-    CatalogEntry entry;
-    entry.name = reader->checkpoint_name();
-    entry.generation = reader->generation();
-    entry.shm_name = options_.shm_prefix + "." + entry.name + "." + std::to_string(entry.generation);
-    entry.source_path = reader->source_path();
-    entry.format = "adopted";
-    entry.segment_bytes = reader->segment_bytes();
-    for (const auto& t : reader->tensors()) entry.data_bytes += t.nbytes;
-    entry.load_seconds = reader->header().load_nanos / 1e9;
-    entry.loaded_unix_s = static_cast<int64_t>(reader->header().created_unix_ns / 1000000000ull);
-    entry.tensors = std::make_shared<const std::vector<TensorInfo>>(reader->tensors());
-    auto fd = shm::OpenShmReadOnlyFd(entry.shm_name);
-    if (fd.ok()) {
-      entry.fd = std::make_shared<const UniqueFd>(std::move(fd).value());
-      SetSegmentOwnership(entry.fd->get(), *access_, options_.shm_mode);
-    }
-    const std::string shm_name = entry.shm_name;
-    if (entry.fd && ValidateCheckpointName(entry.name).ok() && catalog_.Adopt(std::move(entry)).ok()) {
-      spdlog::info("adopted segment {}", shm_name);
-    } else {
-      spdlog::warn("removing superseded or misnamed segment {}", shm_name);
-      (void)shm::RemoveShmObject(shm_name);
-    }
-  }
-  return Status::Ok();
+  AdoptionOptions adoption;
+  adoption.segment_mode = options_.shm_mode;
+  adoption.verify_threads = options_.load_threads;
+  adoption.legacy_prefix = options_.shm_prefix + ".";
+  adoption.validate_name = ValidateCheckpointName;
+  adoption.cancel = &stopping_;
+  return AdoptSegments(*segments_, adoption, &catalog_).status();
 }
 
 Server::~Server() {
@@ -208,7 +181,8 @@ void Server::NotifyStatus() {
 }
 
 void Server::Run() {
-  spdlog::info("ckptd {} serving on {} (shm prefix '{}')", CKPT_VERSION, options_.socket_path, options_.shm_prefix);
+  spdlog::info("ckptd {} serving on {} (segments in {}, state in {})", CKPT_VERSION, options_.socket_path,
+               segments_->path(), options_.state_dir);
   auto next_metrics = std::chrono::steady_clock::now();
   while (!stopping_.load()) {
     if (!options_.metrics_file.empty() && std::chrono::steady_clock::now() >= next_metrics) {
@@ -240,8 +214,12 @@ void Server::Run() {
   }
   if (options_.cleanup_on_exit) {
     for (const CatalogEntry& e : catalog_.TakeAll()) {
-      (void)shm::RemoveShmObject(e.shm_name);
-      spdlog::info("removed segment {}", e.shm_name);
+      Status st = segments_->Remove(e.shm_name);
+      if (st.ok()) {
+        spdlog::info("removed segment {}", segments_->PathOf(e.shm_name));
+      } else {
+        spdlog::error("cannot remove segment {}: {}", segments_->PathOf(e.shm_name), st.ToString());
+      }
     }
   }
   ::unlink(options_.socket_path.c_str());

@@ -17,16 +17,19 @@
 
 #include "daemon/access_policy.h"
 #include "daemon/catalog.h"
+#include "daemon/generation_store.h"
 #include "daemon/model_roots.h"
 #include "daemon/rendezvous_table.h"
+#include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
 
 struct ServerOptions {
   std::string socket_path = "/run/ckptd/ckptd.sock";
-  std::string shm_prefix = "ckpt";  // [A-Za-z0-9_-]+; segments are <prefix>.<name>.<gen>
+  std::string shm_prefix = "ckpt";  // [A-Za-z0-9_-]+; segments are /dev/shm/<prefix>/<name>.<gen>.<id>
+  std::string state_dir = "/var/lib/ckptd";  // the generation high-water mark (GenerationStore)
   uint32_t socket_mode = 0660;
-  uint32_t shm_mode = 0640;       // segments are group-owned by the reader group, if any
+  uint32_t shm_mode = 0640;       // rw for the owner, at most r for group/others; group: reader group
   int load_threads = 8;
   int max_connections = 1024;            // slots for all callers together
   int max_connections_per_uid = 256;     // slots one uid may hold
@@ -68,15 +71,13 @@ struct DaemonCounters {
 struct DaemonContext;
 class ConnectionLimits;
 
-// Gives the segment open at `fd` the reader group (if configured) and mode `mode`;
-// failures are logged, not fatal.
-void SetSegmentOwnership(int fd, const AccessPolicy& access, uint32_t mode);
-
 class Server {
  public:
-  // Validates options, adopts complete segments left under the prefix (removing
-  // incomplete or corrupt ones) and binds the socket. Errors: InvalidArgument for bad
-  // options; AlreadyExists if another daemon serves the socket; IoError.
+  // Validates options, opens the segment directory and the state directory, binds the
+  // socket and adopts the segments an earlier daemon left (see segment_adoption.h).
+  // Errors: InvalidArgument for bad options; FailedPrecondition for a segment or state
+  // directory that is not safe to use (another owner, a symlink, ...) or in use by
+  // another daemon; AlreadyExists if another daemon serves the socket; IoError.
   static Result<std::unique_ptr<Server>> Create(const ServerOptions& options);
   ~Server();
 
@@ -95,7 +96,8 @@ class Server {
     std::atomic<bool> done{false};
   };
 
-  explicit Server(ServerOptions options);
+  Server(ServerOptions options, std::unique_ptr<shm::SegmentDirectory> segments,
+         std::unique_ptr<GenerationStore> generations);
   // Admits or refuses a connection just accepted (in the accept loop; never blocks).
   void Admit(UniqueFd client);
   DaemonContext Context();
@@ -110,6 +112,8 @@ class Server {
   std::string last_status_;
 
   ServerOptions options_;
+  std::unique_ptr<shm::SegmentDirectory> segments_;  // before catalog_, which uses them
+  std::unique_ptr<GenerationStore> generations_;
   Catalog catalog_;
   RendezvousTable rendezvous_;  // blobs ranks of a job exchange (NCCL unique ids)
   std::unique_ptr<ConnectionLimits> limits_;

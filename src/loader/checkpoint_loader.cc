@@ -135,7 +135,9 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   CKPT_RETURN_IF_ERROR(writer->Publish(checksums, static_cast<uint64_t>(seconds * 1e9)));
 
   LoadedSegment out;
-  out.shm_name = writer->shm_name();
+  out.file_name = writer->file_name();
+  out.segment_id = writer->segment_id();
+  out.fd = writer->TakeReadOnlyFd();
   out.segment_bytes = writer->segment_bytes();
   out.data_bytes = total;
   out.seconds = seconds;

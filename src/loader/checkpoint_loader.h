@@ -34,7 +34,9 @@ struct LoadOptions {
 };
 
 struct LoadedSegment {
-  std::string shm_name;
+  std::string file_name;        // in spec.directory
+  shm::SegmentId segment_id{};
+  UniqueFd fd;                  // read-only descriptor of the segment (see SegmentWriter)
   uint64_t segment_bytes = 0;
   uint64_t data_bytes = 0;  // sum of tensor sizes
   double seconds = 0;
@@ -44,7 +46,7 @@ struct LoadedSegment {
   std::string io_summary;
 };
 
-// `spec` gives the segment's names, generation and mode; its tensor list is filled from
+// `spec` gives the segment's directory, names, generation and mode; its tensor list is filled from
 // `plan`. Errors: those of the files (NotFound, IoError, Corrupt if a file is shorter than
 // the plan says), of the segment (AlreadyExists, ResourceExhausted), InvalidArgument for
 // duplicate tensor names, FailedPrecondition if cancelled.

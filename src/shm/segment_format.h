@@ -1,4 +1,5 @@
-// The layout of one checkpoint generation in a POSIX shared-memory object.
+// The layout of one checkpoint generation in a shared-memory segment (a file in the
+// daemon's segment directory on the shm tmpfs, see segment_directory.h).
 //
 //   [SegmentHeader, padded to kHeaderBytes]
 //   [TensorEntry x tensor_count]             at index_offset
@@ -10,13 +11,14 @@
 // against segment_bytes before following it. All offsets are from the segment's start.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 namespace ckpt::shm {
 
 inline constexpr char kSegmentMagic[8] = {'C', 'K', 'P', 'T', 'S', 'E', 'G', '1'};
-inline constexpr uint32_t kSegmentVersion = 1;
+inline constexpr uint32_t kSegmentVersion = 2;  // 2: segment_id
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kDataAlignment = 64;
 inline constexpr uint32_t kMaxDims = 8;
@@ -44,9 +46,11 @@ struct SegmentHeader {
   uint64_t index_checksum;    // XXH3-64 over the index entries and the names
   char checkpoint_name[128];  // NUL-terminated
   char source_path[1024];     // NUL-terminated, truncated if longer
-  uint8_t reserved[kHeaderBytes - 8 - 4 - 4 - 11 * 8 - 128 - 1024];
+  uint8_t segment_id[16];     // random identity; its hex is the last part of the file name
+  uint8_t reserved[kHeaderBytes - 8 - 4 - 4 - 11 * 8 - 128 - 1024 - 16];
 };
 static_assert(sizeof(SegmentHeader) == kHeaderBytes);
+static_assert(offsetof(SegmentHeader, segment_id) == 1256);
 static_assert(std::is_trivially_copyable_v<SegmentHeader>);
 
 struct TensorEntry {

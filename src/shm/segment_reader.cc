@@ -8,13 +8,19 @@ namespace ckpt::shm {
 
 uint64_t Checksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
-Result<std::unique_ptr<SegmentReader>> SegmentReader::Open(const std::string& shm_name) {
-  CKPT_ASSIGN_OR_RETURN(auto mapping, ShmMapping::OpenReadOnly(shm_name));
+Result<std::unique_ptr<SegmentReader>> SegmentReader::FromFd(int fd, const std::string& name) {
+  CKPT_ASSIGN_OR_RETURN(auto mapping, ShmMapping::FromFd(fd, name));
   const std::byte* data = mapping->data();
   uint64_t size = mapping->size();
   auto reader = FromImage(std::move(mapping), data, size);
-  if (!reader.ok()) return reader.status().WithContext("segment " + shm_name);
+  if (!reader.ok()) return reader.status().WithContext("segment " + name);
   return reader;
+}
+
+SegmentId SegmentReader::segment_id() const {
+  SegmentId id;
+  std::memcpy(id.data(), header().segment_id, id.size());
+  return id;
 }
 
 Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<ShmMapping> mapping,

@@ -10,14 +10,16 @@
 #include "ckpt/status.h"
 #include "ckpt/tensor.h"
 #include "shm/segment_format.h"
+#include "shm/segment_name.h"
 #include "shm/shm_object.h"
 
 namespace ckpt::shm {
 
 class SegmentReader {
  public:
-  // Maps object `shm_name` read-only and validates it (see Validate).
-  static Result<std::unique_ptr<SegmentReader>> Open(const std::string& shm_name);
+  // Maps the segment open at `fd` read-only and validates it (see FromImage); `name` is
+  // for messages. The descriptor may be closed afterwards.
+  static Result<std::unique_ptr<SegmentReader>> FromFd(int fd, const std::string& name);
   // Validates the segment image [data, data + size): magic, version, complete state,
   // every offset and length within the image, dtypes, shapes matching byte sizes, names,
   // the index checksum. Corrupt or FailedPrecondition (still loading) otherwise.
@@ -29,6 +31,8 @@ class SegmentReader {
   std::string checkpoint_name() const;
   std::string source_path() const;
   uint64_t generation() const { return header().generation; }
+  // The random identity the daemon gave this segment (also in its file name).
+  SegmentId segment_id() const;
   uint64_t segment_bytes() const { return size_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   // Index of tensor `name`, or -1.

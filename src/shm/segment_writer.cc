@@ -1,6 +1,9 @@
 #include "shm/segment_writer.h"
 
+#include <sys/stat.h>
+
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 
 #include "shm/segment_format.h"
@@ -27,6 +30,15 @@ void CopyTruncated(char* dst, size_t cap, const std::string& s) {
 Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& spec) {
   if (spec.checkpoint_name.empty() || spec.checkpoint_name.size() >= sizeof(SegmentHeader::checkpoint_name)) {
     return InvalidArgument("checkpoint name must be 1 to 127 bytes");
+  }
+  if (spec.directory == nullptr) return InvalidArgument("a segment needs a segment directory");
+  if (spec.generation == 0) return InvalidArgument("generation 0 is not a generation");
+  CKPT_ASSIGN_OR_RETURN(SegmentId id, RandomSegmentId());
+  const SegmentName seg_name{spec.checkpoint_name, spec.generation, id};
+  const std::string file_name = seg_name.ToString();
+  if (!IsPlainFileName(spec.checkpoint_name) || SegmentName::Parse(file_name).value_or(SegmentName{}).checkpoint !=
+                                                     spec.checkpoint_name) {
+    return InvalidArgument("checkpoint name '" + spec.checkpoint_name + "' cannot be part of a segment file name");
   }
   // Layout: header, index, names, then data.
   uint64_t strings_bytes = 0;
@@ -63,8 +75,20 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   }
   const uint64_t segment_bytes = AlignUp(std::max(cursor, data_offset + 1), 4096);
 
-  CKPT_ASSIGN_OR_RETURN(auto mapping, ShmMapping::Create(spec.shm_name, segment_bytes, spec.mode));
-  std::unique_ptr<SegmentWriter> writer(new SegmentWriter(std::move(mapping)));
+  CKPT_ASSIGN_OR_RETURN(UniqueFd rw_fd, spec.directory->Create(file_name, segment_bytes, spec.mode));
+  auto mapping = ShmMapping::MapFd(rw_fd.get(), file_name, /*writable=*/true);
+  if (!mapping.ok()) {
+    (void)spec.directory->Remove(file_name);
+    return mapping.status();
+  }
+  std::unique_ptr<SegmentWriter> writer(
+      new SegmentWriter(spec.directory, std::move(mapping).value(), UniqueFd(), id));  // removes on error
+  CKPT_ASSIGN_OR_RETURN(writer->read_only_fd_, spec.directory->OpenOwned(file_name, spec.mode, segment_bytes));
+  struct stat rw_st, ro_st;
+  if (::fstat(rw_fd.get(), &rw_st) != 0 || ::fstat(writer->read_only_fd_.get(), &ro_st) != 0 ||
+      rw_st.st_ino != ro_st.st_ino || rw_st.st_dev != ro_st.st_dev) {
+    return Internal("segment " + spec.directory->PathOf(file_name) + " changed while it was created");
+  }
   std::byte* base = writer->mapping_->data();
 
   SegmentHeader* h = HeaderOf(base);  // pages are zero-filled by the kernel
@@ -84,6 +108,7 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
           std::chrono::system_clock::now().time_since_epoch()).count());
   CopyTruncated(h->checkpoint_name, sizeof(h->checkpoint_name), spec.checkpoint_name);
   CopyTruncated(h->source_path, sizeof(h->source_path), spec.source_path);
+  std::memcpy(h->segment_id, id.data(), sizeof(h->segment_id));
 
   TensorEntry* entries = EntriesOf(base);
   char* strings = reinterpret_cast<char*>(base + strings_offset);
@@ -108,7 +133,10 @@ SegmentWriter::~SegmentWriter() {
   if (!published_ && mapping_) {
     std::string name = mapping_->name();
     mapping_.reset();
-    (void)RemoveShmObject(name);
+    read_only_fd_.reset();
+    Status st = directory_->Remove(name);
+    // ckpt_core has no logger: stderr is where the daemon's log goes too.
+    if (!st.ok()) std::fprintf(stderr, "ckpt: cannot remove abandoned segment: %s\n", st.ToString().c_str());
   }
 }
 

@@ -1,6 +1,10 @@
 // SegmentWriter: creates one checkpoint generation's shared-memory segment and publishes
 // it. Until Publish() succeeds the segment's state is kLoading and the destructor removes
-// the object, so a failed or abandoned load leaves nothing behind.
+// the file, so a failed or abandoned load leaves nothing behind (a daemon crash leaves it
+// in kLoading, and the next start removes it).
+//
+// The segment is the file `<checkpoint>.<generation>.<id hex>` in spec.directory, with a
+// fresh random 16-byte id (also in the header's segment_id), created with O_EXCL.
 #pragma once
 
 #include <cstdint>
@@ -10,16 +14,19 @@
 
 #include "ckpt/status.h"
 #include "ckpt/tensor.h"
+#include "common/unique_fd.h"
+#include "shm/segment_directory.h"
+#include "shm/segment_name.h"
 #include "shm/shm_object.h"
 
 namespace ckpt::shm {
 
 struct SegmentSpec {
-  std::string shm_name;         // object name, no '/'
-  std::string checkpoint_name;  // < 128 bytes
+  const SegmentDirectory* directory = nullptr;  // where the segment is created; not owned
+  std::string checkpoint_name;  // < 128 bytes, a plain file name component
   std::string source_path;      // truncated to 1023 bytes in the header
-  uint64_t generation = 0;
-  uint32_t mode = 0644;                 // permission bits of the object
+  uint64_t generation = 0;              // >= 1
+  uint32_t mode = 0640;                 // permission bits of the file
   std::vector<TensorInfo> tensors;      // checksums ignored here; nbytes must be right
   // Empty, or one per tensor: the index of an earlier tensor with the same nbytes whose
   // data this one shares (its index entry gets the same data offset; tied weights), or -1.
@@ -29,22 +36,33 @@ struct SegmentSpec {
 class SegmentWriter {
  public:
   // Lays out, creates and reserves the segment, and writes its header and index.
-  // Errors: InvalidArgument for a bad spec, AlreadyExists, ResourceExhausted.
+  // Errors: InvalidArgument for a bad spec, AlreadyExists, ResourceExhausted, IoError.
   static Result<std::unique_ptr<SegmentWriter>> Create(const SegmentSpec& spec);
+  // Before Publish(): removes the file (a removal failure is written to stderr).
   ~SegmentWriter();
 
   // Where tensor i's bytes go (kDataAlignment-aligned, nbytes long).
   std::byte* tensor_data(size_t i) const;
   uint64_t segment_bytes() const { return mapping_->size(); }
-  const std::string& shm_name() const { return mapping_->name(); }
+  // The file name in spec.directory.
+  const std::string& file_name() const { return mapping_->name(); }
+  const SegmentId& segment_id() const { return id_; }
+  // A read-only descriptor of the same file (opened beside the read-write one, checked to
+  // be the same inode): what the daemon keeps and passes to clients. Invalid once taken.
+  UniqueFd TakeReadOnlyFd() { return std::move(read_only_fd_); }
 
   // Records the checksums (one per tensor, in spec order) and the load time, then marks
   // the segment complete. Afterwards the object outlives this writer.
   Status Publish(const std::vector<uint64_t>& checksums, uint64_t load_nanos);
 
  private:
-  explicit SegmentWriter(std::unique_ptr<ShmMapping> mapping) : mapping_(std::move(mapping)) {}
+  SegmentWriter(const SegmentDirectory* directory, std::unique_ptr<ShmMapping> mapping, UniqueFd read_only_fd,
+                SegmentId id)
+      : directory_(directory), mapping_(std::move(mapping)), read_only_fd_(std::move(read_only_fd)), id_(id) {}
+  const SegmentDirectory* directory_;
   std::unique_ptr<ShmMapping> mapping_;
+  UniqueFd read_only_fd_;
+  SegmentId id_;
   bool published_ = false;
 };
 

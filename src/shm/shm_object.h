@@ -1,31 +1,27 @@
-// POSIX shared-memory objects and their mappings (Boost.Interprocess underneath).
-// Boost exceptions are caught here and returned as Status.
+// Mappings of shared-memory segments (regular files on the shm tmpfs, created and opened
+// through a SegmentDirectory or received as descriptors over the daemon's socket).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "ckpt/status.h"
-#include "common/unique_fd.h"
 
 namespace ckpt::shm {
 
-// A mapping of a whole shared-memory object. Move-only; unmaps on destruction.
+// A mapping of a whole segment. Move-only; unmaps on destruction.
 class ShmMapping {
  public:
-  // Creates object `name` (fails with AlreadyExists if it exists) of `size` bytes with
-  // permission bits `mode`, reserves its pages (ResourceExhausted if /dev/shm is too
-  // small, so later writes cannot fault), and maps it read-write.
-  static Result<std::unique_ptr<ShmMapping>> Create(const std::string& name, uint64_t size,
-                                                    uint32_t mode);
-  // Maps an existing object read-only. NotFound if it does not exist.
-  static Result<std::unique_ptr<ShmMapping>> OpenReadOnly(const std::string& name);
-  // Maps the whole object open at `fd` read-only (a descriptor the daemon passed over
-  // the socket); `name` is for messages only. The descriptor may be closed afterwards.
-  // Corrupt if it is empty, IoError if it cannot be sized or mapped.
-  static Result<std::unique_ptr<ShmMapping>> FromFd(int fd, const std::string& name);
+  // Maps the whole file open at `fd`, read-write (MAP_SHARED, PROT_READ|PROT_WRITE; the
+  // descriptor must be open for writing) or read-only. `name` is for messages only. The
+  // descriptor may be closed afterwards. Corrupt if the file is empty, IoError if it
+  // cannot be sized or mapped.
+  static Result<std::unique_ptr<ShmMapping>> MapFd(int fd, const std::string& name, bool writable);
+  // MapFd(fd, name, /*writable=*/false): a descriptor the daemon passed over the socket.
+  static Result<std::unique_ptr<ShmMapping>> FromFd(int fd, const std::string& name) {
+    return MapFd(fd, name, /*writable=*/false);
+  }
 
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
@@ -44,13 +40,5 @@ class ShmMapping {
   uint64_t size_;
   bool writable_;
 };
-
-// Opens object `name` read-only (O_RDONLY, close-on-exec): the descriptor ckptd passes
-// to clients. NotFound if it does not exist.
-Result<UniqueFd> OpenShmReadOnlyFd(const std::string& name);
-// Unlinks object `name`; existing mappings stay valid. OK if it did not exist.
-Status RemoveShmObject(const std::string& name);
-// Names of the shared-memory objects whose names start with `prefix`.
-std::vector<std::string> ListShmObjects(const std::string& prefix);
 
 }  // namespace ckpt::shm

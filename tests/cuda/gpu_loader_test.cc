@@ -17,6 +17,7 @@
 #include "cuda/gpu_loader_impl.h"
 #include "shm/segment_reader.h"
 #include "shm/segment_writer.h"
+#include "support/test_env.h"
 
 namespace ckpt {
 namespace {
@@ -69,9 +70,8 @@ bool IsFloat(DType t) { return t == DType::kF64 || t == DType::kF32 || t == DTyp
 
 // ---- a segment of random tensors ----
 struct Segment {
-  std::string name;
+  testing::ScratchSegmentDirectory dir;  // removed with the segment in it
   std::unique_ptr<shm::SegmentReader> reader;
-  ~Segment() { if (!name.empty()) (void)shm::RemoveShmObject(name); }
   TensorSource Source() const {
     const shm::SegmentReader* r = reader.get();
     return TensorSource{&r->tensors(), [r](size_t i) { return r->tensor_data(i); }};
@@ -82,7 +82,8 @@ std::unique_ptr<Segment> MakeSegment(const std::vector<TensorInfo>& infos, uint3
   static int n = 0;
   auto seg = std::make_unique<Segment>();
   shm::SegmentSpec spec;
-  spec.shm_name = "ckpttest-gpu-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+  (void)n;
+  spec.directory = &seg->dir.dir();
   spec.checkpoint_name = "gpu-test";
   spec.source_path = "memory";
   spec.generation = 1;
@@ -112,8 +113,7 @@ std::unique_ptr<Segment> MakeSegment(const std::vector<TensorInfo>& infos, uint3
     sums.push_back(shm::Checksum(p, t.nbytes));
   }
   EXPECT_TRUE((*writer)->Publish(sums, 1).ok());
-  seg->name = spec.shm_name;
-  auto reader = shm::SegmentReader::Open(spec.shm_name);
+  auto reader = testing::OpenSegmentReader(seg->dir.dir(), (*writer)->file_name());
   EXPECT_TRUE(reader.ok()) << reader.status().ToString();
   if (!reader.ok()) return nullptr;
   seg->reader = std::move(*reader);

@@ -1,20 +1,19 @@
 // Catalog: budget with LRU eviction of unattached entries, generations (replace, retire,
-// free at the last detach), attach by generation. Segments are real shm objects.
+// free at the last detach), attach by generation and segment id, generations persisted
+// and never reused. Segments are real files in a private segment directory.
 #include "daemon/catalog.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include "shm/shm_object.h"
+#include "support/test_env.h"
 
 namespace ckpt::daemon {
 namespace {
 
 class CatalogTest : public ::testing::Test {
  protected:
-  ~CatalogTest() override {
-    for (const auto& n : shm::ListShmObjects(prefix_)) (void)shm::RemoveShmObject(n);
-  }
   // Loads `name` of `bytes` through BeginLoad/Publish, with a real object to unlink.
   Result<uint64_t> Load(Catalog& c, const std::string& name, uint64_t bytes, bool replace = false,
                         std::vector<std::string>* evicted = nullptr) {
@@ -22,21 +21,23 @@ class CatalogTest : public ::testing::Test {
     CatalogEntry e;
     e.name = name;
     e.generation = gen;
-    e.shm_name = prefix_ + name + "." + std::to_string(gen);
+    e.shm_name = name + "." + std::to_string(gen);
+    e.segment_id = "id-" + e.shm_name;
     e.segment_bytes = bytes;
-    auto m = shm::ShmMapping::Create(e.shm_name, 4096, 0600);
-    EXPECT_TRUE(m.ok());
+    auto fd = segments_.dir().Create(e.shm_name, 4096, 0600);
+    EXPECT_TRUE(fd.ok()) << fd.status().ToString();
     c.Publish(std::move(e));
     return gen;
   }
   bool Exists(const std::string& name, uint64_t gen) {
-    return !shm::ListShmObjects(prefix_ + name + "." + std::to_string(gen)).empty();
+    return !testing::ListSegments(segments_.prefix(), name + "." + std::to_string(gen)).empty();
   }
-  std::string prefix_ = "ckptcattest-" + std::to_string(::getpid()) + ".";
+  const shm::SegmentDirectory* dir() const { return &segments_.dir(); }
+  testing::ScratchSegmentDirectory segments_;
 };
 
 TEST_F(CatalogTest, OverBudgetEvictsLeastRecentlyUsedUnattachedOnly) {
-  Catalog c(100);
+  Catalog c(100, dir());
   ASSERT_TRUE(Load(c, "a", 30).ok());
   ASSERT_TRUE(Load(c, "b", 30).ok());
   ASSERT_TRUE(Load(c, "c", 30).ok());
@@ -54,7 +55,7 @@ TEST_F(CatalogTest, OverBudgetEvictsLeastRecentlyUsedUnattachedOnly) {
 }
 
 TEST_F(CatalogTest, ReplaceRetiresTheAttachedGenerationUntilItsLastDetach) {
-  Catalog c;
+  Catalog c(0, dir());
   auto g1 = Load(c, "m", 10);
   ASSERT_TRUE(g1.ok());
   EXPECT_EQ(c.BeginLoad("m", false, 10).status().code(), StatusCode::kAlreadyExists);
@@ -80,11 +81,15 @@ TEST_F(CatalogTest, ReplaceRetiresTheAttachedGenerationUntilItsLastDetach) {
 }
 
 TEST_F(CatalogTest, AttachByGenerationAndForcedEvict) {
-  Catalog c;
+  Catalog c(0, dir());
   auto g = Load(c, "m", 10);
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(c.Attach("m", 1, *g).ok());
   EXPECT_EQ(c.Attach("m", 1, *g + 5).status().code(), StatusCode::kNotFound);
+  // A lease names the content: the same generation with another segment id is refused.
+  EXPECT_EQ(c.Attach("m", 1, *g, "id-other").status().code(), StatusCode::kNotFound);
+  EXPECT_TRUE(c.Attach("m", 1, *g, "id-m." + std::to_string(*g)).ok());
+  c.Detach("m", *g, 1);
   EXPECT_EQ(c.Evict("m", false).status().code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(c.Evict("m", true).ok());
   EXPECT_FALSE(Exists("m", *g));          // unlinked now
@@ -92,6 +97,55 @@ TEST_F(CatalogTest, AttachByGenerationAndForcedEvict) {
   EXPECT_EQ(c.UsedBytes(), 10u);
   c.Detach("m", *g, 1);
   EXPECT_EQ(c.UsedBytes(), 0u);
+}
+
+TEST_F(CatalogTest, GenerationsArePersistedBeforeUseAndNeverReused) {
+  testing::ScratchDir state;
+  uint64_t last = 0;
+  {
+    auto store = GenerationStore::Open(state.path());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    Catalog c(0, dir(), store->get());
+    auto g1 = Load(c, "a", 1);
+    auto g2 = Load(c, "b", 1);
+    ASSERT_TRUE(g1.ok() && g2.ok());
+    EXPECT_EQ(*g1, 1u);
+    EXPECT_EQ(*g2, 2u);
+    EXPECT_EQ((*store)->last(), 2u);
+    EXPECT_EQ(testing::ReadFile(state.File("generation")), "2\n");
+    last = *g2;
+    ASSERT_TRUE(c.Evict("a", false).ok());
+    ASSERT_TRUE(c.Evict("b", false).ok());
+  }
+  // A new catalog (a restart with no segment left) continues above the mark.
+  auto store = GenerationStore::Open(state.path());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Catalog c(0, dir(), store->get());
+  auto g = Load(c, "a", 1);
+  ASSERT_TRUE(g.ok());
+  EXPECT_GT(*g, last);
+}
+
+TEST_F(CatalogTest, AGenerationThatCannotBePersistedFailsTheLoadAndEvictsNothing) {
+  testing::ScratchDir state;
+  auto store = GenerationStore::Open(state.path());
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Catalog c(100, dir(), store->get());
+  ASSERT_TRUE(Load(c, "a", 60).ok());
+  // The mark's temporary name taken by a directory: the write fails.
+  ASSERT_EQ(::mkdir(state.File("generation.tmp").c_str(), 0700), 0);
+  ASSERT_EQ(::mkdir(state.File("generation.tmp/x").c_str(), 0700), 0);
+  auto refused = c.BeginLoad("b", false, 60);  // would evict "a"
+  EXPECT_EQ(refused.status().code(), StatusCode::kIoError) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("generation"), std::string::npos) << refused.status().ToString();
+  EXPECT_TRUE(Exists("a", 1)) << "nothing evicted for a load that never started";
+  EXPECT_EQ(c.List().size(), 1u);
+  EXPECT_TRUE(c.Loading().empty());
+  ASSERT_EQ(::rmdir(state.File("generation.tmp/x").c_str()), 0);
+  ASSERT_EQ(::rmdir(state.File("generation.tmp").c_str()), 0);
+  auto g = Load(c, "b", 30);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(*g, 2u);
 }
 
 }  // namespace

@@ -88,16 +88,23 @@ TEST_F(AccessTest, UsersOutsideTheGroupsAreRefusedReadersMayOnlyReadAdminsMayLoa
 
   // The segment: owned by the daemon's user, group readers, mode 0640, so an outsider
   // cannot open it by name either.
-  auto names = shm::ListShmObjects(daemon_.shm_prefix() + ".");
+  auto names = testing::ListSegments(daemon_.shm_prefix());
   ASSERT_EQ(names.size(), 1u);
+  const std::string segment = daemon_.segment_dir() + "/" + names[0];
   struct stat st;
-  ASSERT_EQ(::stat(("/dev/shm/" + names[0]).c_str(), &st), 0);
+  ASSERT_EQ(::stat(segment.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0640u);
   group* g = ::getgrnam(readers_.name().c_str());
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(st.st_gid, g->gr_gid);
-  CommandResult cat = testing::RunCommand(outsider.As({"cat", "/dev/shm/" + names[0]}));
+  CommandResult cat = testing::RunCommand(outsider.As({"cat", segment}));
   EXPECT_NE(cat.exit_code, 0);
+  // The directory: the daemon's, group readers, 0750: outsiders cannot even list it.
+  ASSERT_EQ(::stat(daemon_.segment_dir().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0750u);
+  EXPECT_EQ(st.st_uid, ::geteuid());
+  EXPECT_EQ(st.st_gid, g->gr_gid);
+  EXPECT_NE(testing::RunCommand(outsider.As({"ls", daemon_.segment_dir()})).exit_code, 0);
 }
 
 TEST_F(AccessTest, PathsOutsideTheModelRootsAreRefused) {

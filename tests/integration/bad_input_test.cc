@@ -61,7 +61,7 @@ class BadInputTest : public ::testing::Test {
     auto ckpt = (*client)->Attach("good");
     ASSERT_TRUE(ckpt.ok());
     EXPECT_TRUE((*ckpt)->Verify().ok());
-    EXPECT_EQ(shm::ListShmObjects(daemon_.shm_prefix() + ".").size(), 1u) << "a partial segment was left";
+    EXPECT_EQ(testing::ListSegments(daemon_.shm_prefix()).size(), 1u) << "a partial segment was left";
   }
 
   ScratchDir files_;

@@ -96,7 +96,7 @@ TEST_F(DaemonTest, CtlLoadListInfoStatusEvict) {
 
   EXPECT_EQ(daemon_.Ctl({"evict", "gpt"}).exit_code, 0);
   EXPECT_EQ(daemon_.Ctl({"evict", "gpt"}).exit_code, 1) << "already evicted";
-  EXPECT_EQ(shm::ListShmObjects(daemon_.shm_prefix() + ".gpt.").size(), 0u);
+  EXPECT_EQ(testing::ListSegments(daemon_.shm_prefix(), "gpt.").size(), 0u);
 }
 
 TEST_F(DaemonTest, EverySliceEqualsPyTorchsSliceByteForByte) {
@@ -170,7 +170,7 @@ TEST_F(DaemonTest, ForcedEvictKeepsAttachedMappingsValid) {
   ASSERT_TRUE(ckpt.ok());
   EXPECT_EQ(client->Evict("gpt").code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(client->Evict("gpt", /*force=*/true).ok());
-  EXPECT_EQ(shm::ListShmObjects(daemon_.shm_prefix() + ".").size(), 0u) << "unlinked at once";
+  EXPECT_EQ(testing::ListSegments(daemon_.shm_prefix()).size(), 0u) << "unlinked at once";
   EXPECT_TRUE((*ckpt)->Verify().ok()) << "the mapping outlives the eviction";
   EXPECT_EQ(client->Attach("gpt").status().code(), StatusCode::kNotFound);
   // The name is free again.
@@ -196,7 +196,7 @@ TEST_F(DaemonTest, ConcurrentLoadsOfOneNameOneWins) {
     }
   }
   EXPECT_EQ(ok, 1);
-  EXPECT_EQ(shm::ListShmObjects(daemon_.shm_prefix() + ".").size(), 1u);
+  EXPECT_EQ(testing::ListSegments(daemon_.shm_prefix()).size(), 1u);
 }
 
 TEST_F(DaemonTest, RestartReadoptsCompleteSegmentsAndRemovesPartialOnes) {
@@ -211,9 +211,13 @@ TEST_F(DaemonTest, RestartReadoptsCompleteSegmentsAndRemovesPartialOnes) {
   daemon_.Kill();  // no clean-up at all
 
   // A segment that a dead daemon left half-written.
-  const std::string partial = daemon_.shm_prefix() + ".half.99";
+  const std::string partial = "half.99.0123456789abcdef0123456789abcdef";
   {
-    auto m = shm::ShmMapping::Create(partial, 8192, 0600);
+    auto dir = shm::SegmentDirectory::Open(daemon_.segment_dir(), {}, nullptr);
+    ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+    auto fd = (*dir)->Create(partial, 8192, 0640);
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    auto m = shm::ShmMapping::MapFd(fd->get(), partial, /*writable=*/true);
     ASSERT_TRUE(m.ok());
     auto* h = reinterpret_cast<shm::SegmentHeader*>((*m)->data());
     std::memcpy(h->magic, shm::kSegmentMagic, 8);
@@ -221,7 +225,7 @@ TEST_F(DaemonTest, RestartReadoptsCompleteSegmentsAndRemovesPartialOnes) {
     h->state = static_cast<uint32_t>(shm::SegmentState::kLoading);
   }
   ASSERT_TRUE(daemon_.Start()) << ReadFile(daemon_.log_path());
-  EXPECT_EQ(shm::ListShmObjects(partial).size(), 0u) << "partial segment removed";
+  EXPECT_EQ(testing::ListSegments(daemon_.shm_prefix(), "half.").size(), 0u) << "partial segment removed";
   client = Connect();
   auto after = client->Info("gpt");
   ASSERT_TRUE(after.ok()) << after.status().ToString();

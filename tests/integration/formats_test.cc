@@ -145,7 +145,7 @@ TEST_F(FormatsTest, RefusedFilesLeaveTheDaemonServing) {
   ASSERT_TRUE(list.ok()) << "daemon stopped serving";
   ASSERT_EQ(list->size(), 1u);
   EXPECT_EQ((*list)[0].name, "good");
-  EXPECT_TRUE(shm::ListShmObjects(daemon_.shm_prefix() + ".bad").empty());
+  EXPECT_TRUE(testing::ListSegments(daemon_.shm_prefix(), "bad").empty());
 }
 
 }  // namespace

@@ -16,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "shm/shm_object.h"
 #include "support/test_env.h"
 
 namespace ckpt::testing {
@@ -132,6 +131,7 @@ bool WaitFor(F pred, int timeout_ms) {
   return pred();
 }
 
-inline size_t SegmentCount(const std::string& prefix) { return shm::ListShmObjects(prefix + ".").size(); }
+// Segments in the segment directory of shm prefix `prefix`.
+inline size_t SegmentCount(const std::string& prefix) { return ListSegments(prefix).size(); }
 
 }  // namespace ckpt::testing

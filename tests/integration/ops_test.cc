@@ -240,7 +240,8 @@ TEST_F(OpsTest, TheUnitFilePassesSystemdAnalyzeVerify) {
   std::string unit = ReadFile(CKPT_UNIT_FILE);
   ASSERT_NE(unit.find("Type=notify"), std::string::npos);
   for (const char* directive : {"RuntimeDirectory=ckptd", "ProtectSystem=strict", "PrivateTmp=yes", "NoNewPrivileges=yes",
-                                "ReadWritePaths=/dev/shm", "User=ckptd", "RemoveIPC=no", "RestartPreventExitStatus=78"}) {
+                                "ReadWritePaths=/dev/shm", "User=ckptd", "RemoveIPC=no", "RestartPreventExitStatus=78",
+                                "StateDirectory=ckptd"}) {
     EXPECT_NE(unit.find(directive), std::string::npos) << directive;
   }
   // verify checks that ExecStart exists: point it at the binary just built.

@@ -61,20 +61,21 @@ TEST(RecoveryTest, KillDuringAndAfterALoadThenRestart) {
 
   // 1. kill -9 while "big" is being loaded (its segment exists, not yet complete).
   auto load = std::async(std::launch::async, [&] { return daemon.Ctl({"load", files.File("big"), "--name", "big"}); });
-  const std::string big_prefix = daemon.shm_prefix() + ".big.";
-  ASSERT_TRUE(testing::WaitFor([&] { return !shm::ListShmObjects(big_prefix).empty(); }, 20000))
+  const std::string big_prefix = "big.";
+  auto big_segments = [&] { return testing::ListSegments(daemon.shm_prefix(), big_prefix); };
+  ASSERT_TRUE(testing::WaitFor([&] { return !big_segments().empty(); }, 20000))
       << "the load never started";
   daemon.Kill();
   CommandResult interrupted = load.get();
   EXPECT_NE(interrupted.exit_code, 0) << "the load finished before the kill: " << interrupted.out;
-  EXPECT_EQ(shm::ListShmObjects(big_prefix).size(), 1u) << "the partial segment should be left by the crash";
+  EXPECT_EQ(big_segments().size(), 1u) << "the partial segment should be left by the crash";
 
   // Attached clients keep working while the daemon is down.
   EXPECT_EQ(WrongFloats(**attached), 0u);
   EXPECT_TRUE((*attached)->Verify().ok());
 
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
-  EXPECT_TRUE(shm::ListShmObjects(big_prefix).empty()) << "the partial segment was not removed";
+  EXPECT_TRUE(big_segments().empty()) << "the partial segment was not removed";
   // The same Client object reconnects by itself.
   auto list = (*client)->List();
   ASSERT_TRUE(list.ok()) << list.status().ToString();
@@ -85,7 +86,7 @@ TEST(RecoveryTest, KillDuringAndAfterALoadThenRestart) {
   EXPECT_EQ(Checksums(**client, "small"), small_sums);
   EXPECT_EQ(Checksums(**client, "other"), other_sums);
   EXPECT_EQ(WrongFloats(**attached), 0u);
-  EXPECT_NE(ReadFile(daemon.log_path()).find("removing segment " + big_prefix), std::string::npos);
+  EXPECT_NE(ReadFile(daemon.log_path()).find("removing segment " + daemon.segment_dir() + "/" + big_prefix), std::string::npos);
   // Both attachments of "small" (this process and the child rank) re-register their lease.
   auto attached_count = [&](const std::string& name) {
     auto l = (*client)->List();

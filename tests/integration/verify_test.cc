@@ -32,15 +32,16 @@ class VerifyTest : public ::testing::Test {
     CommandResult info = daemon_.Ctl({"info", name, "--json"});
     ASSERT_EQ(info.exit_code, 0) << info.err;
     const std::string shm_name = json::parse(info.out)["checkpoint"]["shm_name"].get<std::string>();
-    auto segment = shm::SegmentReader::Open(shm_name);
+    const std::string path = daemon_.segment_dir() + "/" + shm_name;
+    int fd = ::open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << "cannot open " << path << " read-write";
+    auto segment = shm::SegmentReader::FromFd(fd, path);
     ASSERT_TRUE(segment.ok()) << segment.status().ToString();
     const int64_t i = (*segment)->Find(tensor);
     ASSERT_GE(i, 0);
     const uint64_t at = static_cast<uint64_t>((*segment)->tensor_data(i) -
                                               reinterpret_cast<const std::byte*>(&(*segment)->header())) +
                         (*segment)->tensors()[i].nbytes / 2;
-    int fd = ::shm_open(("/" + shm_name).c_str(), O_RDWR, 0);
-    ASSERT_GE(fd, 0) << "cannot open " << shm_name << " read-write";
     void* p = ::mmap(nullptr, (*segment)->segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
     ASSERT_NE(p, MAP_FAILED);

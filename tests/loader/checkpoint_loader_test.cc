@@ -12,28 +12,10 @@
 #include "loader/checkpoint_loader.h"
 #include "loader/segment_verifier.h"
 #include "shm/segment_reader.h"
-#include "shm/shm_object.h"
 #include "support/test_env.h"
 
 namespace ckpt::loader {
 namespace {
-
-std::string Prefix() { return "ckpttest-load-" + std::to_string(::getpid()); }
-
-std::string ShmName(const std::string& tag) {
-  static int n = 0;
-  return Prefix() + "." + tag + "." + std::to_string(++n);
-}
-
-shm::SegmentSpec Spec(const std::string& tag) {
-  shm::SegmentSpec spec;
-  spec.shm_name = ShmName(tag);
-  spec.checkpoint_name = "t";
-  spec.source_path = "/x";
-  spec.generation = 1;
-  spec.mode = 0600;
-  return spec;
-}
 
 // Two files of random bytes and a plan of tensors at odd offsets and sizes.
 class LoaderTest : public ::testing::Test {
@@ -62,10 +44,20 @@ class LoaderTest : public ::testing::Test {
       plan_.tensors.push_back(t);
     }
   }
-  void TearDown() override { EXPECT_TRUE(shm::ListShmObjects(Prefix()).empty()); }
+  void TearDown() override { EXPECT_TRUE(segments_.List().empty()); }
 
-  void ExpectContents(const std::string& shm_name) {
-    auto reader = shm::SegmentReader::Open(shm_name);
+  shm::SegmentSpec Spec(const std::string& tag) const {
+    shm::SegmentSpec spec;
+    spec.directory = &segments_.dir();
+    spec.checkpoint_name = "t-" + tag;
+    spec.source_path = "/x";
+    spec.generation = 1;
+    spec.mode = 0600;
+    return spec;
+  }
+
+  void ExpectContents(const std::string& file_name) {
+    auto reader = testing::OpenSegmentReader(segments_.dir(), file_name);
     ASSERT_TRUE(reader.ok()) << reader.status().ToString();
     ASSERT_TRUE((*reader)->VerifyChecksums().ok());
     for (size_t i = 0; i < plan_.tensors.size(); ++i) {
@@ -76,6 +68,7 @@ class LoaderTest : public ::testing::Test {
   }
 
   testing::ScratchDir dir_;
+  testing::ScratchSegmentDirectory segments_;
   std::vector<std::string> contents_;
   format::LoadPlan plan_;
 };
@@ -101,7 +94,7 @@ TEST_F(LoaderTest, EveryEngineAndModeLoadsTheSameBytes) {
       if (direct == DirectIo::kNever) {
         EXPECT_NE(loaded->io_summary.find("buffered (O_DIRECT off)"), std::string::npos);
       }
-      ExpectContents(loaded->shm_name);
+      ExpectContents(loaded->file_name);
       std::vector<uint64_t> sums;
       for (const auto& t : loaded->tensors) sums.push_back(t.checksum);
       if (reference.empty()) reference = sums;
@@ -110,7 +103,7 @@ TEST_F(LoaderTest, EveryEngineAndModeLoadsTheSameBytes) {
       for (size_t k = 1; k < progress.size(); ++k) EXPECT_GE(progress[k].first, progress[k - 1].first);
       EXPECT_EQ(progress.back().first, plan_.TotalBytes());
       EXPECT_EQ(progress.back().second, plan_.TotalBytes());
-      ASSERT_TRUE(shm::RemoveShmObject(loaded->shm_name).ok());
+      ASSERT_TRUE(segments_.dir().Remove(loaded->file_name).ok());
     }
   }
 }
@@ -141,7 +134,7 @@ TEST_F(LoaderTest, CancellationLeavesNoSegment) {
     options.cancel = &cancel;
     auto loaded = LoadIntoSegment(plan_, Spec("cancel"), options);
     EXPECT_EQ(loaded.status().code(), StatusCode::kFailedPrecondition) << loaded.status().ToString();
-    EXPECT_TRUE(shm::ListShmObjects(Prefix()).empty());
+    EXPECT_TRUE(segments_.List().empty());
   }
   // Cancelled while reading: the first completed read raises the flag.
   std::atomic<bool> cancel{false};
@@ -171,7 +164,7 @@ TEST_F(LoaderTest, VerifySegmentFindsAFlippedByte) {
   auto loaded = LoadIntoSegment(plan_, Spec("verify"), options);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
   {
-    auto reader = shm::SegmentReader::Open(loaded->shm_name);
+    auto reader = testing::OpenSegmentReader(segments_.dir(), loaded->file_name);
     ASSERT_TRUE(reader.ok());
     auto report = VerifySegment(**reader, 2);
     ASSERT_TRUE(report.ok());
@@ -181,7 +174,7 @@ TEST_F(LoaderTest, VerifySegmentFindsAFlippedByte) {
 
     // Flip one byte of tensor t2 through a writable mapping of the object.
     const uint64_t at = static_cast<uint64_t>((*reader)->tensor_data(2) - reinterpret_cast<const std::byte*>(&(*reader)->header()));
-    int fd = ::shm_open(("/" + loaded->shm_name).c_str(), O_RDWR, 0);
+    int fd = ::openat(segments_.dir().fd(), loaded->file_name.c_str(), O_RDWR | O_CLOEXEC);
     ASSERT_GE(fd, 0);
     void* p = ::mmap(nullptr, (*reader)->segment_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
@@ -196,7 +189,7 @@ TEST_F(LoaderTest, VerifySegmentFindsAFlippedByte) {
     ASSERT_EQ(report->mismatched.size(), 1u);
     EXPECT_EQ(report->mismatched[0], "t2");
   }
-  ASSERT_TRUE(shm::RemoveShmObject(loaded->shm_name).ok());
+  ASSERT_TRUE(segments_.dir().Remove(loaded->file_name).ok());
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 PyTorch. Run by ctest (tests/CMakeLists.txt sets CKPTD_BIN, CKPT_TOOLS_DIR, PYTHONPATH)."""
 import gc
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ def ds_partition(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
 
 class Daemon:
     def __init__(self, workdir):
+        self.workdir = workdir
         self.socket = os.path.join(workdir, "ckptd.sock")
         self.prefix = f"ckptpy{os.getpid()}x{int(time.time() * 1000) % 100000}"
         self.log = open(os.path.join(workdir, "ckptd.log"), "ab")
@@ -45,6 +47,7 @@ class Daemon:
 
     def start(self):
         self.proc = subprocess.Popen([CKPTD, "--socket", self.socket, "--shm-prefix", self.prefix,
+                                      "--state-dir", os.path.join(self.workdir, "state"),
                                       "--cleanup-on-exit"], stdout=self.log, stderr=self.log)
         ckpt.connect(self.socket, wait=10)
 
@@ -56,9 +59,7 @@ class Daemon:
     def cleanup(self):
         self.stop()
         self.log.close()
-        for name in os.listdir("/dev/shm"):
-            if name.startswith(self.prefix + "."):
-                os.unlink(os.path.join("/dev/shm", name))
+        shutil.rmtree(os.path.join("/dev/shm", self.prefix), ignore_errors=True)
 
 
 class CkptModuleTest(unittest.TestCase):

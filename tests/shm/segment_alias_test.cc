@@ -6,14 +6,16 @@
 
 #include "shm/segment_reader.h"
 #include "shm/segment_writer.h"
-#include "shm/shm_object.h"
+#include "support/test_env.h"
 
 namespace ckpt::shm {
 namespace {
 
 TEST(SegmentAliasTest, TwoNamesShareOneCopyAndTheReaderAcceptsIt) {
+  testing::ScratchSegmentDirectory dir;
   SegmentSpec spec;
-  spec.shm_name = "ckpttest-alias-" + std::to_string(::getpid());
+  spec.directory = &dir.dir();
+  spec.generation = 1;
   spec.checkpoint_name = "tied";
   spec.tensors.push_back({"embed.weight", DType::kF32, {4, 2}, 32, 0});
   spec.tensors.push_back({"norm", DType::kU8, {3}, 3, 0});
@@ -27,19 +29,20 @@ TEST(SegmentAliasTest, TwoNamesShareOneCopyAndTheReaderAcceptsIt) {
   const uint64_t sum = Checksum((*writer)->tensor_data(0), 32);
   ASSERT_TRUE((*writer)->Publish({sum, Checksum("abc", 3), sum}, 1).ok());
 
-  auto reader = SegmentReader::Open(spec.shm_name);
+  auto reader = testing::OpenSegmentReader(dir.dir(), (*writer)->file_name());
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   const int64_t a = (*reader)->Find("embed.weight"), b = (*reader)->Find("lm_head.weight");
   ASSERT_GE(a, 0);
   ASSERT_GE(b, 0);
   EXPECT_EQ((*reader)->tensor_data(a), (*reader)->tensor_data(b));
   EXPECT_TRUE((*reader)->VerifyChecksums().ok());
-  EXPECT_TRUE(RemoveShmObject(spec.shm_name).ok());
 }
 
 TEST(SegmentAliasTest, BadAliasesRefused) {
+  testing::ScratchSegmentDirectory dir;
   SegmentSpec spec;
-  spec.shm_name = "ckpttest-alias-bad-" + std::to_string(::getpid());
+  spec.directory = &dir.dir();
+  spec.generation = 1;
   spec.checkpoint_name = "tied";
   spec.tensors.push_back({"a", DType::kF32, {4}, 16, 0});
   spec.tensors.push_back({"b", DType::kF32, {2}, 8, 0});

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -16,8 +17,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/unique_fd.h"
 #include "protocol/wire.h"
-#include "shm/shm_object.h"
 
 namespace ckpt::testing {
 
@@ -180,6 +181,32 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+std::vector<std::string> ListSegments(const std::string& prefix, const std::string& name_prefix) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(shm::SegmentDirectoryPath(prefix), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.compare(0, name_prefix.size(), name_prefix) == 0) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Result<std::unique_ptr<shm::SegmentReader>> OpenSegmentReader(const shm::SegmentDirectory& dir,
+                                                              const std::string& file) {
+  UniqueFd fd(::openat(dir.fd(), file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return NotFound("no segment " + dir.PathOf(file));
+    return ErrnoError("opening " + dir.PathOf(file), errno);
+  }
+  return shm::SegmentReader::FromFd(fd.get(), dir.PathOf(file));
+}
+
+void RemoveSegmentDirectory(const std::string& prefix) {
+  std::error_code ec;
+  fs::remove_all(shm::SegmentDirectoryPath(prefix), ec);
+}
+
 namespace {
 std::string UniquePrefix() {
   static std::atomic<int> counter{0};
@@ -187,19 +214,35 @@ std::string UniquePrefix() {
 }
 }  // namespace
 
+ScratchSegmentDirectory::ScratchSegmentDirectory() : prefix_(UniquePrefix()) {
+  auto dir = shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(prefix_));
+  if (!dir.ok()) {
+    ADD_FAILURE() << dir.status().ToString();
+    std::abort();
+  }
+  dir_ = std::move(dir).value();
+}
+
+ScratchSegmentDirectory::~ScratchSegmentDirectory() {
+  dir_.reset();
+  RemoveSegmentDirectory(prefix_);
+}
+
 DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) : extra_args_(std::move(extra_args)) {
   socket_ = dir_.File("ckptd.sock");
   prefix_ = UniquePrefix();
   log_ = dir_.File("ckptd.log");
+  state_ = dir_.File("state");
 }
 
 DaemonProcess::~DaemonProcess() {
   if (Running()) Stop();
-  for (const auto& name : shm::ListShmObjects(prefix_ + ".")) (void)shm::RemoveShmObject(name);
+  RemoveSegmentDirectory(prefix_);
 }
 
 bool DaemonProcess::Start() {
-  std::vector<std::string> argv = {CKPTD_BIN, "--socket", socket_, "--shm-prefix", prefix_, "--log-level", "debug"};
+  std::vector<std::string> argv = {CKPTD_BIN,    "--socket",    socket_, "--shm-prefix", prefix_,
+                                   "--state-dir", state_,       "--log-level", "debug"};
   argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
   pid_ = ::fork();
   if (pid_ == 0) {

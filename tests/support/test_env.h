@@ -5,8 +5,13 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "ckpt/status.h"
+#include "shm/segment_directory.h"
+#include "shm/segment_reader.h"
 
 namespace ckpt::testing {
 
@@ -65,9 +70,36 @@ CommandResult RunTorchPython(const std::string& code, const std::vector<std::str
 void WriteFile(const std::string& path, const std::string& bytes);
 std::string ReadFile(const std::string& path);
 
-// A ckptd child process on a private socket and shm prefix. Start() waits until the
-// daemon answers; the destructor stops it (SIGTERM, then SIGKILL) and removes every
-// shared-memory object of its prefix.
+// File names in the segment directory of shm prefix `prefix` (/dev/shm/<prefix>) that
+// start with `name_prefix` (e.g. "gpt." for the segments of checkpoint "gpt"), sorted;
+// empty if the directory does not exist.
+std::vector<std::string> ListSegments(const std::string& prefix, const std::string& name_prefix = "");
+// Removes /dev/shm/<prefix> with everything in it (no error if absent).
+void RemoveSegmentDirectory(const std::string& prefix);
+
+// Opens segment `file` of `dir` read-only (no owner or mode checks) and validates it.
+Result<std::unique_ptr<shm::SegmentReader>> OpenSegmentReader(const shm::SegmentDirectory& dir,
+                                                              const std::string& file);
+
+// A private segment directory /dev/shm/ckpttest-<pid>-<n> for tests that write segments
+// without a daemon; removed with its contents on destruction.
+class ScratchSegmentDirectory {
+ public:
+  ScratchSegmentDirectory();
+  ~ScratchSegmentDirectory();
+  const shm::SegmentDirectory& dir() const { return *dir_; }
+  const std::string& prefix() const { return prefix_; }
+  // File names in it, sorted.
+  std::vector<std::string> List() const { return ListSegments(prefix_); }
+
+ private:
+  std::string prefix_;
+  std::unique_ptr<shm::SegmentDirectory> dir_;
+};
+
+// A ckptd child process on a private socket, shm prefix and state directory. Start()
+// waits until the daemon answers; the destructor stops it (SIGTERM, then SIGKILL) and
+// removes its segment directory.
 class DaemonProcess {
  public:
   explicit DaemonProcess(std::vector<std::string> extra_args = {});
@@ -85,6 +117,10 @@ class DaemonProcess {
 
   const std::string& socket() const { return socket_; }
   const std::string& shm_prefix() const { return prefix_; }
+  // /dev/shm/<prefix>, where its segments live.
+  std::string segment_dir() const { return shm::SegmentDirectoryPath(prefix_); }
+  // Its --state-dir (in its scratch directory, created by the daemon).
+  const std::string& state_dir() const { return state_; }
   const std::string& log_path() const { return log_; }
   pid_t pid() const { return pid_; }
   // Runs ckptctl against this daemon.
@@ -93,7 +129,7 @@ class DaemonProcess {
  private:
   ScratchDir dir_;
   std::vector<std::string> extra_args_;
-  std::string socket_, prefix_, log_;
+  std::string socket_, prefix_, log_, state_;
   pid_t pid_ = -1;
 };
 

@@ -64,7 +64,8 @@ def main():
     args = ap.parse_args()
     world = torch.cuda.device_count()
     sock = f"/tmp/ckptd-coll-{os.getpid()}.sock"
-    daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", f"coll{os.getpid()}", "--cleanup-on-exit"])
+    daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", f"coll{os.getpid()}", "--cleanup-on-exit",
+                               "--state-dir", f"/tmp/ckptd-coll-{os.getpid()}.state"])
     try:
         ckpt.connect(sock, wait=10).load(args.checkpoint, "m")
         mp.spawn(rank_main, args=(world, sock, args.checkpoint, 29500 + os.getpid() % 1000), nprocs=world)

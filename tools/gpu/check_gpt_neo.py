@@ -58,7 +58,7 @@ def main():
 
     sock = os.path.join(args.workdir, f"ckptd-{args.shape}.sock")
     daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", f"neo{os.getpid()}", "--cleanup-on-exit",
-                               "--load-threads", "16"])
+                               "--state-dir", os.path.join(args.workdir, "ckptd-state"), "--load-threads", "16"])
     try:
         client = ckpt.connect(sock, wait=10)
         t0 = time.perf_counter()

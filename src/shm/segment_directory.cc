@@ -1,0 +1,190 @@
+#include "shm/segment_directory.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+namespace ckpt::shm {
+
+namespace {
+std::string Octal(uint32_t mode) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "%04o", mode & 07777);
+  return buf;
+}
+}  // namespace
+
+std::string SegmentDirectoryPath(const std::string& prefix) { return "/dev/shm/" + prefix; }
+
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::string& path,
+                                                                const SegmentDirectoryOptions& options,
+                                                                std::string* fixed) {
+  const std::string what = "segment directory " + path;
+  const uid_t euid = ::geteuid();
+  const gid_t group = options.group.value_or(::getegid());
+  // Created with no permissions for others and no group write whatever the umask; the
+  // checks below treat a directory we just made like one found.
+  bool created = ::mkdir(path.c_str(), 0700) == 0;
+  if (!created && errno != EEXIST) return ErrnoError("creating " + what, errno);
+  struct stat lst;
+  if (::lstat(path.c_str(), &lst) != 0) return ErrnoError("lstat of " + what, errno);
+  if (S_ISLNK(lst.st_mode)) {
+    return FailedPrecondition(what + " is a symbolic link; refusing to use it (remove it; ckptd creates the directory itself)");
+  }
+  if (!S_ISDIR(lst.st_mode)) {
+    return FailedPrecondition(what + " exists and is not a directory; refusing to use it");
+  }
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ELOOP || errno == ENOTDIR) return FailedPrecondition(what + " was replaced while it was opened");
+    return ErrnoError("opening " + what, errno);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError("fstat of " + what, errno);
+  if (!S_ISDIR(st.st_mode) || st.st_dev != lst.st_dev || st.st_ino != lst.st_ino) {
+    return FailedPrecondition(what + " was replaced while it was opened");
+  }
+  if (st.st_uid != euid) {
+    return FailedPrecondition(what + " is owned by uid " + std::to_string(st.st_uid) + ", not by ckptd's uid " +
+                              std::to_string(euid) + "; refusing to use it (another user may have created it: "
+                              "remove it, or choose another --shm-prefix)");
+  }
+  std::string notes;
+  gid_t actual_group = st.st_gid;  // segments get the directory's group
+  if (st.st_gid != group) {
+    if (::fchown(fd.get(), static_cast<uid_t>(-1), group) != 0) {  // not a member of the group
+      notes += "cannot give " + what + " to gid " + std::to_string(group) + " (" + std::strerror(errno) +
+               "), it keeps gid " + std::to_string(st.st_gid) + "; ";
+    } else {
+      actual_group = group;
+      notes += "gave " + what + " to gid " + std::to_string(group) + "; ";
+    }
+  }
+  if ((st.st_mode & 07777) != kMode) {
+    // Ours, so nobody else could have created entries through a bad mode unless we let
+    // them: group or other write bits found here are removed, and every entry is
+    // checked for owner and mode at adoption anyway.
+    if (::fchmod(fd.get(), kMode) != 0) return ErrnoError("chmod of " + what, errno);
+    if (!created) notes += "changed the mode of " + what + " from " + Octal(st.st_mode) + " to " + Octal(kMode) + "; ";
+  }
+  if (options.lock && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      return FailedPrecondition(what + " is in use by another ckptd (it holds the directory's lock)");
+    }
+    return ErrnoError("locking " + what, errno);
+  }
+  if (fixed != nullptr) {
+    if (notes.size() >= 2) notes.resize(notes.size() - 2);
+    *fixed = notes;
+  }
+  return std::unique_ptr<SegmentDirectory>(new SegmentDirectory(path, std::move(fd), actual_group));
+}
+
+Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size, uint32_t mode) const {
+  if (!IsPlainFileName(name)) return InvalidArgument("not a plain segment file name: '" + name + "'");
+  if (size == 0) return InvalidArgument("a segment needs at least one byte");
+  if (size > static_cast<uint64_t>(INT64_MAX)) return InvalidArgument("segment size too large");
+  const std::string what = PathOf(name);
+  UniqueFd fd(::openat(fd_.get(), name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd.valid()) {
+    if (errno == EEXIST) return AlreadyExists("creating segment " + what + ": already exists");
+    return ErrnoError("creating segment " + what, errno);
+  }
+  // Remove the file again unless everything below succeeds.
+  struct Remover {
+    const SegmentDirectory* dir;
+    const std::string& name;
+    bool armed = true;
+    ~Remover() {
+      if (armed) (void)dir->Remove(name);
+    }
+  } remover{this, name};
+  if (::fchown(fd.get(), static_cast<uid_t>(-1), group_) != 0) {
+    return ErrnoError("giving segment " + what + " to gid " + std::to_string(group_), errno);
+  }
+  if (::fchmod(fd.get(), mode & 07777) != 0) return ErrnoError("chmod of segment " + what, errno);
+  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); err != 0) {
+    if (err == ENOSPC) {
+      return ResourceExhausted("not enough room in " + path_ + " for " + std::to_string(size) + " bytes");
+    }
+    return ErrnoError("reserving " + std::to_string(size) + " bytes for segment " + what, err);
+  }
+  remover.armed = false;
+  return fd;
+}
+
+Result<UniqueFd> SegmentDirectory::OpenOwned(const std::string& name, uint32_t mode, uint64_t min_size,
+                                             struct stat* st_out) const {
+  if (!IsPlainFileName(name)) return InvalidArgument("not a plain segment file name: '" + name + "'");
+  const std::string what = PathOf(name);
+  UniqueFd fd(::openat(fd_.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return NotFound("no segment " + what);
+    if (errno == ELOOP) return FailedPrecondition(what + " is a symbolic link");
+    return ErrnoError("opening segment " + what, errno);
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return ErrnoError("fstat of segment " + what, errno);
+  if (st_out != nullptr) *st_out = st;
+  if (!S_ISREG(st.st_mode)) return FailedPrecondition(what + " is not a regular file");
+  if (st.st_uid != ::geteuid()) {
+    return FailedPrecondition(what + " is owned by uid " + std::to_string(st.st_uid) + ", not ckptd's uid " +
+                              std::to_string(::geteuid()));
+  }
+  if ((st.st_mode & 07777) != (mode & 07777)) {
+    return FailedPrecondition(what + " has mode " + Octal(st.st_mode) + ", not the segment mode " + Octal(mode));
+  }
+  if (st.st_nlink != 1) {
+    return FailedPrecondition(what + " has " + std::to_string(st.st_nlink) + " links, not 1");
+  }
+  if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < min_size) {
+    return FailedPrecondition(what + " is " + std::to_string(st.st_size) + " bytes, smaller than " +
+                              std::to_string(min_size));
+  }
+  return fd;
+}
+
+Status SegmentDirectory::Remove(const std::string& name) const {
+  if (!IsPlainFileName(name)) return InvalidArgument("not a plain segment file name: '" + name + "'");
+  if (::unlinkat(fd_.get(), name.c_str(), 0) == 0 || errno == ENOENT) return Status::Ok();
+  if (errno == EISDIR || errno == EPERM) {
+    // A directory (Linux says EISDIR; POSIX allows EPERM): only an empty one goes.
+    if (::unlinkat(fd_.get(), name.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT) return Status::Ok();
+  }
+  return ErrnoError("removing segment " + PathOf(name), errno);
+}
+
+Result<std::vector<DirectoryEntry>> SegmentDirectory::List() const {
+  // A description of its own: a dup would share (and move) the offset of fd_.
+  int dfd = ::openat(fd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) return ErrnoError("listing " + path_, errno);
+  DIR* dir = ::fdopendir(dfd);
+  if (dir == nullptr) {
+    const int err = errno;
+    ::close(dfd);
+    return ErrnoError("listing " + path_, err);
+  }
+  std::vector<DirectoryEntry> out;
+  errno = 0;
+  while (struct dirent* e = ::readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") out.push_back(DirectoryEntry{name, e->d_type});
+    errno = 0;
+  }
+  const int err = errno;
+  ::closedir(dir);
+  if (err != 0) return ErrnoError("listing " + path_, err);
+  return out;
+}
+
+}  // namespace ckpt::shm

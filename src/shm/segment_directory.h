@@ -1,0 +1,99 @@
+// SegmentDirectory: the one directory that holds the daemon's segments, a regular
+// directory on the shm tmpfs (/dev/shm/<prefix>) owned by the daemon's euid, mode 0750,
+// that nobody else can write. The daemon opens it once (O_DIRECTORY|O_NOFOLLOW, checked
+// with lstat and fstat) and does every later operation relative to that descriptor, so
+// nothing another user does under /dev/shm (symlinks, renames, squatted names) can make
+// it create, open or remove a file elsewhere.
+//
+// Thread-safe: every method only uses the directory descriptor (openat/unlinkat).
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ckpt/status.h"
+#include "common/unique_fd.h"
+
+namespace ckpt::shm {
+
+// Where the segment directory of prefix `prefix` lives: /dev/shm/<prefix>.
+std::string SegmentDirectoryPath(const std::string& prefix);
+
+struct SegmentDirectoryOptions {
+  // Group of the directory and of the segments created in it; nullopt: our egid.
+  std::optional<gid_t> group;
+  // Take an exclusive flock(2) on the directory: a second daemon using the same
+  // directory is refused (FailedPrecondition) instead of removing the first's segments.
+  bool lock = true;
+};
+
+// What List() reports of one entry.
+struct DirectoryEntry {
+  std::string name;
+  unsigned char type = 0;  // d_type (DT_REG, DT_FIFO, DT_LNK, DT_DIR, ..., DT_UNKNOWN)
+};
+
+class SegmentDirectory {
+ public:
+  // The permission bits of the directory.
+  static constexpr uint32_t kMode = 0750;
+
+  // Opens `path`, creating it (mode kMode) if it does not exist. Refuses
+  // (FailedPrecondition, naming the path and what is wrong) a symlink, something that is
+  // not a directory, or a directory owned by another uid; a directory of ours with other
+  // permission bits is fixed with fchmod (reported in *fixed, if given). Its group is set
+  // to options.group when it differs (a failure there is reported in *fixed too, not an
+  // error). IoError for other failures.
+  static Result<std::unique_ptr<SegmentDirectory>> Open(const std::string& path,
+                                                        const SegmentDirectoryOptions& options = {},
+                                                        std::string* fixed = nullptr);
+  ~SegmentDirectory() = default;
+  SegmentDirectory(const SegmentDirectory&) = delete;
+  SegmentDirectory& operator=(const SegmentDirectory&) = delete;
+
+  const std::string& path() const { return path_; }
+  // "<path>/<name>", for messages and tests.
+  std::string PathOf(const std::string& name) const { return path_ + "/" + name; }
+  // The directory's descriptor (owned by this object).
+  int fd() const { return fd_.get(); }
+
+  // Creates file `name` (O_CREAT|O_EXCL|O_RDWR|O_NOFOLLOW|O_CLOEXEC) of `size` bytes with
+  // permission bits `mode` and this directory's group, and reserves its pages
+  // (posix_fallocate: ResourceExhausted if the tmpfs is too small, so later writes cannot
+  // fault). Returns the read-write descriptor; on any error the file is removed again.
+  // InvalidArgument for a bad name or size 0; AlreadyExists if the name exists.
+  Result<UniqueFd> Create(const std::string& name, uint64_t size, uint32_t mode) const;
+
+  // Opens `name` read-only (O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC: never follows a
+  // link, never blocks on a FIFO) and checks with fstat that it is a regular file owned by
+  // our euid, with permission bits `mode`, one link, and at least `min_size` bytes.
+  // NotFound if absent; FailedPrecondition naming the first check that failed; the stat
+  // is returned in *st if given.
+  Result<UniqueFd> OpenOwned(const std::string& name, uint32_t mode, uint64_t min_size = 1,
+                             struct stat* st = nullptr) const;
+
+  // Unlinks `name` (an empty directory of that name too). OK if it does not exist; the
+  // error otherwise (IoError/PermissionDenied naming the file). Mappings stay valid.
+  Status Remove(const std::string& name) const;
+
+  // Every entry but "." and "..", in directory order. IoError if it cannot be read.
+  Result<std::vector<DirectoryEntry>> List() const;
+
+ private:
+  SegmentDirectory(std::string path, UniqueFd fd, gid_t group)
+      : path_(std::move(path)), fd_(std::move(fd)), group_(group) {}
+  std::string path_;
+  UniqueFd fd_;
+  gid_t group_;
+};
+
+// True if `name` is a plain file name: not empty, not "." or "..", no '/', no NUL.
+bool IsPlainFileName(const std::string& name);
+
+}  // namespace ckpt::shm
