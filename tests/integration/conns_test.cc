@@ -249,14 +249,13 @@ TEST_F(ConnsTest, SigintCancelsCtlLoadAndNothingIsPublished) {
   DaemonProcess daemon({"--load-threads", "1"});
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
   ChildProcess load({CKPTCTL_BIN, "--socket", daemon.socket(), "load", files_.File("big"), "--name", "big"});
-  const std::string big_prefix = daemon.shm_prefix() + ".big.";
-  ASSERT_TRUE(testing::WaitFor([&] { return !shm::ListShmObjects(big_prefix).empty(); }, 20000))
+  ASSERT_TRUE(testing::WaitFor([&] { return !testing::ListSegments(daemon.shm_prefix(), "big.").empty(); }, 20000))
       << "the load never started";
   ASSERT_EQ(::kill(load.pid(), SIGINT), 0);
   CommandResult r = load.Wait();
   EXPECT_EQ(r.exit_code, 130) << r.out << r.err;
   EXPECT_NE(r.err.find("cancelled"), std::string::npos) << r.err;
-  EXPECT_TRUE(testing::WaitFor([&] { return shm::ListShmObjects(big_prefix).empty(); }, 5000))
+  EXPECT_TRUE(testing::WaitFor([&] { return testing::ListSegments(daemon.shm_prefix(), "big.").empty(); }, 5000))
       << "the cancelled load left its segment";
   auto client = Client::Connect(daemon.socket());
   ASSERT_TRUE(client.ok());
@@ -280,7 +279,7 @@ TEST_F(ConnsTest, ACppProgressCallbackCancelsByReturningFalseOrThrowing) {
     ASSERT_TRUE(list.ok()) << list.status().ToString();
     EXPECT_TRUE(list->checkpoints.empty());
     EXPECT_TRUE(list->loading.empty());
-    EXPECT_TRUE(shm::ListShmObjects(daemon.shm_prefix() + ".big.").empty());
+    EXPECT_TRUE(testing::ListSegments(daemon.shm_prefix(), "big.").empty());
     // In step: the next call gets its own answer.
     EXPECT_EQ((*client)->Evict("no-such").code(), StatusCode::kNotFound);
   };

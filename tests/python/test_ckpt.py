@@ -266,7 +266,8 @@ class CkptModuleTest(unittest.TestCase):
                     self.client.load(big, "big", progress=callback)
                 # Nothing published: not listed, not loading, no segment left.
                 self.assertNotIn("big", [c["name"] for c in self.client.list()])
-                self.assertFalse([n for n in os.listdir("/dev/shm") if n.startswith(self.daemon.prefix + ".big.")])
+                segment_dir = os.path.join("/dev/shm", self.daemon.prefix)
+                self.assertFalse([n for n in os.listdir(segment_dir) if n.startswith("big.")])
                 # The next calls get their own answers, not the cancelled load's.
                 with self.assertRaises(ckpt.NotFound):
                     self.client.evict("no-such-checkpoint")
