@@ -251,8 +251,10 @@ int ReportConfigError(const std::string& message) {
 }
 
 bool IsConfigurationError(const Status& status) {
+  // A bad option, a missing root or group, a segment or state directory that is not
+  // ckptd's own, a corrupt generation file: none of these heals by restarting.
   return status.code() == StatusCode::kInvalidArgument || status.code() == StatusCode::kNotFound ||
-         status.code() == StatusCode::kFailedPrecondition;
+         status.code() == StatusCode::kFailedPrecondition || status.code() == StatusCode::kCorrupt;
 }
 
 }  // namespace ckpt::daemon

@@ -68,6 +68,7 @@ TEST(IsConfigurationErrorTest, ConfigurationCodesOnly) {
   EXPECT_TRUE(IsConfigurationError(InvalidArgument("x")));
   EXPECT_TRUE(IsConfigurationError(NotFound("x")));
   EXPECT_TRUE(IsConfigurationError(FailedPrecondition("x")));
+  EXPECT_TRUE(IsConfigurationError(Corrupt("a generation file that holds no number")));
   EXPECT_FALSE(IsConfigurationError(AlreadyExists("socket served")));
   EXPECT_FALSE(IsConfigurationError(IoError("x")));
 }

@@ -5,6 +5,7 @@
 // cancelling `ckptctl load`, and control characters escaped in ckptctl's tables.
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -310,8 +311,11 @@ TEST_F(ConnsTest, AConnectionWithoutAThreadIsRefusedAndTheDaemonServesOn) {
   ASSERT_EQ(::chmod(run.path().c_str(), 0777), 0);
   const std::string socket = run.File("ckptd.sock");
   const std::string prefix = testing::UniqueName("ckptnproc");
-  std::vector<std::string> argv =
-      owner.As({CKPTD_BIN, "--socket", socket, "--shm-prefix", prefix, "--socket-mode", "0666"});
+  ScratchDir state;  // the fresh user's own state directory
+  ASSERT_EQ(::chown(state.path().c_str(), ::getpwnam(owner.name().c_str())->pw_uid, 0), 0);
+  ASSERT_EQ(::chmod(state.path().c_str(), 0700), 0);
+  std::vector<std::string> argv = owner.As({CKPTD_BIN, "--socket", socket, "--shm-prefix", prefix, "--socket-mode",
+                                            "0666", "--state-dir", state.path()});
   argv[0] = "/usr/bin/setpriv";
   argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nproc=5", "--"});
   ChildProcess daemon(argv);
@@ -345,6 +349,8 @@ TEST_F(ConnsTest, AConnectionWithoutAThreadIsRefusedAndTheDaemonServesOn) {
   }, 10000));
   ::kill(daemon.pid(), SIGTERM);
   std::printf("ckptd limited to 5 threads refused %d of 12 connections cleanly\n", refused);
+  (void)daemon.Wait();
+  testing::RemoveSegmentDirectory(prefix);
 }
 
 TEST_F(ConnsTest, CtlEscapesControlCharactersInTensorNames) {

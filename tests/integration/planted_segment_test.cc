@@ -293,7 +293,7 @@ TEST_F(PlantedSegmentTest, ASegmentDirectoryThatIsNotTheDaemonsOwnStopsStartUp) 
   // 1. Pre-created by another user, even with a safe-looking mode.
   ASSERT_EQ(testing::RunCommand(attacker.As({"mkdir", "-m", "0750", dir})).exit_code, 0);
   CommandResult r = RunDaemon();
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
   EXPECT_NE(r.err.find("segment directory " + dir + " is owned by uid"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("refusing to use it"), std::string::npos) << r.err;
   ASSERT_EQ(::rmdir(dir.c_str()), 0);
@@ -302,14 +302,14 @@ TEST_F(PlantedSegmentTest, ASegmentDirectoryThatIsNotTheDaemonsOwnStopsStartUp) 
   ASSERT_EQ(::chown(theirs.path().c_str(), ::getpwnam(attacker.name().c_str())->pw_uid, 0), 0);
   ASSERT_EQ(testing::RunCommand(attacker.As({"ln", "-s", theirs.path(), dir})).exit_code, 0);
   r = RunDaemon();
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
   EXPECT_NE(r.err.find("segment directory " + dir + " is a symbolic link"), std::string::npos) << r.err;
   EXPECT_TRUE(fs::is_empty(theirs.path())) << "the daemon wrote through the link";
   ASSERT_EQ(::unlink(dir.c_str()), 0);
   // 3. A file.
   ASSERT_EQ(testing::RunCommand(attacker.As({"touch", dir})).exit_code, 0);
   r = RunDaemon();
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
   ASSERT_EQ(::unlink(dir.c_str()), 0);
   // Gone: the daemon creates its own and starts.
@@ -371,17 +371,17 @@ TEST_F(PlantedSegmentTest, AnUnusableStateDirectoryIsAClearStartUpError) {
   daemon_.Stop();
   testing::WriteFile(files_.File("state-file"), "x");
   CommandResult r = RunDaemon(files_.File("state-file"));
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
   EXPECT_NE(r.err.find("state directory " + files_.File("state-file") + " is not a directory"), std::string::npos)
       << r.err;
   ASSERT_EQ(::mkdir(files_.File("open-state").c_str(), 0777), 0);
   ASSERT_EQ(::chmod(files_.File("open-state").c_str(), 0777), 0);
   r = RunDaemon(files_.File("open-state"));
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
   EXPECT_NE(r.err.find("writable by group or others"), std::string::npos) << r.err;
   testing::WriteFile(daemon_.state_dir() + "/generation", "garbage\n");
   r = RunDaemon();
-  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
   EXPECT_NE(r.err.find("does not hold a generation number"), std::string::npos) << r.err;
 }
 

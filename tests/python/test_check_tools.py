@@ -45,11 +45,38 @@ STAND_IN = textwrap.dedent('''
 
     CONFIG_MAPPING = {"llama": LlamaConfig, "mistral": MistralConfig}
 
+    class Attention(nn.Module):  # llama's projection names and shapes, a toy forward
+        def __init__(self, c):
+            super().__init__()
+            head_dim = c.hidden_size // c.num_attention_heads
+            self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * head_dim, bias=False)
+            self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * head_dim, bias=False)
+            self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * head_dim, bias=False)
+            self.o_proj = nn.Linear(c.num_attention_heads * head_dim, c.hidden_size, bias=False)
+
+    class Mlp(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+            self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+            self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    class Layer(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.self_attn, self.mlp = Attention(c), Mlp(c)
+
+        def forward(self, x):
+            a = self.self_attn
+            kv = torch.tanh(a.k_proj(x)).sum(-1, keepdim=True) + torch.tanh(a.v_proj(x)).sum(-1, keepdim=True)
+            x = x + a.o_proj(torch.tanh(a.q_proj(x)) * kv)
+            return x + self.mlp.down_proj(torch.tanh(self.mlp.gate_proj(x)) * self.mlp.up_proj(x))
+
     class Inner(nn.Module):
         def __init__(self, c):
             super().__init__()
             self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-            self.layers = nn.ModuleList([nn.Linear(c.hidden_size, c.hidden_size) for _ in range(c.num_hidden_layers)])
+            self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_hidden_layers)])
 
     class LlamaForCausalLM(nn.Module):
         def __init__(self, config):
