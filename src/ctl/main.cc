@@ -22,6 +22,7 @@ using nlohmann::json;
 struct Options {
   std::string socket = ckpt::protocol::DefaultSocketPath();
   bool json_output = false;
+  bool allow_expansion = false;  // load: "allow_expansion": true (admin)
 };
 
 int Fail(const ckpt::Status& status) {
@@ -124,6 +125,7 @@ int Load(const Options& o, const std::string& path, const std::string& name, boo
   json fields{{"path", absolute}, {"progress", show_progress}};
   if (!name.empty()) fields["name"] = name;
   if (replace) fields["replace"] = true;
+  if (o.allow_expansion) fields["allow_expansion"] = true;
   ckpt::Result<json> response = ckpt::Internal("unreached");
   {
     ProgressBar bar;
@@ -294,6 +296,8 @@ int main(int argc, char** argv) {
   load->add_flag("--replace", replace,
                  "publish a new generation under an existing name; clients attached to the old "
                  "one keep it until they detach");
+  load->add_flag("--allow-expansion", o.allow_expansion,
+                 "load even if it needs far more shared memory than the files' size (ckptd --max-expansion)");
   auto* evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
   evict->add_option("name", name, "checkpoint name")->required();
   evict->add_flag("--force", force, "evict even while processes are attached (they keep their mapping)");

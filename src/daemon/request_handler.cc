@@ -11,6 +11,7 @@
 #include <thread>
 #include <spdlog/spdlog.h>
 
+#include "common/checked_math.h"
 #include "common/hex.h"
 #include "format/checkpoint_formats.h"
 #include "loader/checkpoint_loader.h"
@@ -194,28 +195,33 @@ Result<json> RequestHandler::Load(const json& request) {
   if (path.empty() || path[0] != '/') return InvalidArgument("path must be absolute: '" + path + "'");
   if (name.empty()) name = DefaultCheckpointName(path);
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(name));
-  auto checked = ctx_.roots->Check(path);
-  if (!checked.ok()) {
-    spdlog::warn("load of '{}' from {} refused: {}", name, path, checked.status().ToString());
-    return checked.status();
+  CKPT_ASSIGN_OR_RETURN(bool allow_expansion, BoolField(request, "allow_expansion"));
+  // The file (or folder) is opened once here, beneath a model root without following any
+  // link; the plan and the loader read only through these descriptors.
+  auto location = ctx_.roots->Open(path);
+  if (!location.ok()) {
+    spdlog::warn("load of '{}' from {} refused: {}", name, path, location.status().ToString());
+    return location.status();
   }
-  path = *checked;
-
-  // Every file the checkpoint consists of (a folder's model file, each shard an index
-  // names) must lie beneath the roots too, and is checked before it is even examined.
-  format::FileGate within_roots;
-  if (ctx_.roots->restricted()) {
-    within_roots = [this, &name](const std::string& file) {
-      return ctx_.roots->Check(file).status().WithContext("a file of checkpoint '" + name + "'");
-    };
-  }
-  auto plan = format::PlanCheckpoint(path, within_roots);
+  auto plan = format::PlanCheckpoint(*location);
   if (!plan.ok()) {
     spdlog::warn("load of '{}' refused: {}", name, plan.status().ToString());
     return plan.status();
   }
-  // The segment adds a header and an aligned index to the tensor bytes.
-  const uint64_t estimate = plan->TotalBytes() + (plan->tensors.size() + 2) * 4096 + (1u << 20);
+  for (const std::string& note : plan->notes) spdlog::warn("load of '{}': {}", name, note);
+  if (!allow_expansion) {
+    Status expansion = format::CheckExpansion(*plan, ctx_.options->max_expansion);
+    if (!expansion.ok()) {
+      spdlog::warn("load of '{}' refused: {}", name, expansion.ToString());
+      return expansion;
+    }
+  }
+  // The segment adds a header, an aligned index and the side files to the tensor bytes.
+  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan->StoredBytes());
+  CheckedSum estimate_sum(stored);
+  estimate_sum.AddProduct(plan->tensors.size() + 2, 4096).Add(1u << 20);
+  for (const auto& side : plan->side_files) estimate_sum.Add(side.bytes.size());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
   std::vector<std::string> evicted;
   CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx_.catalog->BeginLoad(name, replace, estimate, &evicted));
   struct Reservation {
