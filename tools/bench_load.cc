@@ -172,7 +172,7 @@ double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io
   ckpt::shm::SegmentSpec spec;
   spec.shm_name = "ckpt-bench-" + std::to_string(::getpid()) + "." + std::to_string(++n);
   spec.checkpoint_name = "bench";
-  spec.source_path = plan.files.empty() ? "" : plan.files[0];
+  spec.source_path = plan.files.empty() ? "" : plan.files[0]->path;
   spec.generation = n;
   ckpt::loader::LoadOptions options;
   options.engine = c.engine;

@@ -89,7 +89,8 @@ Result<UniqueFd> OpenBeneath(int dir_fd, const std::string& relative, int flags,
   std::string joined;
   for (const std::string& c : parts) joined += (joined.empty() ? "" : "/") + c;
   if (joined.empty()) joined = ".";
-  flags |= O_CLOEXEC | O_NOCTTY;
+  flags |= O_CLOEXEC;
+  if ((flags & O_PATH) == 0) flags |= O_NOCTTY;  // openat2 refuses other flags with O_PATH
   open_how how{};
   how.flags = static_cast<uint64_t>(flags);
   how.resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
