@@ -109,7 +109,8 @@ Status ValidatePlan(const LoadPlan& plan) {
     }
     if (overflow) return InvalidArgument(where + ": element count overflows 64 bits");
     auto bytes = TensorBytes(t.dtype, numel);
-    if (!bytes || *bytes != t.nbytes) return InvalidArgument(where + ": byte size does not match shape and dtype");
+    if (!bytes) return InvalidArgument(where + ": byte size overflows 64 bits (or is not whole bytes)");
+    if (*bytes != t.nbytes) return InvalidArgument(where + ": byte size does not match shape and dtype");
     if (!t.strides.empty()) {
       if (t.strides.size() != t.shape.size()) return InvalidArgument(where + ": strides do not match shape");
       if (numel > 0) {
