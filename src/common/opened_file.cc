@@ -108,22 +108,35 @@ Result<UniqueFd> OpenBeneath(int dir_fd, const std::string& relative, int flags,
   return UniqueFd(fd);
 }
 
-Result<std::shared_ptr<const OpenedFile>> OpenRegularBeneath(const std::shared_ptr<const UniqueFd>& anchor,
-                                                             const std::string& relative, const std::string& path) {
+namespace {
+
+// OpenRegularBeneath, opening `relative` beneath `dir` and recording (recheck_anchor,
+// recheck_relative) as where CheckUnchanged resolves it again.
+Result<std::shared_ptr<const OpenedFile>> OpenRegular(const UniqueFd& dir, const std::string& relative,
+                                                      const std::string& path,
+                                                      std::shared_ptr<const UniqueFd> recheck_anchor,
+                                                      std::string recheck_relative) {
   auto file = std::make_shared<OpenedFile>();
   file->path = path;
-  file->anchor = anchor;
-  file->relative = relative;
+  file->anchor = std::move(recheck_anchor);
+  file->relative = std::move(recheck_relative);
   // O_PATH first: a FIFO, socket or device is described, never opened for I/O.
-  CKPT_ASSIGN_OR_RETURN(UniqueFd probe, OpenBeneath(anchor->get(), relative, O_PATH, path));
+  CKPT_ASSIGN_OR_RETURN(UniqueFd probe, OpenBeneath(dir.get(), relative, O_PATH, path));
   CKPT_ASSIGN_OR_RETURN(FileIdentity seen, IdentityOf(probe.get(), path));
   if (!S_ISREG(seen.mode)) return FailedPrecondition(path + " is " + FileTypeName(seen.mode) + ", not a regular file");
-  CKPT_ASSIGN_OR_RETURN(file->fd, OpenBeneath(anchor->get(), relative, O_RDONLY | O_NONBLOCK, path));
+  CKPT_ASSIGN_OR_RETURN(file->fd, OpenBeneath(dir.get(), relative, O_RDONLY | O_NONBLOCK, path));
   CKPT_ASSIGN_OR_RETURN(file->identity, IdentityOf(file->fd.get(), path));
   if (file->identity.dev != seen.dev || file->identity.ino != seen.ino || !S_ISREG(file->identity.mode)) {
     return FailedPrecondition("file " + path + " changed while it was being opened");
   }
   return std::shared_ptr<const OpenedFile>(std::move(file));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const OpenedFile>> OpenRegularBeneath(const std::shared_ptr<const UniqueFd>& anchor,
+                                                             const std::string& relative, const std::string& path) {
+  return OpenRegular(*anchor, relative, path, anchor, relative);
 }
 
 Result<std::shared_ptr<const OpenedFile>> OpenedFileFromFd(UniqueFd fd, const std::string& label) {
@@ -160,13 +173,10 @@ Result<std::shared_ptr<const OpenedFile>> CheckpointLocation::OpenMember(const s
   if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
     return InvalidArgument("'" + name + "' is not a file name in " + dir_path);
   }
-  const std::string member_path = dir_path + "/" + name;
-  CKPT_ASSIGN_OR_RETURN(auto file, OpenRegularBeneath(dir, name, member_path));
-  // Resolve it again later from the anchor, so a folder swapped meanwhile is noticed too.
-  auto copy = std::const_pointer_cast<OpenedFile>(file);
-  copy->anchor = anchor;
-  copy->relative = dir_relative == "." ? name : dir_relative + "/" + name;
-  return file;
+  const std::string member_path = (dir_path == "/" ? "" : dir_path) + "/" + name;
+  // Opened beneath the folder's descriptor; resolved again later from the anchor, so a
+  // folder swapped meanwhile is noticed too.
+  return OpenRegular(*dir, name, member_path, anchor, dir_relative == "." ? name : dir_relative + "/" + name);
 }
 
 Result<CheckpointLocation> LocateBeneath(const std::shared_ptr<const UniqueFd>& anchor, const std::string& relative,
