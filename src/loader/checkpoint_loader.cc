@@ -81,6 +81,9 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     Status changed = unchanged();
     return changed.ok() ? st : changed;
   };
+  // Before reading (the plan was parsed from these descriptors; nothing may have moved
+  // since) and again after the last read.
+  CKPT_RETURN_IF_ERROR(unchanged());
 
   CKPT_ASSIGN_OR_RETURN(auto writer, shm::SegmentWriter::Create(spec));
 
