@@ -183,7 +183,7 @@ double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io
   } remove_dir{**dir};
   spec.directory = dir->get();
   spec.checkpoint_name = "bench";
-  spec.source_path = plan.files.empty() ? "" : plan.files[0];
+  spec.source_path = plan.files.empty() ? "" : plan.files[0]->path;
   spec.generation = n;
   ckpt::loader::LoadOptions options;
   options.engine = c.engine;

@@ -66,6 +66,21 @@ int ckpt_shard_info(const ckpt_checkpoint* checkpoint, const char* tensor, const
 int ckpt_copy_shard(const ckpt_checkpoint* checkpoint, const char* tensor, const ckpt_shard_spec* spec,
                     void* dst, uint64_t dst_size);
 
+/* Side files the daemon kept from the checkpoint's folder (config.json, ...). */
+size_t ckpt_side_file_count(const ckpt_checkpoint* checkpoint);
+/* *name: the name of side file `index` (NUL-terminated, valid until detach). */
+int ckpt_side_file_name(const ckpt_checkpoint* checkpoint, size_t index, const char** name);
+/* *data, *size: the bytes of side file `name` in shared memory (read-only, not
+ * NUL-terminated, valid until detach). The kNotFound code (ckpt::StatusCode) if it was
+ * not kept. */
+int ckpt_side_file(const ckpt_checkpoint* checkpoint, const char* name, const void** data, uint64_t* size);
+/* The checkpoint's metadata (safetensors __metadata__): entries in key order. */
+size_t ckpt_metadata_count(const ckpt_checkpoint* checkpoint);
+/* *key, *value: entry `index` (NUL-terminated, valid until detach). */
+int ckpt_metadata_at(const ckpt_checkpoint* checkpoint, size_t index, const char** key, const char** value);
+/* *value: the value of `key` (valid until detach); kNotFound if absent. */
+int ckpt_metadata_get(const ckpt_checkpoint* checkpoint, const char* key, const char** value);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,8 +8,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ckpt/shard.h"
@@ -153,6 +155,17 @@ class Checkpoint {
   // Recomputes every tensor's checksum against the index. Corrupt names the first
   // mismatch. Reads the whole checkpoint.
   Status Verify() const;
+
+  // Side files the daemon kept from the checkpoint's folder (config.json,
+  // generation_config.json, ...; see docs/formats.md), validated at attach. The bytes of
+  // `name`, byte for byte as they were in the file, valid while this Checkpoint lives;
+  // NotFound if it was not kept. Thread-safe.
+  Result<std::string_view> SideFile(const std::string& name) const;
+  // Names of the side files kept, in stored order (empty if none). Thread-safe.
+  std::vector<std::string> side_files() const;
+  // The checkpoint's metadata: a single safetensors file's "__metadata__" or a sharded
+  // index's "metadata" (non-string values as JSON text); empty if none. Thread-safe.
+  const std::map<std::string, std::string>& metadata() const;
 
  private:
   friend class Client;

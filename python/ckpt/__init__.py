@@ -11,6 +11,7 @@ Every rank attaches the daemon's one copy read-only; tensors are zero-copy views
 (read-only CPU tensors) until a shard is gathered or moved to a device. Errors raise
 ckpt.CkptError subclasses that carry the daemon's message.
 """
+import json
 import warnings
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -103,6 +104,30 @@ class Checkpoint:
 
     def keys(self):
         return list(self._infos)
+
+    @property
+    def side_files(self) -> list:
+        """Names of the side files the daemon kept from the checkpoint's folder
+        (config.json, generation_config.json, ...), in stored order."""
+        return list(self._h.side_files)
+
+    def side_file(self, name: str) -> bytes:
+        """The bytes of side file `name`, exactly as they were in the file (read from the
+        attachment, not the file). NotFound if it was not kept."""
+        return self._h.side_file(name)
+
+    @property
+    def config(self) -> Optional[dict]:
+        """config.json parsed as a dict, or None if the checkpoint has none."""
+        if "config.json" not in self._h.side_files:
+            return None
+        return json.loads(self._h.side_file("config.json").decode("utf-8"))
+
+    @property
+    def metadata(self) -> Dict[str, str]:
+        """The checkpoint's metadata (a safetensors file's __metadata__, a sharded index's
+        "metadata"); empty if none."""
+        return dict(self._h.metadata)
 
     def info(self, name: str) -> dict:
         try:

@@ -10,6 +10,7 @@ struct ckpt_client {
 };
 struct ckpt_checkpoint {
   std::unique_ptr<ckpt::Checkpoint> checkpoint;
+  std::vector<std::string> side_names;  // checkpoint->side_files(), kept for stable pointers
 };
 
 namespace {
@@ -79,7 +80,8 @@ int ckpt_attach(ckpt_client* client, const char* name, ckpt_checkpoint** out) {
   }
   auto checkpoint = client->client->Attach(name);
   if (!checkpoint.ok()) return Fail(checkpoint.status());
-  *out = new ckpt_checkpoint{std::move(checkpoint).value()};
+  *out = new ckpt_checkpoint{std::move(checkpoint).value(), {}};
+  (*out)->side_names = (*out)->checkpoint->side_files();
   return 0;
 }
 
@@ -130,4 +132,46 @@ int ckpt_copy_shard(const ckpt_checkpoint* c, const char* tensor, const ckpt_sha
   return Report(c->checkpoint->CopyShard(tensor, *s, dst, dst_size));
 }
 
+
+size_t ckpt_side_file_count(const ckpt_checkpoint* c) { return c ? c->side_names.size() : 0; }
+
+int ckpt_side_file_name(const ckpt_checkpoint* c, size_t index, const char** name) {
+  if (c == nullptr || name == nullptr || index >= c->side_names.size()) {
+    return Fail(ckpt::InvalidArgument("side file index out of range"));
+  }
+  *name = c->side_names[index].c_str();
+  return 0;
+}
+
+int ckpt_side_file(const ckpt_checkpoint* c, const char* name, const void** data, uint64_t* size) {
+  if (c == nullptr || name == nullptr || data == nullptr || size == nullptr) {
+    return Fail(ckpt::InvalidArgument("checkpoint, name, data and size are required"));
+  }
+  auto bytes = c->checkpoint->SideFile(name);
+  if (!bytes.ok()) return Fail(bytes.status());
+  *data = bytes->data();
+  *size = bytes->size();
+  return 0;
+}
+
+size_t ckpt_metadata_count(const ckpt_checkpoint* c) { return c ? c->checkpoint->metadata().size() : 0; }
+
+int ckpt_metadata_at(const ckpt_checkpoint* c, size_t index, const char** key, const char** value) {
+  if (c == nullptr || key == nullptr || value == nullptr || index >= c->checkpoint->metadata().size()) {
+    return Fail(ckpt::InvalidArgument("metadata index out of range"));
+  }
+  auto it = c->checkpoint->metadata().begin();
+  std::advance(it, static_cast<std::ptrdiff_t>(index));
+  *key = it->first.c_str();
+  *value = it->second.c_str();
+  return 0;
+}
+
+int ckpt_metadata_get(const ckpt_checkpoint* c, const char* key, const char** value) {
+  if (c == nullptr || key == nullptr || value == nullptr) return Fail(ckpt::InvalidArgument("checkpoint, key and value are required"));
+  auto it = c->checkpoint->metadata().find(key);
+  if (it == c->checkpoint->metadata().end()) return Fail(ckpt::NotFound(std::string("no metadata key '") + key + "'"));
+  *value = it->second.c_str();
+  return 0;
+}
 }  // extern "C"

@@ -142,4 +142,14 @@ Status Checkpoint::CopyShard(const std::string& name, const ShardSpec& spec, voi
 
 Status Checkpoint::Verify() const { return segment_->VerifyChecksums(); }
 
+Result<std::string_view> Checkpoint::SideFile(const std::string& name) const {
+  auto bytes = segment_->SideFile(name);
+  if (!bytes.ok()) return NotFound("checkpoint '" + name_ + "' has no side file '" + name + "'");
+  return bytes;
+}
+
+std::vector<std::string> Checkpoint::side_files() const { return segment_->side_file_names(); }
+
+const std::map<std::string, std::string>& Checkpoint::metadata() const { return segment_->metadata(); }
+
 }  // namespace ckpt

@@ -84,6 +84,10 @@ int main(int argc, char** argv) {
                  "that does not fit evicts the least recently used unattached checkpoints or fails");
   app.add_option("--model-root", options.model_roots,
                  "directory loads may come from (repeatable; default: any path)");
+  app.add_option("--max-expansion", options.max_expansion,
+                 "refuse a load that needs more than this many bytes of shared memory per byte of file "
+                 "(and 64 MiB beyond it) unless the request allows it (ckptctl load --allow-expansion); 0: no limit")
+      ->capture_default_str();
   app.add_option("--admin-group", options.admin_group, "group allowed to load and evict (besides root)");
   app.add_option("--reader-group", options.reader_group,
                  "group allowed to attach, list, info, status (default: anyone who can connect)");

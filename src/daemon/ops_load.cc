@@ -11,6 +11,7 @@
 #include "protocol/messages.h"
 #include "protocol/wire.h"
 #include "shm/segment_name.h"
+#include "common/checked_math.h"
 
 namespace ckpt::daemon {
 
@@ -77,28 +78,33 @@ class ConnectionWatch {
 // returns OK.
 Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::LoadRequest& request,
                                   const std::string& name, ConnectionWatch* watch) {
-  auto checked = ctx.roots->Check(request.path);
-  if (!checked.ok()) {
-    spdlog::warn("load of '{}' from {} refused: {}", name, request.path, checked.status().ToString());
-    return checked.status();
+  // The file (or folder) is opened once here, beneath a model root without following any
+  // link; the plan and the loader read only through these descriptors.
+  const std::string& path = request.path;
+  auto location = ctx.roots->Open(path);
+  if (!location.ok()) {
+    spdlog::warn("load of '{}' from {} refused: {}", name, path, location.status().ToString());
+    return location.status();
   }
-  const std::string path = *checked;
-
-  // Every file the checkpoint consists of (a folder's model file, each shard an index
-  // names) must lie beneath the roots too, and is checked before it is even examined.
-  format::FileGate within_roots;
-  if (ctx.roots->restricted()) {
-    within_roots = [&ctx, &name](const std::string& file) {
-      return ctx.roots->Check(file).status().WithContext("a file of checkpoint '" + name + "'");
-    };
-  }
-  auto plan = format::PlanCheckpoint(path, within_roots);
+  auto plan = format::PlanCheckpoint(*location);
   if (!plan.ok()) {
     spdlog::warn("load of '{}' refused: {}", name, plan.status().ToString());
     return plan.status();
   }
-  // The segment adds a header and an aligned index to the tensor bytes.
-  const uint64_t estimate = plan->TotalBytes() + (plan->tensors.size() + 2) * 4096 + (1u << 20);
+  for (const std::string& note : plan->notes) spdlog::warn("load of '{}': {}", name, note);
+  if (!request.allow_expansion) {
+    Status expansion = format::CheckExpansion(*plan, ctx.options->max_expansion);
+    if (!expansion.ok()) {
+      spdlog::warn("load of '{}' refused: {}", name, expansion.ToString());
+      return expansion;
+    }
+  }
+  // The segment adds a header, an aligned index and the side files to the tensor bytes.
+  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan->StoredBytes());
+  CheckedSum estimate_sum(stored);
+  estimate_sum.AddProduct(plan->tensors.size() + 2, 4096).Add(1u << 20);
+  for (const auto& side : plan->side_files) estimate_sum.Add(side.bytes.size());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
   std::vector<std::string> evicted;
   CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, request.replace, estimate, &evicted));
   struct Reservation {

@@ -40,6 +40,9 @@ struct ServerOptions {
   bool cleanup_on_exit = false;  // unlink every segment on Stop (otherwise re-adopted later)
   uint64_t memory_budget_bytes = 0;      // 0: no budget (only /dev/shm's size limits loads)
   std::vector<std::string> model_roots;  // empty: loads from any absolute path
+  // Most bytes in shared memory per byte of checkpoint file a load may take without an
+  // admin's "allow_expansion" (see format::CheckExpansion); <= 0: no limit.
+  double max_expansion = 16.0;
   std::string admin_group;               // may load and evict (besides root)
   std::string reader_group;              // may attach, list, ...; empty: anyone connecting
   std::string metrics_file;              // Prometheus text written here periodically (if set)

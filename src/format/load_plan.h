@@ -3,10 +3,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ckpt/dtype.h"
+#include "ckpt/status.h"
+#include "common/opened_file.h"
 
 namespace ckpt::format {
 
@@ -28,17 +32,60 @@ struct PlannedTensor {
   int64_t alias_of = -1;
 };
 
-struct LoadPlan {
-  std::string format;              // "safetensors", ...
-  std::vector<std::string> files;  // absolute or caller-relative paths
-  std::vector<PlannedTensor> tensors;
-
-  // Bytes stored (aliases counted once).
-  uint64_t TotalBytes() const {
-    uint64_t total = 0;
-    for (const auto& t : tensors) total += t.alias_of < 0 ? t.nbytes : 0;
-    return total;
-  }
+// A small file kept beside the tensors (config.json, ...): its name in the model folder
+// and its whole content, read through its descriptor at plan time.
+struct SideFile {
+  std::string name;
+  std::string bytes;
 };
+
+// Side files taken from a checkpoint's folder, in this order, when present as regular
+// files (never through a symlink) of at most kMaxSideFileBytes each.
+inline constexpr const char* kSideFileNames[] = {"config.json", "generation_config.json", "tokenizer_config.json",
+                                                 "special_tokens_map.json", "preprocessor_config.json"};
+inline constexpr uint64_t kMaxSideFileBytes = 1ull << 20;
+
+// Default limit on bytes in shared memory per byte of checkpoint file (see CheckExpansion).
+inline constexpr double kDefaultMaxExpansion = 16.0;
+// Expansion below this many bytes beyond the files' size is always allowed.
+inline constexpr uint64_t kExpansionSlackBytes = 64ull << 20;
+
+struct LoadPlan {
+  std::string format;  // "safetensors", ...
+  // Every file the tensors are read from, opened once; the loader reads only these
+  // descriptors and checks each file's identity after reading (OpenedFile::CheckUnchanged).
+  std::vector<std::shared_ptr<const OpenedFile>> files;
+  std::vector<PlannedTensor> tensors;
+  std::vector<SideFile> side_files;             // kSideFileNames found in the folder
+  std::map<std::string, std::string> metadata;  // safetensors __metadata__, an index's "metadata"
+  std::vector<std::string> notes;               // side files skipped and why, for the log
+
+  // Bytes stored (aliases counted once); InvalidArgument if the sum overflows 64 bits.
+  Result<uint64_t> StoredBytes() const;
+  // StoredBytes(), or UINT64_MAX if it overflows (for reports; use StoredBytes to decide).
+  uint64_t TotalBytes() const;
+  // Sum of the files' sizes at open (saturating).
+  uint64_t FileBytes() const;
+};
+
+// Is `s` well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF)?
+bool IsValidUtf8(const std::string& s);
+
+// The checks every plan passes before a segment is created, whatever its format: each
+// tensor name is 1 to shm::kMaxNameBytes bytes of valid UTF-8 without NUL, names are
+// unique, file indexes and aliases are in range, each tensor's nbytes matches its shape
+// and dtype and (with strides) its view stays within source_bytes, computed with checked
+// arithmetic, and the stored total does not overflow. InvalidArgument naming the first
+// offending tensor (its name escaped when it is not printable).
+Status ValidatePlan(const LoadPlan& plan);
+
+// Refuses an absurd expansion: more than `max_expansion` bytes stored in shared memory per
+// byte of file and more than kExpansionSlackBytes beyond the files' size (stride-0 views
+// repeat one element many times; aliases count once). max_expansion <= 0 disables it.
+// InvalidArgument saying how to allow it otherwise.
+Status CheckExpansion(const LoadPlan& plan, double max_expansion);
+
+// `name` with bytes outside printable ASCII written as \xNN, cut to about 200 bytes.
+std::string EscapedName(const std::string& name);
 
 }  // namespace ckpt::format

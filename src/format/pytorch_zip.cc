@@ -3,6 +3,7 @@
 #include <map>
 #include <tuple>
 
+#include "common/checked_math.h"
 #include "common/io.h"
 #include "format/unpickler.h"
 #include "shm/segment_format.h"
@@ -21,7 +22,7 @@ Status RequireStored(const std::string& path, const ZipEntry& e) {
 // Plans one tensor view; `storage_start` is the storage record's first byte in the file.
 Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage_bytes, PlannedTensor* out) {
   const std::string where = "tensor '" + t.name + "'";
-  if (t.name.empty() || t.name.size() > shm::kMaxNameBytes) return Corrupt(where.substr(0, 200) + ": bad name length");
+  if (t.name.empty() || t.name.size() > shm::kMaxNameBytes) return Corrupt("tensor '" + EscapedName(t.name) + "': bad name length");
   const uint64_t es = DTypeSize(t.dtype);
   if (t.storage_numel > storage_bytes / es) {
     return Corrupt(where + ": storage '" + t.storage_key + "' holds " + std::to_string(storage_bytes) +
@@ -40,7 +41,9 @@ Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage
   out->name = t.name;
   out->dtype = t.dtype;
   out->shape = t.shape;
-  out->nbytes = static_cast<uint64_t>(numel) * es;
+  const auto nbytes = CheckedMul(static_cast<uint64_t>(numel), es);
+  if (!nbytes) return Corrupt(where + ": byte size overflows 64 bits");
+  out->nbytes = *nbytes;
   if (numel == 0) {  // nothing to read
     out->file_offset = storage_start;
     return Status::Ok();
@@ -52,10 +55,15 @@ Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage
     return Corrupt(where + ": view reaches element " + std::to_string(static_cast<uint64_t>(last)) +
                    " of a storage of " + std::to_string(t.storage_numel));
   }
-  out->file_offset = storage_start + t.storage_offset * es;
+  const auto offset_bytes = CheckedMul(t.storage_offset, es);
+  const auto file_offset = offset_bytes ? CheckedAdd(storage_start, *offset_bytes) : std::nullopt;
+  if (!file_offset) return Corrupt(where + ": storage offset overflows 64 bits");
+  out->file_offset = *file_offset;
   if (!contiguous) {
     out->strides = t.strides;
-    out->source_bytes = static_cast<uint64_t>(last - t.storage_offset + 1) * es;
+    const auto source = CheckedMul(static_cast<uint64_t>(last - t.storage_offset + 1), es);
+    if (!source) return Corrupt(where + ": view extent overflows 64 bits");
+    out->source_bytes = *source;
   }
   return Status::Ok();
 }
@@ -63,9 +71,14 @@ Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage
 }  // namespace
 
 Status PlanPyTorchZipFile(const std::string& path, LoadPlan* plan) {
-  CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenForRead(path));
-  CKPT_ASSIGN_OR_RETURN(uint64_t file_size, RegularFileSize(fd.get(), path));
-  const int raw_fd = fd.get();
+  CKPT_ASSIGN_OR_RETURN(auto file, OpenFileNoFollow(path));
+  return PlanPyTorchZipFile(file, plan);
+}
+
+Status PlanPyTorchZipFile(const std::shared_ptr<const OpenedFile>& file, LoadPlan* plan) {
+  const std::string& path = file->path;
+  const uint64_t file_size = file->identity.size;
+  const int raw_fd = file->fd.get();
   auto read = [&](void* buf, size_t n, uint64_t off) { return PreadFull(raw_fd, buf, n, off, path); };
   CKPT_ASSIGN_OR_RETURN(auto zip, ZipReader::Create(read, file_size, path));
 
@@ -118,7 +131,7 @@ Status PlanPyTorchZipFile(const std::string& path, LoadPlan* plan) {
     planned.push_back(std::move(p));
   }
   for (auto& p : planned) plan->tensors.push_back(std::move(p));
-  plan->files.push_back(path);
+  plan->files.push_back(file);
   if (plan->format.empty()) plan->format = "pytorch";
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
 // The plan points at the storages' byte ranges inside the archive; nothing is copied.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -24,6 +25,8 @@ inline constexpr uint64_t kMaxPickleBytes = 256ull << 20;
 // a missing storage record or a view beyond its storage; Unsupported for a big-endian
 // checkpoint, compressed entries, a pickle that is not a flat state dict or that names a
 // global outside the allow-list (see unpickler.h).
+Status PlanPyTorchZipFile(const std::shared_ptr<const OpenedFile>& file, LoadPlan* plan);
+// The same for `path`, opened without following a final symlink (tests and tools).
 Status PlanPyTorchZipFile(const std::string& path, LoadPlan* plan);
 
 }  // namespace ckpt::format

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "common/io.h"
@@ -21,7 +22,7 @@ Status Bad(const std::string& tensor, const std::string& what) {
 Status ParseEntry(const std::string& name, const json& desc, uint64_t data_bytes,
                   PlannedTensor* out) {
   if (name.empty()) return Corrupt("safetensors header has a tensor with an empty name");
-  if (name.size() > shm::kMaxNameBytes) return Bad(name.substr(0, 64) + "...", "name too long");
+  if (name.size() > shm::kMaxNameBytes) return Bad(EscapedName(name.substr(0, 64)) + "...", "name too long");
   if (!desc.is_object()) return Bad(name, "description is not a JSON object");
 
   auto dtype_it = desc.find("dtype");
@@ -82,10 +83,24 @@ Status ParseEntry(const std::string& name, const json& desc, uint64_t data_bytes
 }  // namespace
 
 Status ParseSafetensorsHeader(std::string_view header_json, uint64_t data_start,
-                              uint64_t data_bytes, uint32_t file_index, LoadPlan* plan) {
-  json header = json::parse(header_json.begin(), header_json.end(), nullptr,
+                              uint64_t data_bytes, uint32_t file_index, LoadPlan* plan,
+                              std::map<std::string, std::string>* metadata) {
+  // nlohmann keeps one value of a key given twice: find duplicate top-level keys (tensor
+  // names) while parsing, through the parser callback.
+  std::unordered_set<std::string> keys;
+  std::string duplicate;
+  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && duplicate.empty() && parsed.is_string()) {
+      if (!keys.insert(parsed.get_ref<const std::string&>()).second) duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json header = json::parse(header_json.begin(), header_json.end(), on_event,
                             /*allow_exceptions=*/false);
   if (header.is_discarded()) return Corrupt("safetensors header is not valid JSON");
+  if (!duplicate.empty()) {
+    return Corrupt("safetensors header names tensor '" + EscapedName(duplicate) + "' more than once");
+  }
   if (!header.is_object()) return Corrupt("safetensors header is not a JSON object");
 
   std::vector<PlannedTensor> tensors;
@@ -95,6 +110,9 @@ Status ParseSafetensorsHeader(std::string_view header_json, uint64_t data_start,
       if (!it->is_object()) return Corrupt("safetensors __metadata__ is not a JSON object");
       for (const auto& v : *it) {
         if (!v.is_string()) return Corrupt("safetensors __metadata__ has a non-string value");
+      }
+      if (metadata) {
+        for (auto m = it->begin(); m != it->end(); ++m) (*metadata)[m.key()] = m->get<std::string>();
       }
       continue;
     }
@@ -125,13 +143,14 @@ Status ParseSafetensorsHeader(std::string_view header_json, uint64_t data_start,
   return Status::Ok();
 }
 
-Status PlanSafetensorsFile(const std::string& path, LoadPlan* plan) {
-  CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenForRead(path));
-  CKPT_ASSIGN_OR_RETURN(uint64_t file_size, RegularFileSize(fd.get(), path));
+Status PlanSafetensorsFile(const std::shared_ptr<const OpenedFile>& file, LoadPlan* plan) {
+  const std::string& path = file->path;
+  const int fd = file->fd.get();
+  const uint64_t file_size = file->identity.size;
   if (file_size < 8) return Corrupt(path + ": too short for a safetensors file (" +
                                     std::to_string(file_size) + " bytes)");
   unsigned char len_bytes[8];
-  CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), len_bytes, 8, 0, path));
+  CKPT_RETURN_IF_ERROR(PreadFull(fd, len_bytes, 8, 0, path));
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > file_size - 8) {
@@ -143,14 +162,21 @@ Status PlanSafetensorsFile(const std::string& path, LoadPlan* plan) {
                    " bytes exceeds the limit");
   }
   std::string header(header_len, '\0');
-  CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), header.data(), header_len, 8, path));
+  CKPT_RETURN_IF_ERROR(PreadFull(fd, header.data(), header_len, 8, path));
   const uint64_t data_start = 8 + header_len;
+  std::map<std::string, std::string> metadata;
   Status st = ParseSafetensorsHeader(header, data_start, file_size - data_start,
-                                     static_cast<uint32_t>(plan->files.size()), plan);
+                                     static_cast<uint32_t>(plan->files.size()), plan, &metadata);
   if (!st.ok()) return st.WithContext(path);
-  plan->files.push_back(path);
+  plan->files.push_back(file);
+  for (auto& [k, v] : metadata) plan->metadata.emplace(k, std::move(v));
   if (plan->format.empty()) plan->format = "safetensors";
   return Status::Ok();
+}
+
+Status PlanSafetensorsFile(const std::string& path, LoadPlan* plan) {
+  CKPT_ASSIGN_OR_RETURN(auto file, OpenFileNoFollow(path));
+  return PlanSafetensorsFile(file, plan);
 }
 
 }  // namespace ckpt::format

@@ -2,16 +2,32 @@
 
 #include <nlohmann/json.hpp>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/io.h"
 
 namespace ckpt::format {
 
 Status ParseShardIndex(std::string_view json_text, std::vector<std::string>* shards,
-                       std::vector<std::pair<std::string, std::string>>* weight_map) {
+                       std::vector<std::pair<std::string, std::string>>* weight_map,
+                       std::map<std::string, std::string>* metadata) {
   using nlohmann::json;
-  json doc = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  // Duplicate tensor names in the weight map are found while parsing (nlohmann keeps one).
+  std::string top_key, duplicate;
+  std::unordered_set<std::string> names;
+  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && parsed.is_string()) {
+      if (depth == 1) top_key = parsed.get<std::string>();
+      if (depth == 2 && top_key == "weight_map" && duplicate.empty() &&
+          !names.insert(parsed.get<std::string>()).second) {
+        duplicate = parsed.get<std::string>();
+      }
+    }
+    return true;
+  };
+  json doc = json::parse(json_text.begin(), json_text.end(), on_event, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return Corrupt("index is not valid JSON");
+  if (!duplicate.empty()) return Corrupt("weight_map names tensor '" + EscapedName(duplicate) + "' more than once");
   if (!doc.is_object()) return Corrupt("index is not a JSON object");
   auto wm = doc.find("weight_map");
   if (wm == doc.end() || !wm->is_object()) return Corrupt("index has no object 'weight_map'");
@@ -27,24 +43,29 @@ Status ParseShardIndex(std::string_view json_text, std::vector<std::string>* sha
     weight_map->emplace_back(it.key(), file);
   }
   if (weight_map->empty()) return Corrupt("index has an empty weight_map");
+  if (auto md = doc.find("metadata"); metadata && md != doc.end() && md->is_object()) {
+    for (auto it = md->begin(); it != md->end(); ++it) {
+      (*metadata)[it.key()] = it->is_string() ? it->get<std::string>() : it->dump();
+    }
+  }
   return Status::Ok();
 }
 
-Status PlanShardedCheckpoint(const std::string& index_path,
+Status PlanShardedCheckpoint(const OpenedFile& index,
                              const std::function<Status(const std::string&, LoadPlan*)>& plan_shard,
                              LoadPlan* plan) {
-  CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenForRead(index_path));
-  CKPT_ASSIGN_OR_RETURN(uint64_t size, RegularFileSize(fd.get(), index_path));
+  const std::string& index_path = index.path;
+  const uint64_t size = index.identity.size;
   if (size > kMaxIndexJsonBytes) return Corrupt(index_path + ": index larger than the limit");
   std::string text(size, '\0');
-  CKPT_RETURN_IF_ERROR(PreadFull(fd.get(), text.data(), size, 0, index_path));
+  CKPT_RETURN_IF_ERROR(PreadFull(index.fd.get(), text.data(), size, 0, index_path));
+  CKPT_RETURN_IF_ERROR(index.CheckUnchanged());
   std::vector<std::string> shards;
   std::vector<std::pair<std::string, std::string>> weight_map;
-  Status st = ParseShardIndex(text, &shards, &weight_map);
+  std::map<std::string, std::string> metadata;
+  Status st = ParseShardIndex(text, &shards, &weight_map, &metadata);
   if (!st.ok()) return st.WithContext(index_path);
 
-  const size_t slash = index_path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "" : index_path.substr(0, slash + 1);
   LoadPlan out;
   out.format = plan->format;
   out.files = plan->files;
@@ -53,7 +74,7 @@ Status PlanShardedCheckpoint(const std::string& index_path,
     const size_t first = out.tensors.size();
     const uint32_t file_base = static_cast<uint32_t>(out.files.size());
     LoadPlan one;
-    CKPT_RETURN_IF_ERROR(plan_shard(dir + shard, &one));
+    CKPT_RETURN_IF_ERROR(plan_shard(shard, &one));
     for (auto& f : one.files) out.files.push_back(std::move(f));
     for (auto& t : one.tensors) {
       auto [it, inserted] = found.emplace(t.name, shard);
@@ -83,6 +104,7 @@ Status PlanShardedCheckpoint(const std::string& index_path,
   for (auto& t : out.tensors) plan->tensors.push_back(std::move(t));
   plan->files = std::move(out.files);
   plan->format = out.format;
+  for (auto& [k, v] : metadata) plan->metadata.emplace(k, std::move(v));
   return Status::Ok();
 }
 

@@ -33,12 +33,13 @@ std::string DescribeIo(const std::vector<SourceFile>& files, const FileReader& r
 Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::SegmentSpec spec,
                                       const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  std::unordered_set<std::string> names;
+  CKPT_RETURN_IF_ERROR(format::ValidatePlan(plan));
   spec.tensors.clear();
   spec.alias_of.clear();
+  spec.side_files.clear();
+  for (const auto& side : plan.side_files) spec.side_files.push_back({side.name, side.bytes});
+  spec.metadata = plan.metadata;
   for (const auto& t : plan.tensors) {
-    if (!names.insert(t.name).second) return InvalidArgument("duplicate tensor name '" + t.name + "'");
-    if (t.file_index >= plan.files.size()) return Internal("plan names a file it does not list");
     TensorInfo info;
     info.name = t.name;
     info.dtype = t.dtype;
@@ -56,18 +57,33 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   CKPT_ASSIGN_OR_RETURN(auto reader, FileReader::Create(options.engine, reader_options));
 
   std::vector<SourceFile> files;
-  for (const auto& path : plan.files) {
-    CKPT_ASSIGN_OR_RETURN(SourceFile f, OpenSourceFile(path, options.direct_io));
+  for (const auto& opened : plan.files) {
+    if (!opened) return Internal("plan lists a file that is not open");
+    CKPT_ASSIGN_OR_RETURN(SourceFile f, OpenSourceFile(opened, options.direct_io));
     files.push_back(std::move(f));
   }
   for (const auto& t : plan.tensors) {
     const uint64_t size = files[t.file_index].size;
     const uint64_t span = t.strides.empty() ? t.nbytes : t.source_bytes;  // bytes read from the file
     if (t.file_offset > size || span > size - t.file_offset) {
-      return Corrupt(plan.files[t.file_index] + " ends at byte " + std::to_string(size) + ", before tensor '" +
-                     t.name + "' does");
+      return Corrupt(files[t.file_index].path + " ends at byte " + std::to_string(size) + ", before tensor '" +
+                     format::EscapedName(t.name) + "' does");
     }
   }
+  // A file that changed while it was read fails the load; when a read fails, a change is
+  // the likelier story (a truncated file ends early), so it is reported first.
+  auto unchanged = [&plan]() -> Status {
+    for (const auto& f : plan.files) CKPT_RETURN_IF_ERROR(f->CheckUnchanged());
+    return Status::Ok();
+  };
+  auto with_change = [&unchanged](Status st) -> Status {
+    if (st.ok() || st.code() == StatusCode::kFailedPrecondition) return st;
+    Status changed = unchanged();
+    return changed.ok() ? st : changed;
+  };
+  // Before reading (the plan was parsed from these descriptors; nothing may have moved
+  // since) and again after the last read.
+  CKPT_RETURN_IF_ERROR(unchanged());
 
   CKPT_ASSIGN_OR_RETURN(auto writer, shm::SegmentWriter::Create(spec));
 
@@ -101,12 +117,12 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     if (ops.size() == before) checksums[i] = shm::Checksum(writer->tensor_data(i), 0);
   }
 
-  const uint64_t total = plan.TotalBytes();
+  CKPT_ASSIGN_OR_RETURN(const uint64_t total, plan.StoredBytes());
   std::atomic<uint64_t> done{0};
   auto report = [&] {
     if (options.progress) options.progress(done.load(), total);
   };
-  CKPT_RETURN_IF_ERROR(reader->ReadAll(
+  CKPT_RETURN_IF_ERROR(with_change(reader->ReadAll(
       files, ops,
       [&](size_t i) {
         const ReadOp& op = ops[i];
@@ -116,12 +132,12 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
         }
         done.fetch_add(op.length, std::memory_order_relaxed);
       },
-      report));
+      report)));
   for (size_t i : strided) {
     if (options.cancel && options.cancel->load()) return FailedPrecondition("load cancelled");
     const format::PlannedTensor& t = plan.tensors[i];
-    CKPT_RETURN_IF_ERROR(ReadStridedTensor(files[t.file_index].buffered.get(), plan.files[t.file_index], t,
-                                           writer->tensor_data(i)));
+    CKPT_RETURN_IF_ERROR(with_change(ReadStridedTensor(files[t.file_index].buffered_fd(), files[t.file_index].path, t,
+                                                       writer->tensor_data(i))));
     checksums[i] = shm::Checksum(writer->tensor_data(i), t.nbytes);
     done.fetch_add(t.nbytes, std::memory_order_relaxed);
     report();
@@ -130,6 +146,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     if (plan.tensors[i].alias_of >= 0) checksums[i] = checksums[plan.tensors[i].alias_of];
   }
   report();
+  CKPT_RETURN_IF_ERROR(unchanged());
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CKPT_RETURN_IF_ERROR(writer->Publish(checksums, static_cast<uint64_t>(seconds * 1e9)));

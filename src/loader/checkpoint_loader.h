@@ -46,10 +46,15 @@ struct LoadedSegment {
   std::string io_summary;
 };
 
-// `spec` gives the segment's directory, names, generation and mode; its tensor list is filled from
-// `plan`. Errors: those of the files (NotFound, IoError, Corrupt if a file is shorter than
-// the plan says), of the segment (AlreadyExists, ResourceExhausted), InvalidArgument for
-// duplicate tensor names, FailedPrecondition if cancelled.
+// `spec` gives the segment's directory, names, generation and mode; its tensor list, side
+// files and metadata are filled from `plan`, which must pass format::ValidatePlan. Bytes
+// are read only through the plan's open descriptors (O_DIRECT through the same inode
+// reopened), and after the last read every file's identity is checked again (OpenedFile::
+// CheckUnchanged): a file that changed meanwhile fails the load with FailedPrecondition
+// "file X changed while it was being loaded" and nothing is published. Errors: those of
+// the files (IoError, Corrupt if a file is shorter than the plan says), of the segment
+// (AlreadyExists, ResourceExhausted), InvalidArgument from ValidatePlan, FailedPrecondition
+// if cancelled or a file changed.
 Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::SegmentSpec spec,
                                       const LoadOptions& options);
 

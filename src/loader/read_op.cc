@@ -51,21 +51,34 @@ double CachedFraction(int fd, uint64_t size) {
 }  // namespace
 
 Result<SourceFile> OpenSourceFile(const std::string& path, DirectIo direct) {
+  CKPT_ASSIGN_OR_RETURN(auto opened, OpenFileNoFollow(path));
+  return OpenSourceFile(opened, direct);
+}
+
+Result<SourceFile> OpenSourceFile(const std::shared_ptr<const OpenedFile>& opened, DirectIo direct) {
   SourceFile f;
-  f.path = path;
-  CKPT_ASSIGN_OR_RETURN(f.buffered, OpenForRead(path));
-  CKPT_ASSIGN_OR_RETURN(f.size, RegularFileSize(f.buffered.get(), path));
+  f.path = opened->path;
+  f.opened = opened;
+  f.size = opened->identity.size;
   if (direct == DirectIo::kNever) {
     f.buffered_reason = "O_DIRECT off";
     return f;
   }
-  if (direct == DirectIo::kAuto && CachedFraction(f.buffered.get(), f.size) >= 0.5) {
+  if (direct == DirectIo::kAuto && CachedFraction(f.buffered_fd(), f.size) >= 0.5) {
     f.buffered_reason = "file in page cache";
     return f;
   }
-  auto fd = OpenForRead(path, O_DIRECT);
+  // The same inode with O_DIRECT, reopened through the descriptor's magic link (never the
+  // user's path), and checked to be the same file.
+  const std::string self = "/proc/self/fd/" + std::to_string(f.buffered_fd());
+  auto fd = OpenForRead(self, O_DIRECT | O_NONBLOCK);
   if (!fd.ok()) {
     f.buffered_reason = "file system refuses O_DIRECT (" + fd.status().message() + ")";
+    return f;
+  }
+  auto same = IdentityOf(fd->get(), f.path);
+  if (!same.ok() || same->dev != opened->identity.dev || same->ino != opened->identity.ino) {
+    f.buffered_reason = "O_DIRECT reopen did not give the same file";
     return f;
   }
   uint32_t mem_align = 4096, offset_align = 4096;  // safe for every block device we know
@@ -133,7 +146,7 @@ Status FinishRead(const ReadOp& op, const SourceFile& file, std::byte* bounce, u
   const uint64_t need = op.offset + op.length - cover.offset;
   if (op.mode == ReadMode::kBuffered) {
     if (got >= need) return Status::Ok();
-    return PreadFull(file.buffered.get(), op.dst + got, need - got, cover.offset + got, file.path);
+    return PreadFull(file.buffered_fd(), op.dst + got, need - got, cover.offset + got, file.path);
   }
   std::byte* base = op.mode == ReadMode::kBounce ? bounce : op.dst;
   bool refused = false;
@@ -159,7 +172,7 @@ Status FinishRead(const ReadOp& op, const SourceFile& file, std::byte* bounce, u
   }
   if (refused) {
     // The kernel would not do this read with O_DIRECT: redo the op through the page cache.
-    return PreadFull(file.buffered.get(), op.dst, op.length, op.offset, file.path);
+    return PreadFull(file.buffered_fd(), op.dst, op.length, op.offset, file.path);
   }
   if (op.mode == ReadMode::kBounce) {
     if (op.length >= (64u << 10)) PopulateForWrite(op.dst, op.length);

@@ -5,11 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "ckpt/status.h"
 #include "common/aligned_buffer.h"
+#include "common/opened_file.h"
 #include "common/unique_fd.h"
 
 namespace ckpt::loader {
@@ -24,23 +26,28 @@ enum class DirectIo {
 // Largest O_DIRECT alignment the readers handle; larger requirements mean buffered reads.
 inline constexpr uint32_t kMaxDirectAlignment = 4096;
 
-// One open checkpoint file. Move-only (owns its descriptors).
+// One open checkpoint file. Move-only (owns its O_DIRECT descriptor).
 struct SourceFile {
-  std::string path;
-  UniqueFd buffered;            // always open
-  UniqueFd direct;              // opened with O_DIRECT; invalid when not used
+  std::string path;                          // for messages
+  std::shared_ptr<const OpenedFile> opened;  // the plan's descriptor: buffered reads
+  UniqueFd direct;              // the same inode reopened with O_DIRECT; invalid when not used
   uint64_t size = 0;
   uint32_t mem_align = 0;       // O_DIRECT buffer alignment (valid with `direct`)
   uint32_t offset_align = 0;    // O_DIRECT file offset and length alignment
   std::string buffered_reason;  // why `direct` is not open ("" when it is)
+  int buffered_fd() const { return opened->fd.get(); }
 };
 
-// Opens `path` for reading. With kAuto or kAlways it also opens it with O_DIRECT and
-// learns the alignment (statx STATX_DIOALIGN, else 4096); a file system that refuses
-// O_DIRECT leaves `direct` closed and says so in buffered_reason. kAuto also leaves it
-// closed when at least half of the file's pages are in the page cache (a buffered read
-// then copies at memory speed). Errors: NotFound, IoError, FailedPrecondition if `path`
-// is not a regular file.
+// Prepares the opened file for reading. With kAuto or kAlways it also reopens the same
+// inode with O_DIRECT, never by the user's path: through /proc/self/fd/N of the plan's
+// descriptor, checked to be the same device and inode (no /proc: buffered), and learns
+// the alignment (statx STATX_DIOALIGN, else 4096); a file system that refuses O_DIRECT
+// leaves `direct` closed and says so in buffered_reason. kAuto also leaves it closed when
+// at least half of the file's pages are in the page cache (a buffered read then copies at
+// memory speed). The file's size is the one taken at open.
+Result<SourceFile> OpenSourceFile(const std::shared_ptr<const OpenedFile>& opened, DirectIo direct);
+// OpenSourceFile(OpenFileNoFollow(path), direct), for tests and tools. Errors: NotFound,
+// IoError, FailedPrecondition if `path` is not a regular file.
 Result<SourceFile> OpenSourceFile(const std::string& path, DirectIo direct);
 
 enum class ReadMode : uint8_t {

@@ -88,7 +88,7 @@ Status UringReader::ReadAll(const std::vector<SourceFile>& files, const std::vec
             slot.op = i;
             const ReadCover cover = CoverOf(op, file);
             std::byte* buf = op.dst;
-            int fd = op.mode == ReadMode::kBuffered ? file.buffered.get() : file.direct.get();
+            int fd = op.mode == ReadMode::kBuffered ? file.buffered_fd() : file.direct.get();
             if (op.mode == ReadMode::kBounce) {
               if (!slot.bounce.Reserve(BounceBytes(options_.chunk_bytes), kMaxDirectAlignment)) {
                 error = ResourceExhausted("no memory for a read buffer");

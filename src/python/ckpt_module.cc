@@ -473,6 +473,21 @@ PYBIND11_MODULE(_ckpt, m) {
              return out;
            })
       .def("verify", [](const ckpt::Checkpoint& c) { Check(c.Verify()); })
+      // Side files kept from the checkpoint's folder (config.json, ...) and its metadata,
+      // read from the attachment (the files themselves are never opened).
+      .def("side_file",
+           [](const ckpt::Checkpoint& c, const std::string& name) {
+             auto bytes = c.SideFile(name);
+             Check(bytes.status());
+             return py::bytes(bytes->data(), bytes->size());
+           })
+      .def_property_readonly("side_files", &ckpt::Checkpoint::side_files)
+      .def_property_readonly("metadata",
+                             [](const ckpt::Checkpoint& c) {
+                               py::dict out;
+                               for (const auto& [k, v] : c.metadata()) out[py::str(k)] = py::str(v);
+                               return out;
+                             })
       // This rank's outputs under `plan` (the plan engine, include/ckpt/tp_plan.h).
       .def(
           "resolve",

@@ -4,7 +4,13 @@
 //   [SegmentHeader, padded to kHeaderBytes]
 //   [TensorEntry x tensor_count]             at index_offset
 //   [names, concatenated, not terminated]    at strings_offset
+//   [side files: SideFileEntry x side_count, their names, then their bytes, each
+//    8-aligned]                               at side_offset (8-aligned), side_bytes long
 //   [tensor data, each kDataAlignment-aligned] from data_offset
+//
+// index_checksum covers [index_offset, end of the names) when side_count is 0, and
+// [index_offset, side_offset + side_bytes) otherwise (padding is zero), so the side files'
+// table and bytes are covered as well as the tensor index.
 //
 // The daemon writes everything, then stores state = kComplete with release ordering as
 // its last write. Readers check magic, version and state, then validate every offset
@@ -18,7 +24,7 @@
 namespace ckpt::shm {
 
 inline constexpr char kSegmentMagic[8] = {'C', 'K', 'P', 'T', 'S', 'E', 'G', '1'};
-inline constexpr uint32_t kSegmentVersion = 2;  // 2: segment_id
+inline constexpr uint32_t kSegmentVersion = 2;  // 2: segment_id and side files
 inline constexpr uint64_t kHeaderBytes = 4096;
 inline constexpr uint64_t kDataAlignment = 64;
 inline constexpr uint32_t kMaxDims = 8;
@@ -47,7 +53,11 @@ struct SegmentHeader {
   char checkpoint_name[128];  // NUL-terminated
   char source_path[1024];     // NUL-terminated, truncated if longer
   uint8_t segment_id[16];     // random identity; its hex is the last part of the file name
-  uint8_t reserved[kHeaderBytes - 8 - 4 - 4 - 11 * 8 - 128 - 1024 - 16];
+  // Side files (config.json, ..., and the checkpoint's metadata), see SideFileEntry.
+  uint64_t side_offset;       // 0 when side_count is 0
+  uint64_t side_count;
+  uint64_t side_bytes;
+  uint8_t reserved[kHeaderBytes - 8 - 4 - 4 - 11 * 8 - 128 - 1024 - 16 - 3 * 8];
 };
 static_assert(sizeof(SegmentHeader) == kHeaderBytes);
 static_assert(offsetof(SegmentHeader, segment_id) == 1256);
@@ -67,5 +77,31 @@ struct TensorEntry {
 };
 static_assert(sizeof(TensorEntry) == 128);
 static_assert(std::is_trivially_copyable_v<TensorEntry>);
+
+enum class SideFileKind : uint32_t {
+  kFile = 1,      // a file of the model folder (config.json, ...), byte for byte
+  kMetadata = 2,  // the checkpoint's metadata: a JSON object of strings, named kMetadataName
+};
+inline constexpr char kMetadataName[] = "__metadata__";
+inline constexpr uint32_t kMaxSideFiles = 64;
+inline constexpr uint32_t kMaxSideNameBytes = 255;
+
+struct SideFileEntry {
+  uint64_t name_offset;  // from side_offset
+  uint32_t name_bytes;   // 1..kMaxSideNameBytes
+  uint32_t kind;         // SideFileKind
+  uint64_t data_offset;  // from the segment start, within the side section
+  uint64_t nbytes;
+  uint64_t checksum;     // XXH3-64 of the bytes
+  uint64_t reserved[3];
+};
+static_assert(sizeof(SideFileEntry) == 64);
+static_assert(std::is_trivially_copyable_v<SideFileEntry>);
+
+// Where index_checksum's range ends (see the layout above); for a header whose ranges were
+// already checked against the segment's size.
+inline uint64_t IndexChecksumEnd(const SegmentHeader& h) {
+  return h.side_count != 0 ? h.side_offset + h.side_bytes : h.strings_offset + h.strings_bytes;
+}
 
 }  // namespace ckpt::shm

@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 namespace ckpt::shm {
 
@@ -47,8 +48,16 @@ Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<
       h.data_bytes > size - h.data_offset) {
     return Corrupt("header offsets out of range");
   }
-  if (Checksum(data + h.index_offset, h.strings_offset + h.strings_bytes - h.index_offset) !=
-      h.index_checksum) {
+  const uint64_t strings_end = h.strings_offset + h.strings_bytes;
+  if (h.side_count != 0 &&
+      (h.side_offset < strings_end || h.side_offset % 8 != 0 || h.side_offset > size ||
+       h.side_bytes > size - h.side_offset || h.side_offset + h.side_bytes > h.data_offset ||
+       h.side_count > kMaxSideFiles || h.side_count > h.side_bytes / sizeof(SideFileEntry))) {
+    return Corrupt("side file section out of range");
+  }
+  if (h.side_count == 0 && (h.side_offset != 0 || h.side_bytes != 0)) return Corrupt("side file section out of range");
+  if (IndexChecksumEnd(h) < h.index_offset ||
+      Checksum(data + h.index_offset, IndexChecksumEnd(h) - h.index_offset) != h.index_checksum) {
     return Corrupt("index checksum mismatch");
   }
   if (h.checkpoint_name[sizeof(h.checkpoint_name) - 1] != '\0' ||
@@ -97,6 +106,42 @@ Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<
     r->tensors_.push_back(std::move(t));
     r->offsets_.push_back(e.data_offset);
   }
+  // Side files: each entry, name and byte range inside the section, its checksum.
+  const uint64_t table_end = h.side_offset + h.side_count * sizeof(SideFileEntry);
+  const uint64_t section_end = h.side_offset + h.side_bytes;
+  bool have_metadata = false;
+  for (uint64_t i = 0; i < h.side_count; ++i) {
+    SideFileEntry e;
+    std::memcpy(&e, data + h.side_offset + i * sizeof(SideFileEntry), sizeof(e));
+    const std::string where = "side file entry " + std::to_string(i);
+    const uint64_t name_at = h.side_offset + e.name_offset;
+    if (e.name_bytes == 0 || e.name_bytes > kMaxSideNameBytes || e.name_offset > h.side_bytes ||
+        name_at < table_end || e.name_bytes > section_end - name_at) {
+      return Corrupt(where + ": name out of range");
+    }
+    if (e.data_offset < table_end || e.data_offset > section_end || e.nbytes > section_end - e.data_offset) {
+      return Corrupt(where + ": bytes out of range");
+    }
+    std::string name(reinterpret_cast<const char*>(data + name_at), e.name_bytes);
+    std::string_view bytes(reinterpret_cast<const char*>(data + e.data_offset), e.nbytes);
+    if (Checksum(bytes.data(), bytes.size()) != e.checksum) return Corrupt("checksum mismatch in side file '" + name + "'");
+    if (e.kind == static_cast<uint32_t>(SideFileKind::kMetadata)) {
+      if (name != kMetadataName || have_metadata) return Corrupt(where + ": unexpected metadata entry");
+      have_metadata = true;
+      auto md = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, /*allow_exceptions=*/false);
+      if (md.is_discarded() || !md.is_object()) return Corrupt("segment metadata is not a JSON object");
+      for (auto it = md.begin(); it != md.end(); ++it) {
+        if (!it->is_string()) return Corrupt("segment metadata has a value that is not a string");
+        r->metadata_[it.key()] = it->get<std::string>();
+      }
+      continue;
+    }
+    if (e.kind != static_cast<uint32_t>(SideFileKind::kFile)) return Corrupt(where + ": unknown kind");
+    for (const auto& [other, unused] : r->side_files_) {
+      if (other == name) return Corrupt(where + ": duplicate name '" + name + "'");
+    }
+    r->side_files_.emplace_back(std::move(name), bytes);
+  }
   return r;
 }
 
@@ -106,6 +151,19 @@ std::string SegmentReader::source_path() const { return header().source_path; }
 int64_t SegmentReader::Find(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? -1 : static_cast<int64_t>(it->second);
+}
+
+std::vector<std::string> SegmentReader::side_file_names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, unused] : side_files_) out.push_back(name);
+  return out;
+}
+
+Result<std::string_view> SegmentReader::SideFile(const std::string& name) const {
+  for (const auto& [n, bytes] : side_files_) {
+    if (n == name) return bytes;
+  }
+  return NotFound("checkpoint has no side file '" + name + "'");
 }
 
 Status SegmentReader::VerifyChecksums() const {

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -22,7 +24,8 @@ class SegmentReader {
   static Result<std::unique_ptr<SegmentReader>> FromFd(int fd, const std::string& name);
   // Validates the segment image [data, data + size): magic, version, complete state,
   // every offset and length within the image, dtypes, shapes matching byte sizes, names,
-  // the index checksum. Corrupt or FailedPrecondition (still loading) otherwise.
+  // the index checksum (which covers the side files), and each side file's own checksum
+  // and the metadata's JSON. Corrupt or FailedPrecondition (still loading) otherwise.
   // `mapping` (may be null) is kept alive by the reader.
   static Result<std::unique_ptr<SegmentReader>> FromImage(std::unique_ptr<ShmMapping> mapping,
                                                           const std::byte* data, uint64_t size);
@@ -42,6 +45,13 @@ class SegmentReader {
   // Recomputes every tensor checksum; Corrupt naming the first tensor that differs.
   Status VerifyChecksums() const;
 
+  // Names of the side files kept with the checkpoint (config.json, ...), in stored order.
+  std::vector<std::string> side_file_names() const;
+  // The bytes of side file `name`, valid while this reader lives; NotFound if none.
+  Result<std::string_view> SideFile(const std::string& name) const;
+  // The checkpoint's metadata (safetensors __metadata__, an index's "metadata"); empty if none.
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
  private:
   SegmentReader() = default;
   std::unique_ptr<ShmMapping> mapping_;
@@ -50,6 +60,8 @@ class SegmentReader {
   std::vector<TensorInfo> tensors_;
   std::vector<uint64_t> offsets_;
   std::unordered_map<std::string, size_t> by_name_;
+  std::vector<std::pair<std::string, std::string_view>> side_files_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // XXH3-64 of a byte range; the checksum used for tensors and the index.

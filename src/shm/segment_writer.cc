@@ -5,14 +5,16 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "common/checked_math.h"
 
 #include "shm/segment_format.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt::shm {
 namespace {
-
-uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 SegmentHeader* HeaderOf(std::byte* base) { return reinterpret_cast<SegmentHeader*>(base); }
 TensorEntry* EntriesOf(std::byte* base) {
@@ -40,25 +42,81 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
                                                      spec.checkpoint_name) {
     return InvalidArgument("checkpoint name '" + spec.checkpoint_name + "' cannot be part of a segment file name");
   }
-  // Layout: header, index, names, then data.
-  uint64_t strings_bytes = 0;
+  // Layout: header, index, names, side files, then data; every step checked.
+  CheckedSum names_sum;
   for (const TensorInfo& t : spec.tensors) {
     if (t.name.empty() || t.name.size() > kMaxNameBytes) {
       return InvalidArgument("tensor name must be 1 to " + std::to_string(kMaxNameBytes) + " bytes");
     }
     if (t.shape.size() > kMaxDims) return InvalidArgument("tensor '" + t.name + "' has too many dims");
-    if (TensorBytes(t.dtype, NumElements(t.shape)) != t.nbytes) {
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) {
+      auto m = d < 0 ? std::nullopt : CheckedMul(numel, static_cast<uint64_t>(d));
+      if (!m) return InvalidArgument("tensor '" + t.name + "': bad shape");
+      numel = *m;
+    }
+    if (TensorBytes(t.dtype, numel) != t.nbytes) {
       return InvalidArgument("tensor '" + t.name + "': byte size does not match shape and dtype");
     }
-    strings_bytes += t.name.size();
+    names_sum.Add(t.name.size());
   }
+  CKPT_ASSIGN_OR_RETURN(const uint64_t strings_bytes, names_sum.Get("the tensor names' size"));
   const uint64_t index_offset = kHeaderBytes;
-  const uint64_t strings_offset = index_offset + spec.tensors.size() * sizeof(TensorEntry);
-  const uint64_t data_offset = AlignUp(strings_offset + strings_bytes, 4096);
+  CKPT_ASSIGN_OR_RETURN(const uint64_t strings_offset,
+                        CheckedSum(index_offset).AddProduct(spec.tensors.size(), sizeof(TensorEntry)).Get("the index"));
+  CKPT_ASSIGN_OR_RETURN(const uint64_t strings_end, CheckedSum(strings_offset).Add(strings_bytes).Get("the index"));
+
+  // Side files: the folder's files, then the metadata as one JSON object.
+  std::vector<std::pair<std::string, std::string>> sides;
+  std::vector<SideFileKind> kinds;
+  std::set<std::string> side_names;
+  for (const auto& [name, bytes] : spec.side_files) {
+    if (name.empty() || name.size() > kMaxSideNameBytes || name == kMetadataName || !side_names.insert(name).second) {
+      return InvalidArgument("side file name '" + name + "' is empty, too long, reserved or repeated");
+    }
+    sides.emplace_back(name, bytes);
+    kinds.push_back(SideFileKind::kFile);
+  }
+  if (!spec.metadata.empty()) {
+    nlohmann::json md = nlohmann::json::object();
+    for (const auto& [k, v] : spec.metadata) md[k] = v;
+    std::string text;
+    try {
+      text = md.dump();
+    } catch (const std::exception& e) {  // a key or value that is not UTF-8
+      return InvalidArgument(std::string("checkpoint metadata cannot be stored: ") + e.what());
+    }
+    sides.emplace_back(kMetadataName, std::move(text));
+    kinds.push_back(SideFileKind::kMetadata);
+  }
+  if (sides.size() > kMaxSideFiles) return InvalidArgument("too many side files");
+  uint64_t side_offset = 0, side_bytes = 0;
+  std::vector<uint64_t> side_name_offsets, side_data_offsets;
+  uint64_t after_meta = strings_end;
+  if (!sides.empty()) {
+    CheckedSum c(strings_end);
+    c.AlignUp(8);
+    CKPT_ASSIGN_OR_RETURN(side_offset, c.Get("the side files' layout"));
+    c.AddProduct(sides.size(), sizeof(SideFileEntry));
+    for (const auto& side : sides) {
+      CKPT_ASSIGN_OR_RETURN(uint64_t at, c.Get("the side files' layout"));
+      side_name_offsets.push_back(at - side_offset);
+      c.Add(side.first.size());
+    }
+    for (const auto& side : sides) {
+      c.AlignUp(8);
+      CKPT_ASSIGN_OR_RETURN(uint64_t at, c.Get("the side files' layout"));
+      side_data_offsets.push_back(at);
+      c.Add(side.second.size());
+    }
+    CKPT_ASSIGN_OR_RETURN(after_meta, c.Get("the side files' layout"));
+    side_bytes = after_meta - side_offset;
+  }
+  CKPT_ASSIGN_OR_RETURN(const uint64_t data_offset, CheckedSum(after_meta).AlignUp(4096).Get("the index"));
   if (!spec.alias_of.empty() && spec.alias_of.size() != spec.tensors.size()) {
     return InvalidArgument("alias_of must be empty or have one entry per tensor");
   }
-  uint64_t cursor = data_offset;
+  CheckedSum cursor(data_offset);
   std::vector<uint64_t> offsets;
   offsets.reserve(spec.tensors.size());
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
@@ -70,10 +128,13 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
       offsets.push_back(offsets[alias]);
       continue;
     }
-    offsets.push_back(cursor);
-    cursor = AlignUp(cursor + spec.tensors[i].nbytes, kDataAlignment);
+    CKPT_ASSIGN_OR_RETURN(uint64_t at, cursor.Get("the segment layout"));
+    offsets.push_back(at);
+    cursor.Add(spec.tensors[i].nbytes).AlignUp(kDataAlignment);
   }
-  const uint64_t segment_bytes = AlignUp(std::max(cursor, data_offset + 1), 4096);
+  CKPT_ASSIGN_OR_RETURN(const uint64_t data_end, cursor.Get("the segment's size"));
+  CKPT_ASSIGN_OR_RETURN(const uint64_t segment_bytes,
+                        CheckedSum(std::max(data_end, data_offset + 1)).AlignUp(4096).Get("the segment's size"));
 
   CKPT_ASSIGN_OR_RETURN(UniqueFd rw_fd, spec.directory->Create(file_name, segment_bytes, spec.mode));
   auto mapping = ShmMapping::MapFd(rw_fd.get(), file_name, /*writable=*/true);
@@ -102,7 +163,10 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   h->strings_offset = strings_offset;
   h->strings_bytes = strings_bytes;
   h->data_offset = data_offset;
-  h->data_bytes = cursor - data_offset;
+  h->data_bytes = data_end - data_offset;
+  h->side_offset = side_offset;
+  h->side_count = sides.size();
+  h->side_bytes = side_bytes;
   h->created_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::system_clock::now().time_since_epoch()).count());
@@ -125,6 +189,18 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
     for (size_t d = 0; d < t.shape.size(); ++d) e.shape[d] = static_cast<uint64_t>(t.shape[d]);
     e.data_offset = offsets[i];
     e.nbytes = t.nbytes;
+  }
+  for (size_t i = 0; i < sides.size(); ++i) {
+    SideFileEntry se{};
+    se.name_offset = side_name_offsets[i];
+    se.name_bytes = static_cast<uint32_t>(sides[i].first.size());
+    se.kind = static_cast<uint32_t>(kinds[i]);
+    se.data_offset = side_data_offsets[i];
+    se.nbytes = sides[i].second.size();
+    se.checksum = Checksum(sides[i].second.data(), sides[i].second.size());
+    std::memcpy(base + side_offset + i * sizeof(SideFileEntry), &se, sizeof(se));
+    std::memcpy(base + side_offset + se.name_offset, sides[i].first.data(), sides[i].first.size());
+    if (!sides[i].second.empty()) std::memcpy(base + se.data_offset, sides[i].second.data(), se.nbytes);
   }
   return writer;
 }
@@ -152,8 +228,7 @@ Status SegmentWriter::Publish(const std::vector<uint64_t>& checksums, uint64_t l
   TensorEntry* entries = EntriesOf(base);
   for (size_t i = 0; i < checksums.size(); ++i) entries[i].checksum = checksums[i];
   h->load_nanos = load_nanos;
-  h->index_checksum = Checksum(base + h->index_offset,
-                               h->strings_offset + h->strings_bytes - h->index_offset);
+  h->index_checksum = Checksum(base + h->index_offset, IndexChecksumEnd(*h) - h->index_offset);
   __atomic_store_n(&h->state, static_cast<uint32_t>(SegmentState::kComplete), __ATOMIC_RELEASE);
   published_ = true;
   return Status::Ok();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,12 +32,20 @@ struct SegmentSpec {
   // Empty, or one per tensor: the index of an earlier tensor with the same nbytes whose
   // data this one shares (its index entry gets the same data offset; tied weights), or -1.
   std::vector<int64_t> alias_of;
+  // Small files kept with the tensors (name, bytes), stored in the side-file section; at
+  // most kMaxSideFiles, names 1..kMaxSideNameBytes bytes, unique, not kMetadataName.
+  std::vector<std::pair<std::string, std::string>> side_files;
+  // The checkpoint's metadata (safetensors __metadata__); stored as one JSON object in the
+  // side-file section when not empty.
+  std::map<std::string, std::string> metadata;
 };
 
 class SegmentWriter {
  public:
-  // Lays out, creates and reserves the segment, and writes its header and index.
-  // Errors: InvalidArgument for a bad spec, AlreadyExists, ResourceExhausted, IoError.
+  // Lays out, creates and reserves the segment, and writes its header, index and side
+  // files. Every offset and total is computed with checked arithmetic. Errors:
+  // InvalidArgument for a bad spec or a layout that overflows 64 bits, AlreadyExists,
+  // ResourceExhausted, IoError.
   static Result<std::unique_ptr<SegmentWriter>> Create(const SegmentSpec& spec);
   // Before Publish(): removes the file (a removal failure is written to stderr).
   ~SegmentWriter();

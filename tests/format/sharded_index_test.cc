@@ -64,7 +64,7 @@ TEST_P(ShardedCheckpointTest, EveryTensorOnceInItsShard) {
     EXPECT_EQ(plan->format, "safetensors-sharded");
     EXPECT_EQ(plan->files.size(), 2u);
     EXPECT_EQ(plan->tensors.size(), 3u);
-    for (const auto& t : plan->tensors) EXPECT_EQ(plan->files[t.file_index], dir.File(t.name == "c" ? "s2.safetensors" : "s1.safetensors"));
+    for (const auto& t : plan->tensors) EXPECT_EQ(plan->files[t.file_index]->path, dir.File(t.name == "c" ? "s2.safetensors" : "s1.safetensors"));
     return;
   }
   ASSERT_FALSE(plan.ok()) << GetParam().what;

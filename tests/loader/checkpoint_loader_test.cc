@@ -26,8 +26,10 @@ class LoaderTest : public ::testing::Test {
       std::string bytes(3 * 1000 * 1000 + 17 * f, '\0');
       for (auto& c : bytes) c = static_cast<char>(rng());
       contents_.push_back(bytes);
-      plan_.files.push_back(dir_.File("f" + std::to_string(f)));
-      testing::WriteFile(plan_.files.back(), bytes);
+      testing::WriteFile(dir_.File("f" + std::to_string(f)), bytes);
+      auto opened = OpenFileNoFollow(dir_.File("f" + std::to_string(f)));
+      ASSERT_TRUE(opened.ok()) << opened.status().ToString();
+      plan_.files.push_back(*opened);
     }
     plan_.format = "test";
     uint64_t offset[2] = {13, 8};
@@ -109,6 +111,7 @@ TEST_F(LoaderTest, EveryEngineAndModeLoadsTheSameBytes) {
 }
 
 TEST_F(LoaderTest, FileShorterThanThePlanIsCorruptAndLeavesNoSegment) {
+  const uint64_t planned_offset = plan_.tensors.back().file_offset;
   plan_.tensors.back().file_offset = contents_[plan_.tensors.back().file_index].size() - 100;
   for (DirectIo direct : {DirectIo::kAlways, DirectIo::kNever}) {
     LoadOptions options;
@@ -116,13 +119,43 @@ TEST_F(LoaderTest, FileShorterThanThePlanIsCorruptAndLeavesNoSegment) {
     auto loaded = LoadIntoSegment(plan_, Spec("short"), options);
     EXPECT_EQ(loaded.status().code(), StatusCode::kCorrupt) << loaded.status().ToString();
   }
-  // A file truncated after planning: the reads themselves hit the end.
-  ::truncate(plan_.files[0].c_str(), 500000);
+  // A file truncated after planning: the reads hit the end, and the file's identity says
+  // why: it changed while it was being loaded.
+  plan_.tensors.back().file_offset = planned_offset;
+  ::truncate(dir_.File("f0").c_str(), 500000);
   for (ReadEngine engine : {ReadEngine::kPread, ReadEngine::kUring}) {
     LoadOptions options;
     options.engine = engine;
     auto loaded = LoadIntoSegment(plan_, Spec("short"), options);
-    EXPECT_EQ(loaded.status().code(), StatusCode::kCorrupt) << loaded.status().ToString();
+    EXPECT_EQ(loaded.status().code(), StatusCode::kFailedPrecondition) << loaded.status().ToString();
+    EXPECT_NE(loaded.status().message().find("changed while it was being loaded"), std::string::npos)
+        << loaded.status().ToString();
+    EXPECT_TRUE(segments_.List().empty());
+  }
+}
+
+// The plan's descriptors are the only way to the bytes: a file rewritten in place (same
+// size, new bytes), or renamed away and replaced by another, after planning fails the
+// load instead of publishing whatever is there now.
+TEST_F(LoaderTest, FileChangedOrReplacedAfterPlanningFailsTheLoad) {
+  {
+    std::string other = contents_[1];
+    other[5] ^= 1;
+    testing::WriteFile(dir_.File("f1.new"), other);
+    ASSERT_EQ(::rename(dir_.File("f1").c_str(), dir_.File("f1.old").c_str()), 0);
+    ASSERT_EQ(::rename(dir_.File("f1.new").c_str(), dir_.File("f1").c_str()), 0);
+    auto loaded = LoadIntoSegment(plan_, Spec("swap"), LoadOptions{});
+    EXPECT_EQ(loaded.status().code(), StatusCode::kFailedPrecondition) << loaded.status().ToString();
+    EXPECT_TRUE(segments_.List().empty());
+  }
+  {
+    std::string same_size = contents_[0];
+    same_size[100] ^= 1;
+    testing::WriteFile(dir_.File("f0"), same_size);  // truncate and regrow in place
+    auto loaded = LoadIntoSegment(plan_, Spec("rewrite"), LoadOptions{});
+    EXPECT_EQ(loaded.status().code(), StatusCode::kFailedPrecondition) << loaded.status().ToString();
+    EXPECT_NE(loaded.status().message().find("changed while it was being loaded"), std::string::npos);
+    EXPECT_TRUE(segments_.List().empty());
   }
 }
 
