@@ -82,11 +82,12 @@ class FilesTest : public ::testing::Test {
     bool swapped = false;
     std::chrono::steady_clock::time_point swapped_at;
     auto result = (*connection)->Call("load", json{{"path", path}, {"name", name}, {"progress", true}}, [&](const json& e) {
-      if (swapped || e.value("event", "") != "progress") return;
-      if (e.value("done", uint64_t{0}) >= e.value("total", uint64_t{1})) return;
+      if (swapped || e.value("event", "") != "progress") return true;
+      if (e.value("done", uint64_t{0}) >= e.value("total", uint64_t{1})) return true;
       swap();
       swapped = true;
       swapped_at = std::chrono::steady_clock::now();
+      return true;  // go on loading
     });
     *mid_load = swapped && std::chrono::steady_clock::now() - swapped_at > std::chrono::milliseconds(100);
     return result;

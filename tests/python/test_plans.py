@@ -4,6 +4,7 @@ slices tp_cases.py computes with torch; plan="auto"; and the bad inputs issue 16
 Run by ctest (tests/CMakeLists.txt sets CKPTD_BIN, CKPT_TOOLS_DIR, PYTHONPATH)."""
 import json
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -35,6 +36,12 @@ class PlanFamiliesTest(unittest.TestCase):
             d = os.path.join(cls.tmp.name, family)
             cls.client.load(os.path.join(d, "model.safetensors"), family)
             cls.client.load(os.path.join(d, "expected.safetensors"), family + ".expected")
+        # The same tensors from folders without a config.json: nothing for "auto" to go on.
+        for family in ("llama", "falcon"):
+            bare = os.path.join(cls.tmp.name, "bare-" + family)
+            os.makedirs(bare)
+            shutil.copy(os.path.join(cls.tmp.name, family, "model.safetensors"), bare)
+            cls.client.load(os.path.join(bare, "model.safetensors"), family + ".bare")
 
     @classmethod
     def tearDownClass(cls):
@@ -136,7 +143,10 @@ class PlanFamiliesTest(unittest.TestCase):
                                                            r"plan file: \{\"rules\""):
             c.state_dict(0, 2, "auto", config={"model_type": "brandnew", "architectures": ["BrandNewForCausalLM"]})
         with self.assertRaisesRegex(ckpt.InvalidArgument, "needs the checkpoint's config.json"):
-            c.state_dict(0, 2, "auto")
+            self.client.attach("llama.bare").state_dict(0, 2, "auto")
+        # With the folder's config.json stored in the segment, "auto" needs nothing more.
+        self.assertEqual(c.config, self.config("llama"))
+        self.assertEqual(len(c.state_dict(0, 2, "auto")), len(c.state_dict(0, 2, "auto", config=self.config("llama"))))
         # architectures pick the family when model_type is missing
         sd = c.state_dict(0, 2, "auto", config={"architectures": ["LlamaForCausalLM"], "num_attention_heads": 4,
                                                 "num_key_value_heads": 2, "head_dim": 4})
@@ -204,7 +214,7 @@ class PlanFamiliesTest(unittest.TestCase):
                                                           r"megatron"):
             g.state_dict(0, 2, "auto", convention="hf", config=self.config("gpt2"))
         with self.assertRaisesRegex(ckpt.InvalidArgument, "falcon.*needs the model's config"):
-            self.client.attach("falcon").state_dict(0, 2, "falcon")
+            self.client.attach("falcon.bare").state_dict(0, 2, "falcon")
         # The daemon keeps serving after all of that.
         self.assertEqual(len(c.state_dict(0, 2, "auto", config=self.config("llama"))),
                          len(c.keys()))
