@@ -353,7 +353,9 @@ TEST_F(GpuLoaderTest, SectionsAndStackedExpertsMatchTheCpuPath) {
     for (int rank = 0; rank < world; ++rank) {
       auto outs = pplan->Resolve(pseg->reader->tensors(), rank, world);
       ASSERT_TRUE(outs.ok()) << outs.status().ToString();
-      auto loader = GpuLoaderImpl::Create(pseg->Source(), 0, {});
+      GpuLoadOptions to_f16;  // row-range pieces converted on the GPU
+      to_f16.float_dtype = DType::kF16;
+      auto loader = GpuLoaderImpl::Create(pseg->Source(), 0, to_f16);
       ASSERT_TRUE(loader.ok());
       auto dict = (*loader)->Load(*outs);
       ASSERT_TRUE(dict.ok()) << dict.status().ToString();
