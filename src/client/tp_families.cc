@@ -311,12 +311,9 @@ LlamaLike Describe(const std::string& f) {
   if (f == "deepseek_v3") {
     d.moe = LlamaLike::Moe::kQwen;
     d.mla = true;
-    d.hf = Cat(std::vector<std::pair<std::string, std::string>>{{"layers.*.self_attn.q_proj", "colwise"},
-                                                                {"layers.*.self_attn.q_b_proj", "colwise"},
-                                                                {"layers.*.self_attn.kv_a_proj_with_mqa", "mla_kv_a_proj"},
-                                                                {"layers.*.self_attn.kv_b_proj", "colwise"},
-                                                                {"layers.*.self_attn.o_proj", "rowwise"}},
-               kPackedExperts,
+    // transformers 5.17 keeps the MLA attention whole on every rank (measured with
+    // tools/gpu/check_hf_families.py against from_pretrained(tp_plan="auto")).
+    d.hf = Cat(kPackedExperts,
                std::vector<std::pair<std::string, std::string>>{{"layers.*.mlp.shared_experts.gate_proj", "colwise"},
                                                                 {"layers.*.mlp.shared_experts.up_proj", "colwise"},
                                                                 {"layers.*.mlp.shared_experts.down_proj", "rowwise"}},
@@ -327,14 +324,9 @@ LlamaLike Describe(const std::string& f) {
   if (f == "gpt_oss") {
     d.moe = LlamaLike::Moe::kGptOss;
     d.sinks = true;
-    d.hf = Cat(kLlamaAttention, std::vector<std::pair<std::string, std::string>>{
-                                    {"layers.*.self_attn.sinks", "colwise"},
-                                    {"layers.*.mlp.router", "ep_router"},
-                                    {"layers.*.mlp.experts.gate_up_proj", "grouped_gemm"},
-                                    {"layers.*.mlp.experts.gate_up_proj_bias", "grouped_gemm"},
-                                    {"layers.*.mlp.experts.down_proj", "grouped_gemm"},
-                                    {"layers.*.mlp.experts.down_proj_bias", "grouped_gemm"},
-                                    {"layers.*.mlp.experts", "moe_tp_experts"}});
+    // transformers 5.17 holds every attention and expert tensor whole on every rank
+    // (measured with tools/gpu/check_hf_families.py); only the head is split.
+    d.hf = {{"layers.*.mlp.router", "replicate"}};
   }
   return d;
 }
@@ -587,7 +579,8 @@ Result<std::string> OlderPlan(Builder& b) {
                              {"layers.*.attention.dense", "rowwise"},
                              {"layers.*.mlp.dense_h_to_4h", "colwise"},
                              {"layers.*.mlp.dense_4h_to_h", "rowwise"}});
-      b.HfPlan("", {{"embed_out", "colwise_gather_output"}});
+      // transformers 5.17 renames the head embed_out -> lm_head at load (measured).
+      b.Add("^embed_out\\.weight$", "colwise_gather_output", {{"fuse_into", "lm_head.weight"}});
       b.HfTiedEmbedding("gpt_neox.embed_in", "embed_out");
       return b.Finish();
     }

@@ -195,7 +195,8 @@ class PlanFamiliesTest(unittest.TestCase):
                                                    num_key_value_heads=8, head_dim=2), expert_parallel=True)
         oss = self.client.attach("gpt_oss")
         with self.assertRaisesRegex(ckpt.InvalidArgument, r"experts\.(gate_up|down)_proj.*4 experts do not divide over world 8"):
-            oss.state_dict(0, 8, "auto", convention="hf", config=self.config("gpt_oss"))
+            oss.state_dict(0, 8, "auto", config=dict(self.config("gpt_oss"), num_attention_heads=8,
+                                                     num_key_value_heads=8), expert_parallel=True)
 
     def test_bad_plan_file_and_no_hf_plan(self):
         path = os.path.join(self.tmp.name, "bad_plan.json")

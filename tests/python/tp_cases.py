@@ -133,8 +133,8 @@ class Model:
             if role[0] == "expert":  # ("expert", target, expert, slot, target_style)
                 fused.setdefault(role[1], {})[(role[2], role[3])] = (t, role[4])
                 continue
-            if role[0] == "rename":
-                out[role[1]] = t
+            if role[0] == "rename":  # ("rename", new name[, style]): transformers renames at load
+                out[role[1]] = t if len(role) < 3 else hf((role[2],), t, r, w, role[1])
                 continue
             out[name] = hf(role, t, r, w, name)
         for target, pieces in fused.items():
@@ -282,11 +282,11 @@ def deepseek(seed):
         a = p + "self_attn."
         m.add(a + "q_a_proj.weight", (QL, H))
         m.add(a + "q_a_layernorm.weight", (QL,))
-        m.add(a + "q_b_proj.weight", (NH * (NOPE + ROPE), QL), ("heads", NH), ("colwise",))
+        m.add(a + "q_b_proj.weight", (NH * (NOPE + ROPE), QL), ("heads", NH))  # hf: whole (transformers 5.17)
         m.add(a + "kv_a_proj_with_mqa.weight", (KVL + ROPE, H))
         m.add(a + "kv_a_layernorm.weight", (KVL,))
-        m.add(a + "kv_b_proj.weight", (NH * (NOPE + VD), KVL), ("heads", NH), ("colwise",))
-        m.add(a + "o_proj.weight", (H, NH * VD), ("row",), ("rowwise",))
+        m.add(a + "kv_b_proj.weight", (NH * (NOPE + VD), KVL), ("heads", NH))
+        m.add(a + "o_proj.weight", (H, NH * VD), ("row",))
         m.add(p + "input_layernorm.weight", (H,))
         m.add(p + "post_attention_layernorm.weight", (H,))
         if i == 0:
@@ -310,26 +310,28 @@ def gpt_oss(seed):
            "head_dim": HD, "num_hidden_layers": L, "intermediate_size": IM, "vocab_size": V,
            "num_local_experts": E, "tie_word_embeddings": False}
     m = Model("gpt_oss", cfg, seed)
+    # "hf": transformers 5.17 holds every attention and expert tensor whole on every rank
+    # (measured with tools/gpu/check_hf_families.py); the head is split like llama's.
     m.add("model.embed_tokens.weight", (V, H), ("vocab",))
     for i in range(L):
         p = f"model.layers.{i}."
         a = p + "self_attn."
         for proj, n in (("q", NH), ("k", KV), ("v", KV)):
-            m.add(a + f"{proj}_proj.weight", (n * HD, H), ("heads", n), ("colwise",))
-            m.add(a + f"{proj}_proj.bias", (n * HD,), ("heads", n), ("colwise",))
-        m.add(a + "o_proj.weight", (H, NH * HD), ("row",), ("rowwise",))
-        m.add(a + "o_proj.bias", (H,), ("rep",), ("rowwise",))
-        m.add(a + "sinks", (NH,), ("heads", NH), ("colwise",))
+            m.add(a + f"{proj}_proj.weight", (n * HD, H), ("heads", n))
+            m.add(a + f"{proj}_proj.bias", (n * HD,), ("heads", n))
+        m.add(a + "o_proj.weight", (H, NH * HD), ("row",))
+        m.add(a + "o_proj.bias", (H,), ("rep",))
+        m.add(a + "sinks", (NH,), ("heads", NH))
         m.add(p + "input_layernorm.weight", (H,))
         m.add(p + "post_attention_layernorm.weight", (H,))
         m.add(p + "mlp.router.weight", (E, H))
         m.add(p + "mlp.router.bias", (E,))
         x = p + "mlp.experts."
         # gate_up_proj [E, H, 2I] interleaves gate and up columns: whole pairs per rank
-        m.add(x + "gate_up_proj", (E, H, 2 * IM), ("heads", IM, 2), ("grouped_gemm",))
-        m.add(x + "gate_up_proj_bias", (E, 2 * IM), ("heads", IM, 1), ("grouped_gemm",))
-        m.add(x + "down_proj", (E, IM, H), ("heads", IM, 1), ("grouped_gemm",))
-        m.add(x + "down_proj_bias", (E, H), ("rep",), ("grouped_gemm",))
+        m.add(x + "gate_up_proj", (E, H, 2 * IM), ("heads", IM, 2))
+        m.add(x + "gate_up_proj_bias", (E, 2 * IM), ("heads", IM, 1))
+        m.add(x + "down_proj", (E, IM, H), ("heads", IM, 1))
+        m.add(x + "down_proj_bias", (E, H), ("rep",))
     m.add("model.norm.weight", (H,))
     m.add("lm_head.weight", (V, H), ("vocab",), ("colwise",))
     return m
@@ -451,7 +453,8 @@ def older(family, seed):
             m.add(p + "mlp.dense_4h_to_h.weight", (H, I), ("row",), ("rowwise",))
             m.add(p + "mlp.dense_4h_to_h.bias", (H,), ("rep",), ("rowwise",))
         m.add("gpt_neox.final_layer_norm.weight", (H,))
-        m.add("embed_out.weight", (V, H), ("vocab",), ("colwise",))
+        # transformers 5.17 names the head lm_head (measured: tools/gpu/check_hf_families.py)
+        m.add("embed_out.weight", (V, H), ("vocab",), ("rename", "lm_head.weight", "colwise"))
     else:
         raise ValueError(family)
     return m
