@@ -174,7 +174,15 @@ TEST_F(RendezvousTest, AClientThatHangsUpEndsItsWait) {
     auto s = client_->GetStatus();
     return s.ok() ? s->connections : -1;
   };
-  const int64_t before = connections();
+  // Connections of earlier calls (the start-up probe) may still be closing: wait until only
+  // client_'s own is left, so the count below is this test's alone.
+  auto settle = [&](int64_t want) {
+    const auto t0 = steady_clock::now();
+    while (connections() != want && SecondsSince(t0) < 5) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return connections();
+  };
+  const int64_t before = settle(1);
+  ASSERT_EQ(before, 1) << "connections other than the test's own client";
   {
     auto conn = protocol::ConnectUnix(daemon_.socket());
     ASSERT_TRUE(conn.ok());
@@ -182,8 +190,7 @@ TEST_F(RendezvousTest, AClientThatHangsUpEndsItsWait) {
                                                        {"job", "gone"}, {"rank", 1}, {"world", 2},
                                                        {"timeout_s", 3600}})
                     .ok());
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    EXPECT_EQ(connections(), before + 1);
+    EXPECT_EQ(settle(before + 1), before + 1) << "the waiting connection was not counted";
   }  // hangs up while the daemon waits for it
   const auto start = steady_clock::now();
   while (connections() != before && SecondsSince(start) < 5) std::this_thread::sleep_for(std::chrono::milliseconds(50));
