@@ -22,14 +22,10 @@ using testing::ReadFile;
 using testing::ScratchDir;
 using testing::WriteFile;
 
-std::string Le64(uint64_t n) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out;
-}
+using testing::Le64;
 
 std::string Safetensors(const std::string& header, size_t data_bytes) {
-  return Le64(header.size()) + header + std::string(data_bytes, '\x5a');
+  return testing::SafetensorsBytes(header, std::string(data_bytes, '\x5a'));
 }
 
 class BadInputTest : public ::testing::Test {

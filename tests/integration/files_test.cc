@@ -34,14 +34,8 @@ using testing::ReadFile;
 using testing::ScratchDir;
 using testing::WriteFile;
 
-std::string Le64(uint64_t n) {
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out;
-}
-
 std::string Safetensors(const std::string& header, const std::string& data) {
-  return Le64(header.size()) + header + data;
+  return testing::SafetensorsBytes(header, data);
 }
 
 // A safetensors file of `tensors` U8 tensors of `each` bytes, every byte `fill`.

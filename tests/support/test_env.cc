@@ -174,6 +174,16 @@ void WriteFile(const std::string& path, const std::string& bytes) {
   ASSERT_TRUE(f.good()) << "cannot write " << path;
 }
 
+std::string Le64(uint64_t n) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out;
+}
+
+std::string SafetensorsBytes(const std::string& header, const std::string& data) {
+  return Le64(header.size()) + header + data;
+}
+
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   std::stringstream ss;

@@ -69,6 +69,10 @@ CommandResult RunTorchPython(const std::string& code, const std::vector<std::str
 // Writes `bytes` to `path`.
 void WriteFile(const std::string& path, const std::string& bytes);
 std::string ReadFile(const std::string& path);
+// `n` as 8 little-endian bytes (a safetensors header's length prefix).
+std::string Le64(uint64_t n);
+// A safetensors file's bytes: the header's length, `header` (JSON), then `data`.
+std::string SafetensorsBytes(const std::string& header, const std::string& data);
 
 // File names in the segment directory of shm prefix `prefix` (/dev/shm/<prefix>) that
 // start with `name_prefix` (e.g. "gpt." for the segments of checkpoint "gpt"), sorted;

@@ -218,7 +218,7 @@ wait_for 10 lines_at_least 2 "$work/reader.out" || fail "the attached reader sto
   fail "the reader read different bytes after the restart: $(cat "$work/reader.out")"
 in_machine journalctl -u ckptd --no-pager >"$work/journal" || true
 [[ $(grep -c "serving on $sock" "$work/journal") -ge 2 ]] || fail "the journal lacks the restarted daemon's lines"
-grep -q "adopted segment" "$work/journal" || fail "the journal does not show the re-adoption"
+grep -q "adopted 'tiny' generation" "$work/journal" || fail "the journal does not show the re-adoption"
 
 # ---- 8. metrics file
 step "metrics file: mode 0644, readable by nobody"
