@@ -249,7 +249,9 @@ fails_once() {  # fails_once WHAT NEEDLE: the unit failed with 78, was not resta
   local got
   got="$(prop ActiveState) $(prop Result) $(prop ExecMainStatus) $(prop NRestarts)"
   [[ $got == "failed exit-code 78 0" ]] || fail "$1: want 'failed exit-code 78 0' (state result status restarts), got '$got'"
-  in_machine journalctl -u ckptd --no-pager | grep -qF "$2" || fail "$1: the journal does not say '$2'"
+  # Whole journal first: grep -q stopping early would make journalctl die of SIGPIPE (pipefail).
+  in_machine journalctl -u ckptd --no-pager >"$work/journal" || true
+  grep -qF "$2" "$work/journal" || fail "$1: the journal does not say '$2'"
   step "$1: failed once with status 78 (NRestarts=0)"
 }
 step "config errors"
