@@ -7,8 +7,9 @@
 
 fill_module is all-or-nothing: it fetches and checks every tensor first, and only when
 nothing is missing, unexpected or of the wrong shape does it replace the module's
-parameters (new nn.Parameters, set with setattr: no load_state_dict(assign=True), so it
-works on torch 1.13 as on current torch). On an error the module is untouched.
+parameters (new nn.Parameters stored in their owners' _parameters, as setattr would store
+them: no load_state_dict(assign=True), so it works on torch 1.13 as on current torch). On an
+error the module is untouched.
 """
 import re
 from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -33,11 +34,6 @@ class FillReport(NamedTuple):
     missing: List[str]
     unexpected: List[str]
     ignored: List[str]
-
-
-def _owner(module: nn.Module, name: str) -> Tuple[nn.Module, str]:
-    parent, _, attr = name.rpartition(".")
-    return (module.get_submodule(parent) if parent else module), attr
 
 
 def _listing(kind: str, names: Sequence[str]) -> str:
@@ -112,23 +108,7 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    ignore_re = [re.compile(p) for p in ignore]
-
-    # The module's parameters, grouped by identity (tied parameters share one object), and
-    # its buffers; every name under which each is reachable (named_parameters(
-    # remove_duplicate=False) is torch >= 2.0, so the modules are walked here).
-    groups: Dict[int, List[str]] = {}
-    params: Dict[int, nn.Parameter] = {}
-    buffers: Dict[str, Tuple[torch.Tensor, bool]] = {}
-    for mod_name, mod in module.named_modules(remove_duplicate=False):
-        prefix = f"{mod_name}." if mod_name else ""
-        for p_name, p in mod._parameters.items():
-            if p is not None:
-                groups.setdefault(id(p), []).append(prefix + p_name)
-                params[id(p)] = p
-        for b_name, b in mod._buffers.items():
-            if b is not None:
-                buffers[prefix + b_name] = (b, b_name not in mod._non_persistent_buffers_set)
+    walk = _walk(module)
 
     # Every shard first: nothing is assigned until all of them are there and fit.
     if isinstance(checkpoint, Mapping):
@@ -141,7 +121,50 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
             copy = True
         shards = checkpoint.state_dict(place.rank, place.world, plan, device=device, dtype=dtype, copy=copy,
                                        **kwargs)
+    what = label if label is not None else getattr(checkpoint, "name", None)
+    return _fill(module, walk, shards, place, device, strict=strict, shapes=shapes, ignore=ignore,
+                 make_parameter=make_parameter, label=what)
 
+
+class _Walk(NamedTuple):
+    """A module's parameters grouped by identity (tied parameters share one object), its
+    buffers, and the (owner module, attribute) of every name under which each is reachable."""
+    groups: Dict[int, List[str]]
+    params: Dict[int, nn.Parameter]
+    buffers: Dict[str, Tuple[torch.Tensor, bool]]  # name -> (tensor, persistent)
+    owners: Dict[str, Tuple[nn.Module, str]]
+
+
+def _walk(module: nn.Module) -> _Walk:
+    """What _fill needs of `module`, walked once (named_parameters(remove_duplicate=False) is
+    torch >= 2.0, so the modules are walked here). Valid until the module is changed."""
+    groups: Dict[int, List[str]] = {}
+    params: Dict[int, nn.Parameter] = {}
+    buffers: Dict[str, Tuple[torch.Tensor, bool]] = {}
+    owners: Dict[str, Tuple[nn.Module, str]] = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        for p_name, p in mod._parameters.items():
+            if p is not None:
+                groups.setdefault(id(p), []).append(prefix + p_name)
+                params[id(p)] = p
+                owners[prefix + p_name] = (mod, p_name)
+        for b_name, b in mod._buffers.items():
+            if b is not None:
+                buffers[prefix + b_name] = (b, b_name not in mod._non_persistent_buffers_set)
+                owners[prefix + b_name] = (mod, b_name)
+    return _Walk(groups, params, buffers, owners)
+
+
+def _fill(module: nn.Module, walk: _Walk, shards: Mapping[str, torch.Tensor], place: Launch,
+          device: torch.device, *, strict: bool, shapes: str, ignore: Iterable[str],
+          make_parameter: Optional[Callable[[str, torch.Tensor, nn.Parameter], torch.Tensor]],
+          label: Optional[str]) -> FillReport:
+    """fill_module's checks and commit, for shards already fetched and a walk of `module`
+    taken since its last change (load_model walks the model while the shards are copied)."""
+    from . import InvalidArgument
+    ignore_re = [re.compile(p) for p in ignore]
+    groups, params, buffers = walk.groups, walk.params, walk.buffers
     missing: List[str] = []
     bad_shapes: List[str] = []
     tied_differ: List[str] = []
@@ -202,8 +225,7 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     if strict and unexpected:
         problems.append(_listing("unexpected (no such parameter or buffer)", unexpected))
     if problems:
-        what = label if label is not None else getattr(checkpoint, "name", None)
-        where = f"checkpoint '{what}'" if isinstance(what, str) else "the state dict"
+        where = f"checkpoint '{label}'" if isinstance(label, str) else "the state dict"
         raise InvalidArgument(f"cannot fill {type(module).__name__} from {where} (rank {place.rank} of "
                               f"{place.world}): " + "; ".join(problems) + ". The module is unchanged.")
 
@@ -223,18 +245,21 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
                 moved[id(b)] = b.to(device)
             new_buffers.append((name, moved[id(b)]))
 
-    # Commit: attribute assignments only.
+    # Commit: dictionary stores only. Every name is a registered parameter (or buffer) of its
+    # owner (the walk found it there), so replacing the entry is what setattr would end up
+    # doing, without Module.__setattr__'s type dispatch per name.
     loaded: List[str] = []
     tied: List[Tuple[str, ...]] = []
+    owners = walk.owners
     for names, new in new_params:
         for name in names:
-            owner, attr = _owner(module, name)
-            setattr(owner, attr, new)
+            owner, attr = owners[name]
+            owner._parameters[attr] = new
         loaded.extend(names)
         if len(names) > 1:
             tied.append(tuple(names))
     for name, value in new_buffers:
-        owner, attr = _owner(module, name)
+        owner, attr = owners[name]
         owner._buffers[attr] = value
     filled_buffers = [name for name, _ in buffer_fill]
     return FillReport(loaded, filled_buffers, tied, missing, unexpected, ignored)

@@ -19,22 +19,27 @@ import contextlib
 import inspect
 import json
 import os
+import time
 import warnings
 from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import nn
 
-from . import InvalidArgument, Unsupported
+from . import Checkpoint, InvalidArgument, Unsupported
 from .launcher import Launch, resolve_rank_world
 from .meta import parameters_on_meta
-from .modules import fill_module
+from .modules import _fill, _walk
 
 __all__ = ["load_model", "build_model", "model_config"]
 
 # Checkpoint names transformers itself never loads into a model (recomputed buffers, old
 # causal-mask buffers); the model class adds its own _keys_to_ignore_on_load_unexpected.
 _ALWAYS_IGNORED = (r"(^|\.)rotary_emb\.inv_freq$", r"(^|\.)position_ids$")
+
+# torch's intra-op threads while load_model builds the model beside a CUDA copy (the copy
+# engine's staging threads use the CPU cores meanwhile); None leaves torch's setting alone.
+_BUILD_THREADS: Optional[int] = None
 
 
 def _transformers():
@@ -88,10 +93,23 @@ def model_config(checkpoint=None, config: Union[None, dict, str, os.PathLike, An
     return mapping[model_type].from_dict(dict(config))
 
 
+_CLASSES: Dict[Any, type] = {}  # (transformers module, names, config class, named) -> model class
+
+
 def _model_class(tf, config, model_class):
+    """model_class, else the first of config.architectures this transformers has, else the
+    causal-LM class of the config's type; resolved once per (transformers, names, config class)."""
     if model_class is not None and not isinstance(model_class, str):
         return model_class
     names = [model_class] if isinstance(model_class, str) else list(getattr(config, "architectures", None) or [])
+    key = (tf, tuple(names), type(config), isinstance(model_class, str))
+    cls = _CLASSES.get(key)
+    if cls is None:
+        cls = _CLASSES[key] = _resolve_model_class(tf, config, model_class, names)
+    return cls
+
+
+def _resolve_model_class(tf, config, model_class, names):
     for name in names:
         cls = getattr(tf, name, None)
         if cls is not None:
@@ -141,6 +159,8 @@ def build_model(config, *, model_class=None, dtype: Optional[torch.dtype] = None
     if buffers_device is not None and hasattr(torch, "get_default_device"):  # torch >= 2.3
         device_ctx = torch.device(buffers_device)
     build = getattr(cls, "_from_config", None) or cls
+    # Parameters go to the meta device as they are registered (the model's init functions,
+    # switched off as well, then touch no memory); buffers are computed for real.
     with parameters_on_meta(), _no_init_weights(tf), device_ctx:
         model = None
         if dtype is not None:
@@ -160,6 +180,38 @@ def _tie(model):
     tie = getattr(model, "tie_weights", None)
     if tie is not None:
         tie()
+
+
+@contextlib.contextmanager
+def _intra_op_threads(n: Optional[int]):
+    """torch's intra-op thread count at most n inside (None: unchanged), restored after."""
+    old = torch.get_num_threads()
+    if n is None or old <= n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def _buffers_to(model: nn.Module, device: torch.device) -> int:
+    """Moves the model's non-persistent buffers (what its __init__ computed: rotary inv_freq,
+    causal masks; never in a checkpoint) to `device`, one copy per tensor, however many
+    modules hold it; returns how many bytes moved. load_model does it while the shards are
+    still being copied, so the fill afterwards has no buffer left to move."""
+    moved: Dict[int, torch.Tensor] = {}
+    nbytes = 0
+    for mod in model.modules():
+        for name, b in list(mod._buffers.items()):
+            if b is None or name not in mod._non_persistent_buffers_set or b.device == device or b.is_meta:
+                continue
+            if id(b) not in moved:
+                moved[id(b)] = b.to(device)
+                nbytes += b.numel() * b.element_size()
+            mod._buffers[name] = moved[id(b)]
+    return nbytes
 
 
 def _default_device(launch: Launch) -> torch.device:
@@ -322,13 +374,17 @@ def _ignored(model):
     return patterns
 
 
-def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = None,
+def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, world: Optional[int] = None,
                device: Union[None, str, torch.device] = None, dtype: Optional[torch.dtype] = None,
                convention: Optional[str] = "hf", tp_plan="auto", client=None, socket: Optional[str] = None,
                model_class=None, config=None, strict: bool = True, attn_implementation: Optional[str] = None,
                copy: Optional[bool] = None, fill: str = "ckpt", **state_dict_kwargs):
     """The transformers model of checkpoint `name` for this rank, in eval mode.
 
+    name: the checkpoint's name (attached for this call), or a ckpt.Checkpoint already
+    attached (client.attach(name)), which is used as it is and stays attached: a process
+    that loads several models of one checkpoint, or keeps it attached anyway, skips the
+    attach and the mapping's first touch (page faults of a fresh mapping of shared memory).
     rank / world: default from the launcher (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_*,
     SLURM_*; ckpt.launcher_env()); device: default cuda:LOCAL_RANK when CUDA is there,
     else the CPU. dtype converts floating-point tensors (on the GPU for a CUDA device).
@@ -341,7 +397,8 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
     take those shards, e.g. DeepSpeed inference injection).
     tp_plan: the plan ckptd shards by: "auto" (from the stored config), a family name, a
     plan file, a dict plan or a TpPlan; transformers' own plan is always its "auto".
-    client / socket: the ckptd connection (default ckpt.connect(socket)).
+    client / socket: the ckptd connection (default ckpt.connect(socket)); unused when
+    `name` is a Checkpoint.
     model_class: a class or a transformers class name (default config.architectures[0],
     else AutoModelForCausalLM's); config: overrides the stored config.json.
     strict: a parameter the checkpoint lacks or a tensor the model has no place for is an
@@ -353,30 +410,48 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
     installed transformers has no tensor-parallel entry point ckpt knows).
     Other keyword arguments go to Checkpoint.state_dict (engine=, group=, host_path=, ...).
 
-    The model has attributes ckpt_fill ("ckpt" or "transformers") and ckpt_report (the
-    FillReport, or None). Raises Unsupported without transformers, InvalidArgument for a
-    missing config, a plan that does not fit or keys that do not match (naming them)."""
+    How (fill="ckpt"): the shards are copied on a second thread (the copy engine runs
+    without the GIL) while this one builds the model with its parameters on the meta
+    device and transformers' weight initialisation off, applies the TP plan (world > 1),
+    moves the non-persistent buffers to the device and walks the model; then the shards
+    are checked and stored into the parameters, the tied weights tied, the model put in
+    eval mode.
+
+    The model has attributes ckpt_fill ("ckpt" or "transformers"), ckpt_report (the
+    FillReport, or None) and ckpt_times: {phase: seconds} of this call (attach, build, tp,
+    buffers, walk, wait (this thread waiting for the shards), fill, tie, total; engine: the
+    copy's own time on its thread, engine_start: when it began after the call's start).
+    Raises Unsupported without transformers, InvalidArgument for a missing config, a plan
+    that does not fit or keys that do not match (naming them)."""
+    started = time.perf_counter()
+    times: Dict[str, float] = {}
     tf = _transformers()
     convention = "hf" if convention is None else convention
     if convention not in ("hf", "megatron"):
         raise InvalidArgument(f"convention must be 'hf' or 'megatron', not {convention!r}")
     if fill not in ("ckpt", "transformers"):
         raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
+    if not isinstance(name, (str, Checkpoint)):
+        raise InvalidArgument(f"name must be a checkpoint name or a ckpt.Checkpoint, not {type(name).__name__}")
     launch = resolve_rank_world(rank, world)
     device = torch.device(device) if device is not None else _default_device(launch)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if client is None:
-        from . import connect
-        client = connect(socket)
-    checkpoint = client.attach(name)
+    if isinstance(name, Checkpoint):
+        checkpoint = name
+    else:
+        if client is None:
+            from . import connect
+            client = connect(socket)
+        checkpoint = client.attach(name)
     cfg = model_config(checkpoint, config)
     tp = launch.world > 1 and convention == "hf"
     mesh = _init_tp(launch, device) if tp else None
+    times["attach"] = time.perf_counter() - started
 
     if fill == "transformers":
         return _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
-                                          attn_implementation, strict)
+                                          attn_implementation, strict, started)
     plan = _ckpt_plan(checkpoint, tp_plan, cfg, launch.world)
     kwargs = dict(state_dict_kwargs)
     if _supports_conventions(checkpoint) and plan is not None and not isinstance(plan, (dict, list)) \
@@ -385,42 +460,71 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
     if copy is None:
         copy = True  # CPU shards as private copies (zero-copy views of the mapping are read-only)
 
-    # The shards are fetched on a second thread (the copy engine runs without the GIL)
-    # while this one builds the model skeleton; both must succeed.
+    def fetch():
+        t0 = time.perf_counter()
+        times["engine_start"] = t0 - started
+        try:
+            return checkpoint.state_dict(launch.rank, launch.world, plan, device=device, dtype=dtype, copy=copy,
+                                         **kwargs)
+        finally:
+            times["engine"] = time.perf_counter() - t0
+
+    def lap(phase, since):
+        now = time.perf_counter()
+        times[phase] = now - since
+        return now
+
+    # The shards are fetched on a second thread while this one builds the model skeleton;
+    # both must succeed.
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-load") as pool:
-        pending = pool.submit(checkpoint.state_dict, launch.rank, launch.world, plan, device=device, dtype=dtype,
-                              copy=copy, **kwargs)
+        pending = pool.submit(fetch)
         try:
-            # Buffers are computed on the CPU and then moved, as from_pretrained computes
-            # them (rotary inv_freq on a GPU can differ from the CPU's in the last bit).
-            model = build_model(cfg, model_class=model_class, dtype=dtype, attn_implementation=attn_implementation)
-            make = None
-            if tp:
-                model, tpi = _distribute(model, mesh, launch.world)
-                _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
-                make = _dtensor_maker(tpi, model, mesh)
+            t = time.perf_counter()
+            with _intra_op_threads(_BUILD_THREADS if device.type == "cuda" else None):
+                # Buffers are computed on the CPU and then moved, as from_pretrained computes
+                # them (rotary inv_freq on a GPU can differ from the CPU's in the last bit).
+                model = build_model(cfg, model_class=model_class, dtype=dtype,
+                                    attn_implementation=attn_implementation)
+                t = lap("build", t)
+                make = None
+                if tp:
+                    model, tpi = _distribute(model, mesh, launch.world)
+                    _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
+                    make = _dtensor_maker(tpi, model, mesh)
+                    t = lap("tp", t)
+                _buffers_to(model, device)
+                t = lap("buffers", t)
+                walk = _walk(model)
+                ignore = _ignored(model)
+                t = lap("walk", t)
         except _NoTpMachinery as e:
             pending.result()  # its errors first: they say more about the checkpoint
             warnings.warn(f"transformers {tf.__version__}: {e}; load_model falls back to fill='transformers'")
             return _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
-                                              attn_implementation, strict)
+                                              attn_implementation, strict, started)
         except BaseException:
             pending.cancel()
             raise
         shards = pending.result()
-    report = fill_module(model, shards, launch.rank, launch.world, device=device, strict=strict,
-                         shapes="local" if launch.world == 1 else "global", ignore=_ignored(model),
-                         make_parameter=make, label=checkpoint.name)
+        t = lap("wait", t)
+    report = _fill(model, walk, shards, launch, device, strict=strict,
+                   shapes="local" if launch.world == 1 else "global", ignore=ignore, make_parameter=make,
+                   label=checkpoint.name)
+    del shards
+    t = lap("fill", t)
     _tie(model)
     model.eval()
+    t = lap("tie", t)
     model.ckpt_fill = "ckpt"
     model.ckpt_report = report
+    times["total"] = time.perf_counter() - started
+    model.ckpt_times = times
     return model
 
 
 def _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
-                               attn_implementation, strict):
+                               attn_implementation, strict, started):
     cls = _model_class(tf, cfg, model_class)
     views = {n: checkpoint.tensor(n) for n in checkpoint.keys()}
     kwargs: Dict[str, Any] = {"config": cfg, "state_dict": views}
@@ -443,4 +547,5 @@ def _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh,
     model.eval()
     model.ckpt_fill = "transformers"
     model.ckpt_report = None
+    model.ckpt_times = {"total": time.perf_counter() - started}
     return model

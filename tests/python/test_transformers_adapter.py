@@ -15,10 +15,12 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 from unittest import mock
 
 import torch
+from torch import nn
 
 import ckpt
 
@@ -290,6 +292,102 @@ class LoadModelStandInTest(unittest.TestCase):
 
         with self.assertRaisesRegex(RuntimeError, "broken model class"):
             self.load(world=1, model_class=Broken)
+
+    def test_an_attached_checkpoint_is_used_as_it_is(self):
+        import ckpt.transformers
+        c = self.client.attach("tiny")
+        # Neither a connection nor a second attachment: the Checkpoint given is the source.
+        with mock.patch.object(ckpt.Client, "attach", side_effect=AssertionError("attached again")), \
+                mock.patch.object(ckpt, "connect", side_effect=AssertionError("connected")):
+            model = ckpt.transformers.load_model(c, rank=0, world=1, device="cpu", config=CONFIG)
+        for name, t in self.ref.state_dict().items():
+            self.assertTrue(torch.equal(model.state_dict()[name], t), name)
+        self.assertIs(model.lm_head.weight, model.model.embed_tokens.weight)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(model(self.ids).logits, self.ref(self.ids).logits))
+        # Still attached and usable afterwards; errors name it.
+        self.assertTrue(torch.equal(c.state_dict()["model.norm.weight"], self.sd["model.norm.weight"]))
+        with self.assertRaisesRegex(ckpt.InvalidArgument,
+                                    r"checkpoint 'tiny'.*missing \(no tensor in the checkpoint\): lm_head\.weight"):
+            ckpt.transformers.load_model(c, world=1, config=dict(CONFIG, tie_word_embeddings=False))
+
+    def test_name_must_be_a_name_or_a_checkpoint(self):
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"name must be a checkpoint name or a ckpt\.Checkpoint, not int"):
+            self.load(42, world=1)
+
+    def test_phase_times(self):
+        t = self.load(world=1).ckpt_times
+        for k in ("attach", "build", "buffers", "walk", "wait", "fill", "tie", "total", "engine", "engine_start"):
+            self.assertIn(k, t)
+            self.assertGreaterEqual(t[k], 0.0, k)
+        self.assertGreaterEqual(t["total"], t["attach"] + t["build"] + t["wait"] + t["fill"])
+
+    def test_the_model_is_built_while_the_shards_are_copied(self):
+        real = ckpt.Checkpoint.state_dict
+
+        def slow_copy(self_, *args, **kwargs):
+            time.sleep(1.0)  # releases the GIL, as the copy engine does
+            return real(self_, *args, **kwargs)
+
+        class SlowBuild(self.tf.TinyForCausalLM):
+            def __init__(self, config):
+                time.sleep(1.0)
+                super().__init__(config)
+
+        with mock.patch.object(ckpt.Checkpoint, "state_dict", slow_copy):
+            model = self.load(world=1, model_class=SlowBuild)
+        t = model.ckpt_times
+        self.assertGreaterEqual(t["engine"], 1.0)
+        self.assertGreaterEqual(t["build"], 1.0)
+        self.assertLess(t["total"], 1.7, f"the build and the copy ran one after the other: {t}")
+        with torch.no_grad():
+            self.assertTrue(torch.equal(model(self.ids).logits, self.ref(self.ids).logits))
+
+    def test_model_class_is_resolved_once(self):
+        calls = []
+
+        class Counting(dict):
+            def __getitem__(self_, key):
+                calls.append(key)
+                return dict.__getitem__(self_, key)
+
+        config = dict(CONFIG, architectures=["NotInThisVersionEither"])
+        with mock.patch.object(self.tf, "MODEL_FOR_CAUSAL_LM_MAPPING", Counting(self.tf.MODEL_FOR_CAUSAL_LM_MAPPING)):
+            for _ in range(3):
+                self.assertIsInstance(self.load(world=1, config=config), self.tf.TinyForCausalLM)
+            # Another class name is another resolution, never the cached one.
+            self.assertIsInstance(self.load(world=1, config=config, model_class="OtherForCausalLM"),
+                                  self.tf.OtherForCausalLM)
+        self.assertEqual(len(calls), 1)
+
+    def test_build_threads_are_restored(self):
+        from ckpt.transformers import _intra_op_threads
+        n = torch.get_num_threads()
+        if n == 1:
+            self.skipTest("torch runs one intra-op thread here")
+        with self.assertRaisesRegex(RuntimeError, "inside"):
+            with _intra_op_threads(1):
+                self.assertEqual(torch.get_num_threads(), 1)
+                raise RuntimeError("inside")
+        self.assertEqual(torch.get_num_threads(), n)
+        with _intra_op_threads(None):
+            self.assertEqual(torch.get_num_threads(), n)
+
+    def test_non_persistent_buffers_move_once_and_persistent_ones_stay(self):
+        from ckpt.transformers import _buffers_to
+        shared = torch.arange(4.0)
+        a, b, m = nn.Module(), nn.Module(), nn.Module()
+        a.register_buffer("freq", shared, persistent=False)
+        b.register_buffer("freq", shared, persistent=False)
+        m.a, m.b = a, b
+        m.register_buffer("kept", torch.ones(2))  # persistent: the checkpoint's, moved by the fill if at all
+        m.register_buffer("none", None)
+        self.assertEqual(_buffers_to(m, torch.device("meta")), 16)
+        self.assertTrue(m.a.freq.is_meta)
+        self.assertIs(m.a.freq, m.b.freq)
+        self.assertFalse(m.kept.is_meta)
+        self.assertIsNone(m.none)
+        self.assertEqual(_buffers_to(m, torch.device("meta")), 0)
 
     def test_bad_arguments(self):
         with self.assertRaisesRegex(ckpt.InvalidArgument, "convention must be"):

@@ -15,6 +15,9 @@
 #   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
 #             from_pretrained; table in OUT_DIR/bench_load_model.md)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
+# BUILD_TARGETS="ckptd ckptctl _ckpt" builds only those (default: everything); BENCH_PREPARE=1
+# writes benchlm's model folder in the background while the project builds; HF_FAMILIES=a,b
+# limits the hf step to those families, HF_LOGITS_WORLDS its logits check (default HF_WORLDS).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-/tmp/ckpt-gpu-out}
@@ -29,13 +32,20 @@ log() { echo "[$(date +%T)] $*" | tee -a "$out/steps.log"; }
   cat /sys/kernel/mm/transparent_hugepage/shmem_enabled; mount | grep -E ' /dev/shm | /tmp ' ; df -h /tmp /dev/shm
 } > "$out/machine.txt" 2>&1
 eval "$(tools/device_deps.sh "${DEBS_DIR:-.debs}" /opt/ckpt-deps)"
+prepare_pid=
+if [ "${BENCH_PREPARE:-0}" = 1 ]; then
+  python3 tools/gpu/bench_load_model.py --prepare-only --workdir /tmp/neo --shape "${BENCH_SHAPE:-2.7B}" \
+    > "$out/bench_prepare.log" 2>&1 &
+  prepare_pid=$!
+fi
 nccl_root=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
 if [ ! -f build-gpu/build.ninja ] || [ "${REBUILD:-1}" = 1 ]; then
   log "build (NCCL_ROOT=$nccl_root)"
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release $CMAKE_ARGS -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DPython3_EXECUTABLE="$(command -v python3)" \
     -DCKPT_TORCH_PYTHON="$(command -v python3)" -DNCCL_ROOT="$nccl_root" > "$out/build.log" 2>&1 &&
-    cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1 || { log "build failed"; tail -40 "$out/build.log"; exit 1; }
+    cmake --build build-gpu -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$out/build.log" 2>&1 ||
+      { log "build failed"; tail -40 "$out/build.log"; exit 1; }
   log "built"
 fi
 export PYTHONPATH=$root/build-gpu/python
@@ -85,13 +95,15 @@ for step in $steps; do
   hf)
     log "model families against transformers (CPU/gloo TP, world 1 on the GPU)"
     python3 -X faulthandler tools/gpu/check_hf_families.py --ckptd build-gpu/bin/ckptd --workdir /tmp/hf-families \
-      --worlds "$(echo ${HF_WORLDS:-2 4} | tr ' ' ,)" --out "$out/hf_families.md" > "$out/hf_families.log" 2>&1
+      --worlds "$(echo ${HF_WORLDS:-2 4} | tr ' ' ,)" --logits-worlds "$(echo ${HF_LOGITS_WORLDS:-${HF_WORLDS:-2 4}} | tr ' ' ,)" \
+      ${HF_FAMILIES:+--families "$HF_FAMILIES"} --out "$out/hf_families.md" > "$out/hf_families.log" 2>&1
     log "rc=$?" ;;
   benchlm)
     log "load_model benchmark, GPT-Neo ${BENCH_SHAPE:-2.7B}"
+    [ -n "$prepare_pid" ] && { wait "$prepare_pid"; log "model folder: rc=$?"; prepare_pid=; }
     python3 -X faulthandler tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo \
       --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
-      > "$out/bench_load_model.log" 2>&1
+      --profile "$out/bench_load_model_profile.txt" > "$out/bench_load_model.log" 2>&1
     log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
