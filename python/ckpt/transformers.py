@@ -37,9 +37,13 @@ __all__ = ["load_model", "build_model", "model_config"]
 # causal-mask buffers); the model class adds its own _keys_to_ignore_on_load_unexpected.
 _ALWAYS_IGNORED = (r"(^|\.)rotary_emb\.inv_freq$", r"(^|\.)position_ids$")
 
-# torch's intra-op threads while load_model builds the model beside a CUDA copy (the copy
-# engine's staging threads use the CPU cores meanwhile); None leaves torch's setting alone.
-_BUILD_THREADS: Optional[int] = None
+# torch's intra-op threads while load_model builds the model beside a CUDA copy; None leaves
+# torch's setting alone. The copy engine's 16 staging threads keep the cores and the memory
+# bus busy meanwhile, and the buffers a model computes in its __init__ (GPT-Neo's causal
+# masks: 48 torch.tril of 2048 x 2048 for the 2.7B shape) then ran 4-6x slower with torch's
+# 16 OpenMP threads than alone; with 1, load_model took 0.332 s instead of 0.477 s
+# (docs/benchmarks.md, "load_model").
+_BUILD_THREADS: Optional[int] = 1
 
 
 def _transformers():

@@ -11,7 +11,8 @@ Methods, in pairs that do the same attach work:
   load_model, attached   load_model(that Checkpoint): no attach, no fresh mapping
   engine, fresh attach   client.attach(name).state_dict(...), detached before the clock stops
   load_model             load_model(name): attaches, maps, detaches, as a new process would
-  load_model, attached, 1 build thread   (ablation: torch intra-op threads 1 while building)
+  load_model, attached, torch's threads  (ablation: ckpt.transformers._BUILD_THREADS = None, torch's
+                         own intra-op thread count while the model is built beside the copy)
   from_pretrained        GPTNeoForCausalLM.from_pretrained(folder, device_map="cuda:0")
 Also: the model build alone (no copy beside it), load_model's own phase times
 (model.ckpt_times, medians) and a cProfile of one load_model call (--profile FILE).
@@ -24,6 +25,7 @@ tools/gpu/check_gpt_neo.py writes; it is made here (random weights) when missing
 (--prepare-only: make it and exit, e.g. while the project builds).
 """
 import argparse
+import ast
 import cProfile
 import inspect
 import io
@@ -32,16 +34,27 @@ import pstats
 import signal
 import statistics
 import subprocess
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from check_gpt_neo import SHAPES  # noqa: E402  (the same shapes as the GPT-Neo check)
+
+def _check_gpt_neo_shapes():
+    """check_gpt_neo.SHAPES (the same shapes as the GPT-Neo check), read from its source: that
+    script imports ckpt, which --prepare-only runs without (while the project builds)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_gpt_neo.py")
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SHAPES" for t in node.targets):
+            return eval(compile(ast.Expression(node.value), path, "eval"), {"__builtins__": {}, "dict": dict})
+    raise RuntimeError(f"{path} has no SHAPES")
+
+
+SHAPES = _check_gpt_neo_shapes()
 
 ENGINE, FRESH = "engine state_dict, attached", "engine state_dict, fresh attach"
-LM_ATT, LM, LM_1T = "load_model(Checkpoint), attached", "load_model(name)", "load_model(Checkpoint), 1 build thread"
+LM_ATT, LM, LM_1T = "load_model(Checkpoint), attached", "load_model(name)", "load_model(Checkpoint), torch's threads"
 FP = "transformers from_pretrained"
 
 
@@ -145,7 +158,7 @@ def main():
 
         def load_model_1t():
             old = ckpt.transformers._BUILD_THREADS
-            ckpt.transformers._BUILD_THREADS = 1
+            ckpt.transformers._BUILD_THREADS = None
             try:
                 return load_model_attached()
             finally:
