@@ -423,8 +423,10 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
 
     The model has attributes ckpt_fill ("ckpt" or "transformers"), ckpt_report (the
     FillReport, or None) and ckpt_times: {phase: seconds} of this call (attach, build, tp,
-    buffers, walk, wait (this thread waiting for the shards), fill, tie, total; engine: the
-    copy's own time on its thread, engine_start: when it began after the call's start).
+    buffers, walk, wait (this thread waiting for the shards), fill, tie (tie_weights and
+    eval), total (without the detach of a checkpoint attached by name, at the return);
+    engine: the copy's own time on its thread, engine_start: when it began after the
+    call's start).
     Raises Unsupported without transformers, InvalidArgument for a missing config, a plan
     that does not fit or keys that do not match (naming them)."""
     started = time.perf_counter()
