@@ -70,7 +70,8 @@ fi
 cmake -S "$src/tests/client/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
   > "$tmp/consumer.log" 2>&1 && cmake --build "$tmp/consumer" >> "$tmp/consumer.log" 2>&1 ||
   { cat "$tmp/consumer.log"; fail "building a program against the installed package"; }
-ldd "$tmp/consumer/ckpt-consumer" | grep -q "$lib/libckptclient.so.0" || fail "the program does not use the installed library"
+deps=$(ldd "$tmp/consumer/ckpt-consumer")  # (whole: grep -q under pipefail would SIGPIPE ldd)
+grep -qF "$lib/libckptclient.so.0" <<< "$deps" || fail "the program does not use the installed library"
 echo "ok: a program built with find_package(ckpt)"
 if [ $torch = 1 ]; then
   cmake -S "$src/tests/client/consumer" -B "$tmp/consumer-torch" -DCMAKE_PREFIX_PATH="$prefix" -DCKPT_CONSUMER_TORCH=ON \

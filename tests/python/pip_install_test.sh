@@ -11,15 +11,20 @@ src=$(cd "$1" && pwd) work=$2 py=$3
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 copy=$work/src venv=$work/venv
-rm -rf "$venv" "$work/wheels" "$work/out"
-if [ -d "$copy" ]; then chmod -R u+w "$copy"; fi
-mkdir -p "$copy"
-# The checkout's files (tracked or not, but not ignored ones: no build directories).
-rm -rf "$copy" && mkdir -p "$copy"
-(cd "$src" && git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -cf - 2> /dev/null) |
-  tar -xf - -C "$copy"
-chmod -R a-w "$copy"
-touch "$copy/probe" 2> /dev/null && { echo "FAIL: the copy is writable"; exit 1; }
+if [ -z "${CKPT_PIP_IN_NS:-}" ]; then
+  rm -rf "$venv" "$work/wheels" "$work/out"
+  if [ -d "$copy" ]; then chmod -R u+w "$copy"; fi
+  rm -rf "$copy" && mkdir -p "$copy"
+  # The checkout's files (tracked or not, but not ignored ones: no build directories).
+  (cd "$src" && git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -cf - 2> /dev/null) |
+    tar -xf - -C "$copy"
+  chmod -R a-w "$copy"
+  # Read-only for root too: a read-only bind mount in a private mount namespace.
+  if unshare -rm true 2> /dev/null; then exec env CKPT_PIP_IN_NS=1 unshare -rm "$0" "$@"; fi
+else
+  mount --bind "$copy" "$copy" && mount -o remount,bind,ro "$copy" "$copy"
+fi
+if touch "$copy/probe" 2> /dev/null; then echo "FAIL: the copy is writable"; exit 1; fi
 "$py" -m venv --system-site-packages "$venv"
 export CKPT_PIP_BUILD_DIR=$work/build PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 "$venv/bin/pip" install -v "$copy/python" > "$work/pip_install.log" 2>&1 || { tail -40 "$work/pip_install.log"; exit 1; }
