@@ -96,5 +96,32 @@ class NoGpuLibrariesTest(unittest.TestCase):
         self.assertIn("CPU torch.Size", r.stdout)
 
 
+    def run_child(self, code, **env):
+        r = subprocess.run([sys.executable, "-c", "import ckpt\n" + code], env=dict(os.environ, **env),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
+
+    @unittest.skipUnless(os.path.exists(PLUGIN), "built without CUDA")
+    def test_a_library_that_is_not_the_plugin_is_refused(self):
+        out = self.run_child("print(ckpt._ckpt.gpu_available())\n"
+                             "try:\n    ckpt._ckpt.NcclGroup.unique_id()\n"
+                             "except ckpt.CkptError as e:\n    print('ERR', e)\n",
+                             CKPT_GPU_PLUGIN=ckpt._ckpt.__file__)
+        self.assertIn("False", out)
+        self.assertIn("has no ckpt_gpu_plugin_v1: not a ckpt GPU plugin", out)
+
+    @unittest.skipUnless(os.path.exists(PLUGIN), "built without CUDA")
+    def test_a_library_that_is_not_nccl_is_refused(self):
+        libz = next(p for p in ("/lib/x86_64-linux-gnu/libz.so.1", "/usr/lib/x86_64-linux-gnu/libz.so.1",
+                                "/lib64/libz.so.1") if os.path.exists(p))
+        out = self.run_child("try:\n    ckpt._ckpt.NcclGroup.unique_id()\n"
+                             "except ckpt.CkptError as e:\n    print('ERR', type(e).__name__, e)\n",
+                             CKPT_NCCL_LIBRARY=libz)
+        self.assertIn(f"ERR Unsupported CKPT_NCCL_LIBRARY={libz}", out)
+        self.assertIn("is NCCL unknown, lacking ncclGetVersion", out)
+        self.assertIn("collective loads need NCCL 2 >= 2.14", out)
+
+
 if __name__ == "__main__":
     unittest.main()
