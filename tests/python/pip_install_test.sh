@@ -35,13 +35,14 @@ ls "$work"/wheels/ckpt-*.whl
 echo "ok: pip wheel"
 find "$copy" -newer "$work/pip_install.log" -print -quit | grep -q . && { echo "FAIL: the build wrote into the source"; exit 1; }
 mkdir -p "$work/out" && cd "$work/out"
-"$venv/bin/python" - "$src" << 'PY'
+unset PYTHONPATH
+"$venv/bin/python" - "$venv" "$copy" << 'PY'
 import os, sys, sysconfig, zipfile, glob
 import torch
 import ckpt
 pkg = os.path.dirname(ckpt.__file__)
-assert pkg.startswith(sysconfig.get_paths()["purelib"]) or pkg.startswith(sysconfig.get_paths()["platlib"]), pkg
-assert not pkg.startswith(sys.argv[1]), f"imported from the source tree: {pkg}"
+assert pkg.startswith(os.path.join(sys.argv[1], "lib")), f"not imported from the venv: {pkg}"
+assert not pkg.startswith(sys.argv[2]), f"imported from the source tree: {pkg}"
 plugin_built = os.path.exists(os.path.join(os.environ["CKPT_PIP_BUILD_DIR"], "lib", "libckptclient-cuda.so.0"))
 names = os.listdir(pkg)
 assert any(n.startswith("_ckpt") and n.endswith(".so") for n in names), names

@@ -10,7 +10,10 @@ import sys
 import tempfile
 import unittest
 
-import torch
+try:
+    import torch
+except (ImportError, OSError) as e:  # a CUDA build of torch needs the hidden libraries itself
+    raise unittest.SkipTest(f"this torch cannot load without the CUDA libraries: {e}")
 
 import ckpt
 
