@@ -12,7 +12,8 @@ if [ -z "${CKPT_NO_GPU_LIBS:-}" ]; then
   fi
   exec env CKPT_NO_GPU_LIBS=1 unshare -rm "$0" "$@"
 fi
-roots=(/usr/local /usr/lib /lib /usr/lib64 /opt)
+# (Where drivers, toolkits and wheels put them; the dynamic linker's cache points into these.)
+roots=(/usr/local /usr/lib /lib /usr/lib64 /lib64 /opt)
 IFS=: read -r -a ld_dirs <<< "${LD_LIBRARY_PATH:-}"
 for d in "${ld_dirs[@]}"; do [ -n "$d" ] && [ -d "$d" ] && roots+=("$d"); done
 hidden=0
@@ -20,7 +21,8 @@ while IFS= read -r -d '' f; do
   target=$(readlink -f "$f") || continue
   [ -f "$target" ] || continue
   if mount --bind /dev/null "$target" 2> /dev/null; then hidden=$((hidden + 1)); fi
-done < <(find "${roots[@]}" -xdev \( -name 'libcudart.so*' -o -name 'libcuda.so*' -o -name 'libnccl.so*' \) \
-           \( -type f -o -type l \) -print0 2> /dev/null)
+done < <({ find "${roots[@]}" \( -name 'libcudart.so*' -o -name 'libcuda.so*' -o -name 'libnccl.so*' \) \
+              \( -type f -o -type l \) -print0 2> /dev/null
+            ldconfig -p 2> /dev/null | awk '/libcudart|libcuda\.so|libnccl/ {printf "%s%c", $NF, 0}'; } | sort -zu)
 echo "without_gpu_libs: covered $hidden file(s)" >&2
 exec "$@"
