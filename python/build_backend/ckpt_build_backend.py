@@ -41,7 +41,7 @@ def _project():
     table, section, key = {}, None, None
     with open(os.path.join(PYTHON_DIR, "pyproject.toml"), encoding="utf-8") as f:
         for raw in f:
-            line = raw.split("#", 1)[0].strip() if not raw.lstrip().startswith('"') else raw.strip()
+            line = re.sub(r'^((?:[^"#]|"[^"]*")*)#.*$', r"\1", raw).strip()  # a comment, outside quotes
             if not line:
                 continue
             m = re.fullmatch(r"\[([^\]]+)\]", line)
