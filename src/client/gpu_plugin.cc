@@ -47,9 +47,10 @@ Result<const GpuPluginV1*> Open(const std::string& path, const std::string& wher
   if (!entry) return FailedPrecondition("the GPU plugin " + where + " has no " + kGpuPluginEntry + ": not a ckpt GPU plugin");
   const GpuPluginV1* table = entry();
   const GpuPluginV1 mine;
-  if (!table || table->abi != mine.abi || std::string(table->version) != mine.version || !(table->layout == mine.layout)) {
+  if (!table || table->abi != mine.abi || !table->version || std::string(table->version) != mine.version ||
+      !(table->layout == mine.layout)) {
     return FailedPrecondition("the GPU plugin " + where + " is from another build of ckpt (version " +
-                              (table ? std::string(table->version) : "?") + ", interface " +
+                              (table && table->version ? std::string(table->version) : "?") + ", interface " +
                               (table ? std::to_string(table->abi) : "?") + "; this library: " + mine.version +
                               ", interface " + std::to_string(mine.abi) +
                               "): install the libckptclient-cuda0 package of the same version");
@@ -62,7 +63,8 @@ Result<const GpuPluginV1*> Find() {
     return Unsupported("libckptclient was built without CUDA (no nvcc at build time): the GPU copy engine and "
                        "collective loads are not available");
   }
-  if (const char* env = std::getenv("CKPT_GPU_PLUGIN"); env && *env) {
+  // secure_getenv: a set-user-ID program never loads code an environment names.
+  if (const char* env = secure_getenv("CKPT_GPU_PLUGIN"); env && *env) {
     if (access(env, F_OK) != 0)
       return Unsupported(std::string("CKPT_GPU_PLUGIN=") + env + ": no such file (" + kGpuPluginName +
                          ", the CUDA copy engine of libckptclient)");

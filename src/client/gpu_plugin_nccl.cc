@@ -50,7 +50,7 @@ Status Open() {
   void* handle = nullptr;
   std::string where;
   dlerror();
-  if (const char* env = std::getenv("CKPT_NCCL_LIBRARY"); env && *env) {
+  if (const char* env = secure_getenv("CKPT_NCCL_LIBRARY"); env && *env) {  // (ignored when set-user-ID)
     where = std::string("CKPT_NCCL_LIBRARY=") + env;
     handle = dlopen(env, RTLD_NOW | RTLD_LOCAL);
     if (!handle) return Unsupported(where + " could not be loaded: " + DlError() + ": " + kHowToGet);
