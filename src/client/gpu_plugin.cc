@@ -73,14 +73,9 @@ Result<const GpuPluginV1*> Find() {
   const std::string dir = OwnDirectory();
   const std::string beside = dir.empty() ? "" : dir + "/" + kGpuPluginName;
   if (!beside.empty() && access(beside.c_str(), F_OK) == 0) return Open(beside, beside);
+  // The library path (or the copy already loaded in the process under that soname).
   dlerror();
-  if (void* loaded = dlopen(kGpuPluginName, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE | RTLD_NOLOAD)) {
-    dlclose(loaded);  // (NOLOAD took a reference; the object stays, NODELETE)
-    return Open(kGpuPluginName, std::string(kGpuPluginName) + " (already loaded)");
-  }
-  dlerror();
-  void* probe = dlopen(kGpuPluginName, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (!probe) {
+  if (!dlopen(kGpuPluginName, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) {
     const std::string why = DlError();
     return Unsupported(std::string(kGpuPluginName) + " (the CUDA copy engine of libckptclient) not found" +
                        (beside.empty() ? "" : " at " + beside) + " nor on the library path (" + why + "): " +
