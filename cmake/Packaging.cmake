@@ -4,8 +4,12 @@
 #   ckptd              the daemon, ckptctl, ckpt-shard-reader, the unit, sysusers.d, the
 #                      configuration (a conffile), maintainer scripts (cmake/debian/)
 #   libckptclient0     libckptclient.so.0
+#   libckptclient-cuda0 libckptclient-cuda.so.0, its GPU plugin (when nvcc was found): the
+#                      CUDA runtime is linked in; it needs the NVIDIA driver, and NCCL for
+#                      collective loads, both opened at run time
 #   libckpttorch0      libckpttorch.so.0 (when libtorch was found)
-#   libckptclient-dev  headers, link names, the CMake package (find_package(ckpt))
+#   libckptclient-dev  headers, link names, the CMake package (find_package(ckpt); its
+#                      component torch comes with libckpttorch0)
 # Dependencies on Debian packages come from dpkg-shlibdeps; between these packages from
 # the component dependencies below.
 if(NOT CMAKE_INSTALL_PREFIX STREQUAL "/usr")
@@ -24,6 +28,9 @@ set(CPACK_COMPONENTS_ALL daemon client dev)
 if(TARGET ckpttorch)
   list(APPEND CPACK_COMPONENTS_ALL torch)
 endif()
+if(TARGET ckptclient-cuda)
+  list(APPEND CPACK_COMPONENTS_ALL cuda)
+endif()
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_STRIP_FILES ON)
 set(CPACK_DEBIAN_PACKAGE_SECTION "misc")
@@ -34,20 +41,13 @@ set(CPACK_DEBIAN_ENABLE_COMPONENT_DEPENDS ON)
 # libckptclient.so.0) are found here, not as a Debian package: the component
 # dependencies name the package that ships them.
 set(ckpt_private_dirs "${CMAKE_LIBRARY_OUTPUT_DIRECTORY}")
-if(TARGET ckpt_cuda)
-  # The CUDA runtime and NCCL come from NVIDIA's installers, not from Debian: no package
-  # can name them. A package built with the CUDA engine needs them on the node.
-  list(APPEND ckpt_private_dirs "${CUDAToolkit_LIBRARY_DIR}")
-  if(NCCL_LIBRARY)
-    get_filename_component(ckpt_nccl_dir "${NCCL_LIBRARY}" DIRECTORY)
-    list(APPEND ckpt_private_dirs "${ckpt_nccl_dir}")
-  endif()
-  set(ckpt_gpu_note " Built with the CUDA copy engine: needs the CUDA ${CUDAToolkit_VERSION_MAJOR} runtime and NCCL 2 on the node.")
-endif()
+# The GPU plugin links no NVIDIA library (the CUDA runtime is static; the driver and NCCL
+# are dlopened), so no package needs to name one: a node without a GPU installs it too.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS_PRIVATE_DIRS "${ckpt_private_dirs}")
 
 set(CPACK_COMPONENT_DAEMON_DEPENDS client)
 set(CPACK_COMPONENT_TORCH_DEPENDS client)
+set(CPACK_COMPONENT_CUDA_DEPENDS client)
 set(CPACK_COMPONENT_DEV_DEPENDS client)
 
 set(CPACK_DEBIAN_DAEMON_PACKAGE_NAME "ckptd")
@@ -62,7 +62,15 @@ set(CPACK_DEBIAN_CLIENT_PACKAGE_NAME "libckptclient0")
 set(CPACK_DEBIAN_CLIENT_PACKAGE_SECTION "libs")
 set(CPACK_DEBIAN_CLIENT_DESCRIPTION "ckpt client library: attach to ckptd's checkpoints read-only
 libckptclient.so.0 (C and C++ APIs): zero-copy views and shards of the checkpoints a
-ckptd serves.${ckpt_gpu_note}")
+ckptd serves. Loads on nodes without any GPU library; the GPU copy engine
+is in libckptclient-cuda0.")
+set(CPACK_DEBIAN_CUDA_PACKAGE_NAME "libckptclient-cuda0")
+set(CPACK_DEBIAN_CUDA_PACKAGE_SECTION "libs")
+set(CPACK_DEBIAN_CUDA_DESCRIPTION "ckpt client library: the CUDA copy engine
+libckptclient-cuda.so.0, opened by libckptclient at the first GPU call: shards copied
+straight from shared memory into GPU memory, and NCCL collective loads. The CUDA
+${CUDAToolkit_VERSION_MAJOR} runtime is linked in: it needs the NVIDIA driver (libcuda.so.1) and, for
+collective loads, NCCL 2 >= 2.14 (libnccl.so.2, e.g. PyTorch's), both found at run time.")
 set(CPACK_DEBIAN_TORCH_PACKAGE_NAME "libckpttorch0")
 set(CPACK_DEBIAN_TORCH_PACKAGE_SECTION "libs")
 set(CPACK_DEBIAN_TORCH_DESCRIPTION "ckpt libtorch adapter

@@ -12,6 +12,7 @@ q/k/v/c_fc column-parallel, out_proj/c_proj weights row-parallel, wte vocab-spli
 (torch.tensor_split), the rest replicated) onto cuda:DEVICE (default: RANK) and print one JSON line: the
 time from START_AT (after CUDA init) to all shards on the GPU.
 """
+import torch_python  # noqa: F401  (first: re-runs this script under a Python with torch if need be)
 import json
 import re
 import sys

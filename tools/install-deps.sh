@@ -10,6 +10,7 @@ packages=(
   clang-14 libclang-rt-14-dev
   systemd passwd util-linux  # systemd-analyze (unit test), useradd, setpriv (access tests)
   debootstrap systemd-container dpkg-dev  # tests/systemd/nspawn_test.sh; cpack's dpkg-shlibdeps
+  python3-venv binutils  # tests/python/pip_install_test.sh (venv + pip), tests/client/install_test.sh (readelf, nm)
 )
 missing=()
 for p in "${packages[@]}"; do

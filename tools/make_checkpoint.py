@@ -13,6 +13,7 @@ whole tensor to DIR/<tensor>.full.bin, the reference that the client library's s
 Needs Debian's python3-torch (/usr/bin/python3). The writer follows the safetensors
 specification: 8-byte little-endian header size, JSON header, then the data.
 """
+import torch_python  # noqa: F401  (first: re-runs this script under a Python with torch if need be)
 import argparse
 import json
 import os

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds ckpt's Debian packages (cmake/Packaging.cmake: ckptd, libckptclient0,
+# Builds ckpt's Debian packages (cmake/Packaging.cmake: ckptd, libckptclient0, libckptclient-cuda0 (its GPU plugin, when nvcc is found),
 # libckptclient-dev, libckpttorch0 when libtorch is found) in a build directory configured
 # for /usr, and prints the paths of the .deb files on stdout.
 #

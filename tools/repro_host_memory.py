@@ -18,6 +18,7 @@ same N processes cost when they load nothing (Python, torch, CUDA contexts):
 --scale shrinks the model (hidden and layers) for machines with less memory. Needs torch
 and the ckpt module on PYTHONPATH (build/python).
 """
+import torch_python  # noqa: F401  (first: re-runs this script under a Python with torch if need be)
 import argparse
 import multiprocessing as mp
 import os

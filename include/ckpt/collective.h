@@ -39,7 +39,10 @@ struct NcclGroupOptions {
 class NcclGroup {
  public:
   // A new NCCL unique id (ncclGetUniqueId) for rank 0 to hand to the others; its bootstrap
-  // listener lives in this process. Unsupported in builds without NCCL.
+  // listener lives in this process. Unsupported in builds without NCCL, or when NCCL 2 >=
+  // 2.14 cannot be opened at run time (libnccl.so.2: the one already loaded in the process,
+  // else the library path's, or $CKPT_NCCL_LIBRARY); the message names what is missing.
+  // The same for every factory below.
   static Result<std::string> NewUniqueId();
   // Joins the group `unique_id` names as `rank` of `size`, on CUDA device `device`. Waits at
   // most options.timeout_s for every rank to join (DeadlineExceeded naming the group size).

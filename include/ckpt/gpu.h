@@ -12,7 +12,9 @@
 // with the DMA; kRegister registers only the pages the rank reads, in order, while
 // earlier tensors are already being copied. Column slices are 2D copies; dtype
 // conversion and transposes run on the GPU.
-// This header is available in every build; without CUDA, Create returns Unsupported.
+// This header is available in every build; without CUDA, Create returns Unsupported. The
+// engine is a plugin, libckptclient-cuda.so.0, that libckptclient opens on the first GPU
+// call (beside itself, or $CKPT_GPU_PLUGIN): libckptclient links no CUDA library.
 #pragma once
 
 #include <cstdint>
@@ -114,8 +116,9 @@ class GpuStateDict {
 class GpuLoader {
  public:
   // `checkpoint` must outlive the loader and every Load in progress. Errors:
-  // Unsupported (built without CUDA, or no usable driver), InvalidArgument (no such
-  // device, bad options).
+  // Unsupported (built without CUDA, the GPU plugin or the NVIDIA driver libcuda.so.1
+  // missing: the message names it; or no usable driver), FailedPrecondition (a GPU
+  // plugin from another build of ckpt), InvalidArgument (no such device, bad options).
   static Result<std::unique_ptr<GpuLoader>> Create(const Checkpoint& checkpoint, int device,
                                                    const GpuLoadOptions& options);
   virtual ~GpuLoader();
@@ -139,7 +142,8 @@ class GpuLoader {
   GpuLoader() = default;
 };
 
-// True if this build has the CUDA copy engine and a CUDA device is usable.
+// True if this build has the CUDA copy engine, its plugin and the driver load, and a CUDA
+// device is usable. The first call opens the plugin; thread-safe.
 bool GpuAvailable();
 
 }  // namespace ckpt

@@ -1,4 +1,7 @@
-// The parts of include/ckpt/gpu.h that need no CUDA, built in every configuration.
+// The parts of include/ckpt/gpu.h and collective.h that need no CUDA, built in every
+// configuration, into libckptclient (and the Python module) and into the GPU plugin alike
+// (both need the vtables of GpuLoader and NcclGroup).
+#include "ckpt/collective.h"
 #include "ckpt/gpu.h"
 
 namespace ckpt {
@@ -17,5 +20,6 @@ GpuStateDict::~GpuStateDict() = default;
 GpuStateDict::GpuStateDict(GpuStateDict&&) noexcept = default;
 GpuStateDict& GpuStateDict::operator=(GpuStateDict&&) noexcept = default;
 GpuLoader::~GpuLoader() = default;
+NcclGroup::~NcclGroup() = default;
 
 }  // namespace ckpt

@@ -6,7 +6,6 @@
 #include <cstring>
 #include <thread>
 
-#include "ckpt/client.h"
 #include "cuda/cuda_resources.h"
 #include "cuda/nccl_group.h"
 
@@ -212,7 +211,11 @@ class NcclGroupImpl final : public cuda::NcclGroupOps {
   cuda::Stream stream_;
 };
 
-Status CheckMembership(int rank, int size, int device, const NcclGroupOptions& options) {
+}  // namespace
+
+namespace cuda {
+
+Status NcclCheckMembership(int rank, int size, int device, const NcclGroupOptions& options) {
   if (size < 1 || rank < 0 || rank >= size)
     return InvalidArgument("rank " + std::to_string(rank) + " out of range for a group of " + std::to_string(size));
   if (!(options.timeout_s > 0) || options.timeout_s > 86400)
@@ -221,20 +224,16 @@ Status CheckMembership(int rank, int size, int device, const NcclGroupOptions& o
   return Status::Ok();
 }
 
-}  // namespace
-
-NcclGroup::~NcclGroup() = default;
-
-Result<std::string> NcclGroup::NewUniqueId() {
+Result<std::string> NcclNewUniqueId() {
   ncclUniqueId id;
   ncclResult_t r = ncclGetUniqueId(&id);
   if (r != ncclSuccess) return Unavailable("ncclGetUniqueId failed: " + NcclText(r));
   return std::string(id.internal, sizeof(id.internal));
 }
 
-Result<std::unique_ptr<NcclGroup>> NcclGroup::Create(const std::string& unique_id, int rank, int size, int device,
-                                                     const NcclGroupOptions& options) {
-  CKPT_RETURN_IF_ERROR(CheckMembership(rank, size, device, options));
+Result<std::unique_ptr<NcclGroup>> NcclCreate(const std::string& unique_id, int rank, int size, int device,
+                                              const NcclGroupOptions& options) {
+  CKPT_RETURN_IF_ERROR(NcclCheckMembership(rank, size, device, options));
   ncclUniqueId id;
   if (unique_id.size() != sizeof(id.internal))
     return InvalidArgument("an NCCL unique id has " + std::to_string(sizeof(id.internal)) + " bytes, not " +
@@ -245,19 +244,7 @@ Result<std::unique_ptr<NcclGroup>> NcclGroup::Create(const std::string& unique_i
   return NcclGroupImpl::Init(id, rank, size, device, options.timeout_s);
 }
 
-Result<std::unique_ptr<NcclGroup>> NcclGroup::Join(Client& client, const std::string& job, int rank, int size,
-                                                   int device, const NcclGroupOptions& options) {
-  CKPT_RETURN_IF_ERROR(CheckMembership(rank, size, device, options));
-  std::string id;
-  if (rank == 0) {
-    CKPT_ASSIGN_OR_RETURN(id, NewUniqueId());
-  }
-  auto handed = client.Rendezvous(job, rank, size, id, options.timeout_s);
-  if (!handed.ok()) return handed.status().WithContext("NCCL unique id of job '" + job + "'");
-  return Create(*handed, rank, size, device, options);
-}
-
-Result<std::unique_ptr<NcclGroup>> NcclGroup::Borrow(void* nccl_comm, int device, const NcclGroupOptions& options) {
+Result<std::unique_ptr<NcclGroup>> NcclBorrow(void* nccl_comm, int device, const NcclGroupOptions& options) {
   if (!nccl_comm) return InvalidArgument("no NCCL communicator");
   auto comm = static_cast<ncclComm_t>(nccl_comm);
   int rank = 0, size = 0, comm_device = -1;
@@ -265,11 +252,12 @@ Result<std::unique_ptr<NcclGroup>> NcclGroup::Borrow(void* nccl_comm, int device
   if (r == ncclSuccess) r = ncclCommCount(comm, &size);
   if (r == ncclSuccess) r = ncclCommCuDevice(comm, &comm_device);
   if (r != ncclSuccess) return InvalidArgument("not a usable NCCL communicator: " + NcclText(r));
-  CKPT_RETURN_IF_ERROR(CheckMembership(rank, size, device, options));
+  CKPT_RETURN_IF_ERROR(NcclCheckMembership(rank, size, device, options));
   if (comm_device != device)
     return InvalidArgument("the communicator is on CUDA device " + std::to_string(comm_device) + ", not " +
                            std::to_string(device));
   return std::unique_ptr<NcclGroup>(new NcclGroupImpl(comm, false, rank, size, device, options.timeout_s));
 }
 
+}  // namespace cuda
 }  // namespace ckpt

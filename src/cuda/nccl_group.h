@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,5 +21,15 @@ class NcclGroupOps : public NcclGroup {
   // The sends and receives of `transfers` on device memory at `base`, as one NCCL group.
   virtual Status Exchange(const std::vector<collective::Transfer>& transfers, std::byte* base) = 0;
 };
+
+// The factories behind NcclGroup's (include/ckpt/collective.h), reached through the GPU
+// plugin's table (client/gpu_plugin_abi.h); NcclGroup::Join is the host's (it needs the
+// Client), written on NcclCheckMembership, NcclNewUniqueId and NcclCreate.
+// NcclCheckMembership: InvalidArgument for a rank, size, timeout or device out of range.
+Status NcclCheckMembership(int rank, int size, int device, const NcclGroupOptions& options);
+Result<std::string> NcclNewUniqueId();
+Result<std::unique_ptr<NcclGroup>> NcclCreate(const std::string& unique_id, int rank, int size, int device,
+                                              const NcclGroupOptions& options);
+Result<std::unique_ptr<NcclGroup>> NcclBorrow(void* nccl_comm, int device, const NcclGroupOptions& options);
 
 }  // namespace ckpt::cuda

@@ -14,6 +14,9 @@
 #             logits against transformers; table in OUT_DIR/hf_families.md; HF_WORLDS="2 4")
 #   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
 #             from_pretrained; table in OUT_DIR/bench_load_model.md)
+#   layout    issue 13: ldd of libckptclient / _ckpt (no libcudart, libnccl), the GPU plugin's
+#             NEEDED, the no-GPU-library tests, and a GPU load from Python with PyTorch's own
+#             CUDA runtime in the process beside the plugin's static one (OUT_DIR/layout.log)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 # BUILD_TARGETS="ckptd ckptctl _ckpt" builds only those (default: everything); BENCH_PREPARE=1
 # writes benchlm's model folder in the background while the project builds; HF_FAMILIES=a,b
@@ -49,6 +52,9 @@ if [ ! -f build-gpu/build.ninja ] || [ "${REBUILD:-1}" = 1 ]; then
   log "built"
 fi
 export PYTHONPATH=$root/build-gpu/python
+# libckptclient opens NCCL at run time (src/client/gpu_plugin_nccl.cc): the one already in
+# the process (PyTorch's), else this, the wheel's, which is not on the library path.
+[ -n "$nccl_root" ] && [ -e "$nccl_root/lib/libnccl.so.2" ] && export CKPT_NCCL_LIBRARY=$nccl_root/lib/libnccl.so.2
 data=${DATA:-/tmp/ckpt-bench}
 for step in $steps; do
   case $step in
@@ -104,6 +110,21 @@ for step in $steps; do
     python3 -X faulthandler tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo \
       --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
       --profile "$out/bench_load_model_profile.txt" > "$out/bench_load_model.log" 2>&1
+    log "rc=$?" ;;
+  layout)
+    log "issue 13 layout: no GPU library at load time"
+    (
+      set -x
+      rc=0
+      deps=$(ldd build-gpu/lib/libckptclient.so.0 build-gpu/python/ckpt/_ckpt*.so)
+      if grep -E 'libcudart|libnccl|libcuda\.so' <<< "$deps"; then echo "FAIL: a GPU library is linked"; rc=1; fi
+      readelf -d build-gpu/lib/libckptclient-cuda.so.0 | grep NEEDED
+      ls -l build-gpu/lib/libckptclient-cuda.so.0* build-gpu/lib/libckptclient.so.0*
+      # (python.no_gpu_libs is not run here: PyTorch's CUDA wheel itself cannot load with them hidden.)
+      ctest --test-dir build-gpu -R 'install_no_gpu_libs' --output-on-failure || rc=1
+      python3 -X faulthandler tools/gpu/check_layout.py --ckptd build-gpu/bin/ckptd || rc=1
+      exit $rc
+    ) > "$out/layout.log" 2>&1
     log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
