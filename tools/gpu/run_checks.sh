@@ -14,6 +14,10 @@
 #             logits against transformers; table in OUT_DIR/hf_families.md; HF_WORLDS="2 4")
 #   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
 #             from_pretrained; table in OUT_DIR/bench_load_model.md)
+#   sweep     tools/gpu/copy_sweep.sh (issue 14: copy-engine configurations in one process,
+#             4 KiB pages, then huge pages where SWEEP_HUGE=1; SWEEP_CONFIGS, SWEEP_REPS)
+#   copy      tools/bench_gpu.sh ALONE=1, TP 1 2 4, default configuration (issue 14: the GPU
+#             copy against the pinned limit, one process per rank; COPY_CONFIGS, COPY_REPS)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -92,6 +96,19 @@ for step in $steps; do
     python3 -X faulthandler tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo \
       --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
       > "$out/bench_load_model.log" 2>&1
+    log "rc=$?" ;;
+  sweep)
+    log "copy engine sweep"
+    BENCH=build-gpu/bin/ckpt-bench-gpu DATA=$data tools/gpu/copy_sweep.sh "$out" "${SWEEP_REPS:-3}" ${SWEEP_CONFIGS:-} \
+      > "$out/sweep.log" 2>&1; log "rc=$?"
+    if [ "${SWEEP_HUGE:-0}" = 1 ]; then
+      HUGE=1 BENCH=build-gpu/bin/ckpt-bench-gpu DATA=$data tools/gpu/copy_sweep.sh "$out" "${SWEEP_REPS:-3}" \
+        ${SWEEP_CONFIGS:-} >> "$out/sweep.log" 2>&1; log "rc=$?"
+    fi ;;
+  copy)
+    log "GPU copy benchmark, TP 1 2 4, each rank alone"
+    SKIP_BUILD=1 BUILD_DIR=build-gpu DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.4} REPS=${COPY_REPS:-3} FP16=0 TRACE=1 \
+      BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:16:0:1}" tools/bench_gpu.sh "$out/copy" "1 2 4" > "$out/copy.log" 2>&1
     log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
