@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -282,6 +283,59 @@ static double PinnedLimit(int device, double gib) {
   return gib / best;
 }
 
+// The DMA side alone: `threads` threads, each with a stream, copy `gib` GiB from one pinned
+// buffer to the device in `chunk` pieces, waiting (like the engine) for the copy made
+// `buffers` copies before the next, or (buffers 0) never: GiB/s.
+static double DmaOnly(double gib, uint64_t chunk, int threads, int buffers) {
+  const size_t bytes = static_cast<size_t>(gib * 1073741824.0) / chunk * chunk;
+  static void *pinned = nullptr, *dev = nullptr;  // made once: 2 GiB of pinned memory takes ~1 s
+  static size_t have = 0;
+  if (have < bytes) {
+    if (have) {
+      cudaFree(dev);
+      cudaFreeHost(pinned);
+    }
+    if (cudaMallocHost(&pinned, bytes) != cudaSuccess || cudaMalloc(&dev, bytes) != cudaSuccess) return 0;
+    std::memset(pinned, 3, bytes);
+    have = bytes;
+  }
+  std::vector<cudaStream_t> st(threads);
+  std::vector<std::vector<cudaEvent_t>> ev(threads, std::vector<cudaEvent_t>(std::max(1, buffers)));
+  for (int t = 0; t < threads; ++t) {
+    cudaStreamCreateWithFlags(&st[t], cudaStreamNonBlocking);
+    for (auto& e : ev[t]) cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+  }
+  double best = 1e9;
+  for (int rep = 0; rep < 3; ++rep) {
+    std::atomic<size_t> next{0};
+    const size_t n = bytes / chunk;
+    auto t0 = Clock::now();
+    std::vector<std::thread> th;
+    for (int t = 0; t < threads; ++t) {
+      th.emplace_back([&, t] {
+        int k = 0;
+        for (size_t i = next++; i < n; i = next++) {
+          if (buffers > 0) cudaEventSynchronize(ev[t][k]);
+          cudaMemcpyAsync(static_cast<char*>(dev) + i * chunk, static_cast<char*>(pinned) + i * chunk, chunk,
+                          cudaMemcpyHostToDevice, st[t]);
+          if (buffers > 0) {
+            cudaEventRecord(ev[t][k], st[t]);
+            k = (k + 1) % buffers;
+          }
+        }
+        cudaStreamSynchronize(st[t]);
+      });
+    }
+    for (auto& x : th) x.join();
+    best = std::min(best, Since(t0));
+  }
+  for (int t = 0; t < threads; ++t) {
+    for (auto& e : ev[t]) cudaEventDestroy(e);
+    cudaStreamDestroy(st[t]);
+  }
+  return bytes / 1073741824.0 / best;
+}
+
 static int Sweep(int argc, char** argv) {
   const std::string shm = argv[2];
   const int device = std::atoi(argv[3]), reps = std::atoi(argv[4]);
@@ -312,6 +366,16 @@ static int Sweep(int argc, char** argv) {
   CHECK_CUDA(cudaFree(nullptr));
   const double limit = PinnedLimit(device, 2.0);
   std::printf("{\"what\":\"sweep_limit\",\"device\":%d,\"pinned_GiBps\":%.2f}\n", device, limit);
+  if (std::getenv("SWEEP_DMA")) {
+    for (double mib : {1.0, 2.0, 4.0})
+      for (int threads : {8, 16})
+        for (int buffers : {0, 2}) {
+          const double g = DmaOnly(2.0, static_cast<uint64_t>(mib * 1048576), threads, buffers);
+          std::printf("{\"what\":\"sweep_dma\",\"chunk_MiB\":%g,\"threads\":%d,\"buffers\":%d,\"GiBps\":%.2f,"
+                      "\"pct_of_limit\":%.1f}\n", mib, threads, buffers, g, 100 * g / limit);
+          std::fflush(stdout);
+        }
+  }
   auto plan = TpPlan::BuiltIn("gpt-neo");
   if (!plan.ok()) return Die("plan", plan.status());
   // [config][world index][rep] = slowest rank's seconds

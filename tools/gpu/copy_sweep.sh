@@ -6,6 +6,7 @@
 # segment on /dev/shm as it is mounted (HUGE=1: remounted huge=always first, set back to
 # huge=never at the end; needs root), runs the sweep with CKPT_COPY_TRACE=1.
 #   tools/gpu/copy_sweep.sh OUT_DIR [REPS] [CONFIG...]   CONFIG: PATH:STREAMS:CHUNK_MIB:BUFFERS
+# SWEEP_DMA=1 first times the DMA side alone (pinned source, 1-4 MiB copies, 8/16 streams).
 # Output: OUT_DIR/sweep[-huge].jsonl (runs, then one sweep_summary line per config and TP),
 # OUT_DIR/sweep[-huge]-trace.jsonl (each Load's phase timestamps).
 set -euo pipefail
@@ -32,4 +33,4 @@ trap '"$bench" unlink '$shm' || true; [ "${HUGE:-0}" = 1 ] && mount -o remount,h
 echo "/dev/shm: $(mount | grep ' /dev/shm ' || true); $(grep -E 'ShmemHugePages' /proc/meminfo | tr -s ' ')"
 CKPT_COPY_TRACE=1 "$bench" sweep $shm 0 "$reps" "${WORLDS:-1 2 4}" "${configs[@]}" \
   > "$out/sweep$tag.jsonl" 2> "$out/sweep$tag-trace.jsonl"
-grep -E '"what":"sweep_(limit|summary)"' "$out/sweep$tag.jsonl"
+grep -E '"what":"sweep_(limit|dma|summary)"' "$out/sweep$tag.jsonl"
