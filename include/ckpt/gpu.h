@@ -44,11 +44,12 @@ const char* HostPathName(HostPath path);
 
 struct GpuLoadOptions {
   HostPath path = HostPath::kBounce;
-  int streams = 16;                     // copy streams (= worker threads), in [1, 64]
-  // Largest single copy, and the size of each bounce buffer (two per stream: 32 MiB of
-  // pinned memory by default, held only during a Load); 0: 1 MiB on the bounce path (small
-  // buffers are faster: the staged bytes are still in the CPU cache when the DMA reads
-  // them), 16 MiB on the others. Else >= 64 KiB.
+  int streams = 12;                     // copy streams (= worker threads), in [1, 64]
+  // Largest single copy, and the size of each bounce buffer (two per stream: 48 MiB of
+  // pinned memory by default, made in the background when the loader is created and held
+  // until it is destroyed); 0: 2 MiB on the bounce path (small buffers are faster: the
+  // staged bytes are still in the CPU cache when the DMA reads them; below 2 MiB the
+  // per-copy cost caps the link at ~86%), 16 MiB on the others. Else >= 64 KiB.
   uint64_t chunk_bytes = 0;
   int register_threads = 1;             // kRegister: threads calling cudaHostRegister
   uint64_t register_group_bytes = 64ull << 20;  // kRegister: largest single registration

@@ -27,8 +27,11 @@ double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t dpitch, uint64_t w, uint64_t h,
                     cudaStream_t stream) {
   if (w == 0 || h == 0) return cudaSuccess;
-  return h == 1 ? cudaMemcpyAsync(dst, src, w, cudaMemcpyHostToDevice, stream)
-                : cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, h, cudaMemcpyHostToDevice, stream);
+  // Rows packed on both sides (a bounce buffer into a dense output, e.g. a row-parallel
+  // shard of whole rows) are one flat copy: a 2D copy of short rows is slower on the DMA
+  // engine.
+  if (h == 1 || (spitch == w && dpitch == w)) return cudaMemcpyAsync(dst, src, w * h, cudaMemcpyHostToDevice, stream);
+  return cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, h, cudaMemcpyHostToDevice, stream);
 }
 
 }  // namespace
@@ -52,71 +55,121 @@ class CopyResources {
         bounce_(options.path == HostPath::kBounce),
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
-        nbuf_(BounceBuffers()) {}
+        nbuf_(BounceBuffers()),
+        workers_(static_cast<size_t>(nworkers_)) {}
   ~CopyResources() {
     if (prep_.joinable()) prep_.join();
   }
   CopyResources(const CopyResources&) = delete;
   CopyResources& operator=(const CopyResources&) = delete;
 
-  // Prepares on a background thread; where no thread can be started, Ready does it.
+  // Prepares on a background thread, worker by worker (a run uses each as soon as it is
+  // ready); where no thread can be started, Begin does it.
   void StartBackground() {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = true;
     try {
-      prep_ = std::thread([this] {
-        const auto t0 = Clock::now();
-        prep_status_ = Prepare();
-        prep_seconds_ = Since(t0);
-      });
+      prep_ = std::thread([this] { RunPrepare(); });
     } catch (const std::system_error&) {
+      running_ = false;
     }
   }
-  // Waits for the background preparation; prepares (again) on the calling thread, whose
-  // current device must be device_, where it failed or never ran. Its error otherwise.
-  Status Ready() {
+  // Before a run: OK while the background preparation runs or after it succeeded; else
+  // (it failed, or never ran) prepares on the calling thread, whose current device must
+  // be device_, and returns that preparation's error.
+  Status Begin() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_) return Status::Ok();
+    }
     if (prep_.joinable()) prep_.join();
-    if (prep_status_.ok()) return prep_status_;
-    const auto t0 = Clock::now();
-    prep_status_ = Prepare();
-    prep_seconds_ = Since(t0);
-    return prep_status_;
+    if (status_.ok()) return status_;
+    RunPrepare();
+    return status_;
+  }
+  // Waits until worker i is ready (OK, *gave_up false), the preparation failed before
+  // it (its error), or give_up() is true (OK, *gave_up true).
+  template <typename F>
+  Status WaitWorker(size_t i, F&& give_up, bool* gave_up) {
+    *gave_up = false;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (ready_ > i) return Status::Ok();
+      if (!running_) return status_.ok() ? Internal("copy worker " + std::to_string(i) + " never prepared") : status_;
+      if (give_up()) {
+        *gave_up = true;
+        return Status::Ok();
+      }
+      cv_.wait_for(lock, std::chrono::microseconds(200));
+    }
   }
 
   int device() const { return device_; }
-  bool bounce() const { return bounce_; }
   int workers() const { return nworkers_; }
-  uint64_t chunk() const { return chunk_; }
   int buffers() const { return nbuf_; }
-  double prep_seconds() const { return prep_seconds_; }
+  int* flags() const { return static_cast<int*>(flags_.get()); }  // one per worker; valid once one is ready
+  size_t ready() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ready_;
+  }
+  double prep_seconds() {  // of the last preparation that finished; -1 while one runs
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_ ? -1 : prep_seconds_;
+  }
+  // Precondition: worker i is ready (WaitWorker) or is only addressed, not touched.
   WorkerRes& worker(size_t i) { return workers_[i]; }
 
  private:
+  void RunPrepare() {
+    const auto t0 = Clock::now();
+    Status st = Prepare();
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(st);
+    prep_seconds_ = Since(t0);
+    running_ = false;
+    cv_.notify_all();
+  }
+  // Runs with no run using the workers, or (background) with runs using only the
+  // workers marked ready, which it never touches again.
   Status Prepare() {
-    workers_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_ = 0;
+    }
+    for (WorkerRes& w : workers_) w = WorkerRes();
     slab_.Reset();
     flags_.Reset();
     CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
     const size_t n = static_cast<size_t>(nworkers_);
     CKPT_ASSIGN_OR_RETURN(flags_, DeviceBuffer::Allocate(n * sizeof(int)));
+    // Each worker's buffers lie in their own whole 4 KiB pages, page-locked as one range
+    // just before the worker is marked ready, so that the first workers copy while the
+    // later ranges are being locked.
+    uint64_t stride = 0;
     if (bounce_) {
+      constexpr uint64_t kPage = 4096;
       const uint64_t per = uint64_t(nbuf_) * chunk_;
       if (chunk_ == 0 || per / chunk_ != uint64_t(nbuf_) || per > (uint64_t{1} << 40) / n)
         return InvalidArgument("bounce buffers of " + std::to_string(chunk_) + " bytes x " + std::to_string(nbuf_) +
                                " x " + std::to_string(n) + " workers are too large");
-      CKPT_ASSIGN_OR_RETURN(slab_, PinnedBuffer::Allocate(n * per, nworkers_));
+      stride = (per + kPage - 1) / kPage * kPage;
+      CKPT_ASSIGN_OR_RETURN(slab_, PinnedBuffer::Map(n * stride, nworkers_));
     }
-    std::vector<WorkerRes> ws(n);
     for (size_t i = 0; i < n; ++i) {
-      WorkerRes& w = ws[i];
+      WorkerRes& w = workers_[i];
       CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
-      w.flag = static_cast<int*>(flags_.get()) + i;
+      w.flag = flags() + i;
       if (bounce_) {
+        CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride, stride));
         for (size_t k = 0; k < static_cast<size_t>(nbuf_); ++k) {
-          w.pinned[k] = slab_.get() + (i * static_cast<size_t>(nbuf_) + k) * chunk_;
+          w.pinned[k] = slab_.get() + i * stride + k * chunk_;
           CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
         }
       }
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_ = i + 1;
+      cv_.notify_all();
     }
-    workers_ = std::move(ws);
     return Status::Ok();
   }
 
@@ -126,11 +179,15 @@ class CopyResources {
   const uint64_t chunk_;
   const int nbuf_;
   std::thread prep_;
-  Status prep_status_ = FailedPrecondition("copy resources not prepared");  // written by prep_ until joined
-  double prep_seconds_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool running_ = false;                                                    // guarded by mu_
+  size_t ready_ = 0;                                                        // guarded by mu_: workers [0, ready_)
+  Status status_ = FailedPrecondition("copy resources not prepared");       // guarded by mu_ while running_
+  double prep_seconds_ = 0;                                                 // guarded by mu_
   DeviceBuffer flags_;
   PinnedBuffer slab_;
-  std::vector<WorkerRes> workers_;  // declared last: destroyed (streams synchronised) first
+  std::vector<WorkerRes> workers_;  // sized once; declared last: destroyed (streams synchronised) first
 };
 
 namespace {
@@ -146,7 +203,9 @@ class CopyRun {
  private:
   // One worker in this run: its resources and where it is in its ring of buffers.
   struct Lane {
-    WorkerRes* r = nullptr;
+    size_t index = 0;
+    WorkerRes* r = nullptr;  // touched only once `active`
+    bool active = false;     // the worker was ready before the tasks ran out
     int which = 0;
     double first_issue = -1, end = 0;  // seconds since the run started (trace)
   };
@@ -162,6 +221,7 @@ class CopyRun {
   const int device_;
   const GpuLoadOptions& options_;
   const uint64_t chunk_;
+  CopyResources* res_ = nullptr;
   int nbuf_ = 2;
   bool needs_flags_ = false;
   Clock::time_point t0_;
@@ -309,6 +369,13 @@ Status CopyRun::RunTask(Lane& w, const Task& t) {
 
 void CopyRun::WorkerLoop(Lane& w) {
   cudaSetDevice(device_);
+  // Start as soon as this worker's resources are ready; none left to take: not needed.
+  bool gave_up = false;
+  Status ready = res_->WaitWorker(w.index, [&] { return abort_.load() || next_task_.load() >= order_.size(); }, &gave_up);
+  if (!ready.ok()) return Fail(ready);
+  if (gave_up) return;
+  w.active = true;
+  w.r = &res_->worker(w.index);
   cudaStream_t stream = w.r->stream.get();
   if (needs_flags_) {
     if (cudaError_t e = cudaMemsetAsync(w.r->flag, 0, sizeof(int), stream); e != cudaSuccess)
@@ -349,13 +416,15 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     own = std::make_unique<CopyResources>(device_, options_);
     resources = own.get();
   }
+  res_ = resources;
   const auto w0 = Clock::now();
-  CKPT_RETURN_IF_ERROR(resources->Ready());
+  CKPT_RETURN_IF_ERROR(resources->Begin());
   const double wait_s = Since(w0);
+  const size_t ready_at_start = resources->ready();
   nbuf_ = resources->buffers();
   const size_t n = static_cast<size_t>(std::max(1, std::min<int>(resources->workers(), static_cast<int>(tasks_.size()))));
   std::vector<Lane> lanes(n);
-  for (size_t i = 0; i < n; ++i) lanes[i].r = &resources->worker(i);
+  for (size_t i = 0; i < n; ++i) lanes[i].index = i;
 
   stats->setup_seconds += Since(t0_);
   const double started_s = Since(t0_);
@@ -376,37 +445,44 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   stats->registered_bytes = registered_bytes_;
   // Every stream is idle: each worker synchronised its stream before returning, or
   // failed, in which case synchronise here before the buffers it used go away.
-  for (Lane& w : lanes) cudaStreamSynchronize(w.r->stream.get());
+  for (Lane& w : lanes)
+    if (w.active) cudaStreamSynchronize(w.r->stream.get());
   const double copied_s = Since(t0_);
   const auto u0 = Clock::now();
   registrations_.clear();
   stats->unregister_seconds = Since(u0);
-  for (Lane& w : lanes) w.r->scratch.Reset();  // device memory the state dict does not own
+  size_t active = 0;
+  for (Lane& w : lanes) {
+    if (!w.active) continue;
+    ++active;
+    w.r->scratch.Reset();  // device memory the state dict does not own
+  }
   if (!first_error_.ok()) return first_error_;
 
   CopyResult result;
-  if (needs_flags_) {
+  if (needs_flags_ && active > 0) {
     std::vector<int> tags(n);
     CKPT_CUDA_RETURN("reading the overflow flags",
-                     cudaMemcpy(tags.data(), lanes[0].r->flag, n * sizeof(int), cudaMemcpyDeviceToHost));
-    for (int tag : tags) {
-      if (tag != 0 && result.overflow_tag == 0) result.overflow_tag = tag;
+                     cudaMemcpy(tags.data(), resources->flags(), n * sizeof(int), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) {  // a worker that never ran did not reset its flag
+      if (lanes[i].active && tags[i] != 0 && result.overflow_tag == 0) result.overflow_tag = tags[i];
     }
   }
   stats->copied_bytes = copied_;
   if (CopyTraceEnabled()) {
     double first = 1e9, end_min = 1e9, end_max = 0;
     for (const Lane& w : lanes) {
+      if (!w.active) continue;
       if (w.first_issue >= 0) first = std::min(first, w.first_issue);
       end_min = std::min(end_min, w.end);
       end_max = std::max(end_max, w.end);
     }
     std::fprintf(stderr,
-                 "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
+                 "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
                  "\"background_prep_s\":%.4f,\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,"
                  "\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
                  "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f}\n",
-                 tasks_.size(), n, nbuf_, chunk_ / 1048576.0, resources->prep_seconds(), planned_s, wait_s, started_s,
+                 tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0, resources->prep_seconds(), planned_s, wait_s, started_s,
                  first, end_min, end_max, copied_s, Since(t0_), copied_.load() / 1073741824.0);
   }
   return result;

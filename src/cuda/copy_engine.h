@@ -46,7 +46,7 @@ struct CopyResult {
 };
 
 // The bounce path's buffer size where options.chunk_bytes is 0.
-inline constexpr uint64_t kDefaultBounceChunk = uint64_t{1} << 20;
+inline constexpr uint64_t kDefaultBounceChunk = uint64_t{2} << 20;
 
 // The largest single copy (and, on the bounce path, each buffer's size): options.chunk_bytes,
 // or where that is 0, kDefaultBounceChunk on the bounce path and 16 MiB on the others

@@ -76,6 +76,19 @@ std::atomic<uint64_t> g_pinned_allocations{0};
 uint64_t PinnedBuffer::allocations() { return g_pinned_allocations.load(); }
 
 Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, int populate_threads) {
+  CKPT_ASSIGN_OR_RETURN(PinnedBuffer b, Map(bytes, populate_threads));
+  if (b.mapped_) {
+    if (Status st = b.Lock(0, b.size_); !st.ok()) {
+      // Registration refused (e.g. the locked-memory limit): cudaMallocHost reports it.
+      b.Reset();
+      CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
+      b.size_ = bytes;
+    }
+  }
+  return b;
+}
+
+Result<PinnedBuffer> PinnedBuffer::Map(size_t bytes, int populate_threads) {
   PinnedBuffer b;
   if (bytes == 0) return b;
   constexpr size_t kHuge = size_t{2} << 20;
@@ -92,14 +105,13 @@ Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, int populate_threads) 
     madvise(p, size, MADV_HUGEPAGE);  // advice: ignored where THP is off
     // Fault the pages in first (huge pages where granted), in parallel: the kernel zeroes
     // every page it hands out. Out of memory: fall back to cudaMallocHost, which reports it.
-    if (Populate(p, size, kHuge, populate_threads) && cudaHostRegister(p, size, cudaHostRegisterPortable) == cudaSuccess) {
+    if (Populate(p, size, kHuge, populate_threads)) {
       b.ptr_ = p;
       b.size_ = size;
       b.mapped_ = true;
       ++g_pinned_allocations;
       return b;
     }
-    cudaGetLastError();
     munmap(p, size);
   }
   CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
@@ -108,14 +120,27 @@ Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, int populate_threads) 
   return b;
 }
 
+Status PinnedBuffer::Lock(size_t offset, size_t bytes) {
+  if (!mapped_ || bytes == 0) return Status::Ok();
+  std::byte* p = get() + offset;
+  cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaError("cudaHostRegister of " + std::to_string(bytes) + " bytes of bounce buffers", err);
+  }
+  locked_.push_back(p);
+  return Status::Ok();
+}
+
 void PinnedBuffer::Reset() {
   if (!ptr_) return;
   if (mapped_) {
-    cudaHostUnregister(ptr_);
+    for (void* p : locked_) cudaHostUnregister(p);
     munmap(ptr_, size_);
   } else {
     cudaFreeHost(ptr_);
   }
+  locked_.clear();
   ptr_ = nullptr;
   size_ = 0;
   mapped_ = false;

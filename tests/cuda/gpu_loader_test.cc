@@ -519,6 +519,46 @@ TEST_F(GpuLoaderTest, LoadersDestroyedWhilePreparingStopCleanly) {
   ExpectMatches(*seg, *outs, *dict, std::nullopt, "after 20 loaders destroyed while preparing");
 }
 
+// Workers are prepared one by one in the background and a Load starts with those ready:
+// a Load right after Create, on a loader with 64 workers (most not ready yet), is
+// correct, finds an overflow in whatever worker converted it, and the next Load of the
+// same loader (more workers ready, their flags never set) reports none.
+TEST_F(GpuLoaderTest, ALoadRightAfterCreateUsesTheWorkersReadySoFar) {
+  auto seg = MakeSegment({{"big", DType::kF32, {64, 512}, 0, 0}, {"small", DType::kF32, {256, 512}, 0, 0}}, 10, 1.0,
+                         {1e6, 1.0});
+  ASSERT_TRUE(seg);
+  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
+  ASSERT_TRUE(plan.ok());
+  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
+  ASSERT_TRUE(outs.ok());
+  std::vector<ShardOutput> small_only;
+  for (const ShardOutput& out : *outs)
+    if (out.name == "small") small_only.push_back(out);
+  for (int trial = 0; trial < 6; ++trial) {
+    GpuLoadOptions o;
+    o.streams = 64;
+    o.chunk_bytes = 64 << 10;  // 8 + 8 tasks: fewer than the workers
+    const bool convert = trial % 2 == 1;
+    if (convert) o.float_dtype = DType::kF16;
+    auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+    ASSERT_TRUE(loader.ok());
+    auto first = (*loader)->Load(*outs);
+    if (convert) {
+      ASSERT_FALSE(first.ok()) << "trial " << trial;
+      EXPECT_NE(first.status().message().find("'big'"), std::string::npos) << first.status().ToString();
+    } else {
+      ASSERT_TRUE(first.ok()) << first.status().ToString();
+      ExpectMatches(*seg, *outs, *first, std::nullopt, "right after Create, trial " + std::to_string(trial));
+    }
+    for (int rep = 0; rep < 3; ++rep) {
+      auto next = (*loader)->Load(small_only);
+      ASSERT_TRUE(next.ok()) << "trial " << trial << " load " << rep << ": " << next.status().ToString();
+      ExpectMatches(*seg, small_only, *next, o.float_dtype, "trial " + std::to_string(trial));
+    }
+    if (HasFailure()) return;
+  }
+}
+
 // The bounce slab: 2 MiB-aligned whole 2 MiB pages (each can be one huge page), pinned
 // for the device, and what is written to it arrives on the device.
 TEST(PinnedBufferTest, IsTwoMiBAlignedWholeHugePagesAndPinned) {

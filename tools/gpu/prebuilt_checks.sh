@@ -9,6 +9,7 @@
 #     tests      gpu_loader_test, collective_test (what ctest -L gpu runs)
 #     sweep      tools/gpu/copy_sweep.sh (SWEEP_REPS, SWEEP_CONFIGS, SWEEP_DMA=1)
 #     sweephuge  the same with /dev/shm on huge pages (HUGE=1; SWEEPHUGE_CONFIGS)
+#     copyhuge   copy with /dev/shm remounted huge=always (needs root; set back to huge=never)
 #     copyold    the same with the binaries in build-old/ (an earlier engine, built and carried
 #                the same way): before and after in one run
 #     copy       tools/bench_gpu.sh ALONE=1 "1 2 4" (COPY_CONFIGS, COPY_REPS): the figures
@@ -42,7 +43,17 @@ for step in "$@"; do
     log "gpu_loader_test"
     build/bin/gpu_loader_test > "$work/gpu_loader_test.log" 2>&1; log "rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$work/gpu_loader_test.log" | tr '\n' ' ')"
     log "collective_test"
-    timeout 120 build/bin/collective_test > "$work/collective_test.log" 2>&1; log "rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$work/collective_test.log" | tr '\n' ' ')" ;;
+    # Its checkpoints are written by the Python the binary was built with (/usr/bin/python3
+    # on the dev host); where that one lacks torch here, a wrapper for the PATH python3 is
+    # bound over it while the test runs.
+    bound=0
+    if ! /usr/bin/python3 -c 'import torch' 2>/dev/null && python3 -c 'import torch' 2>/dev/null; then
+      printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/ckpt-python3 && chmod +x /tmp/ckpt-python3 &&
+        mount --bind /tmp/ckpt-python3 /usr/bin/python3 && bound=1
+    fi
+    timeout 120 build/bin/collective_test > "$work/collective_test.log" 2>&1; rc=$?
+    [ $bound = 1 ] && umount /usr/bin/python3
+    log "rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$work/collective_test.log" | tr '\n' ' ')" ;;
   sweep|sweephuge)
     log "$step"
     h=0; cfg=${SWEEP_CONFIGS:-}; [ $step = sweephuge ] && h=1 && cfg=${SWEEPHUGE_CONFIGS:-$cfg}
@@ -54,6 +65,18 @@ for step in "$@"; do
     SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${COPY_REPS:-3} FP16=0 \
       TRACE=1 BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:16:0:1}" tools/bench_gpu.sh "$work/copy" "1 2 4" > "$work/copy.log" 2>&1
     log "rc=$?"; grep -E '^\||pinned' "$work/copy.log" >> "$out/summary.txt" ;;
+  copyhuge)
+    log "bench_gpu.sh ALONE=1, segment on huge pages (/dev/shm huge=always)"
+    if mount -o remount,huge=always /dev/shm; then
+      SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${COPY_REPS:-3} FP16=0 \
+        TRACE=1 BASELINES="" CONFIGS="${COPYHUGE_CONFIGS:-bounce:12:0:1}" tools/bench_gpu.sh "$work/copyhuge" "1 2 4" \
+        > "$work/copyhuge.log" 2>&1; rc=$?
+      grep -E 'ShmemHugePages|ShmemPmdMapped' /proc/meminfo >> "$work/copyhuge.log"
+      mount -o remount,huge=never /dev/shm
+      log "rc=$rc"; grep -E '^\||pinned' "$work/copyhuge.log" >> "$out/summary.txt"
+    else
+      log "cannot remount /dev/shm"
+    fi ;;
   copyold)
     [ -x build-old/bin/ckpt-bench-gpu ] || { log "no build-old/bin/ckpt-bench-gpu"; continue; }
     log "bench_gpu.sh ALONE=1, earlier engine (build-old)"
