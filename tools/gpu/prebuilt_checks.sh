@@ -43,17 +43,16 @@ for step in "$@"; do
     log "gpu_loader_test"
     build/bin/gpu_loader_test > "$work/gpu_loader_test.log" 2>&1; log "rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$work/gpu_loader_test.log" | tr '\n' ' ')"
     log "collective_test"
-    # Its checkpoints are written by the Python the binary was built with (/usr/bin/python3
-    # on the dev host); where that one lacks torch here, a wrapper for the PATH python3 is
-    # bound over it while the test runs.
-    bound=0
-    if ! /usr/bin/python3 -c 'import torch' 2>/dev/null && python3 -c 'import torch' 2>/dev/null; then
-      printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/ckpt-python3 && chmod +x /tmp/ckpt-python3 &&
-        mount --bind /tmp/ckpt-python3 /usr/bin/python3 && bound=1
-    fi
-    timeout 120 build/bin/collective_test > "$work/collective_test.log" 2>&1; rc=$?
-    [ $bound = 1 ] && umount /usr/bin/python3
-    log "rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$work/collective_test.log" | tr '\n' ' ')" ;;
+    # Its checkpoints are written by the Python the binary was built with (CKPT_TORCH_PYTHON,
+    # /usr/bin/python3 on the dev host). Where that one has no torch here, the test cannot
+    # run: say so rather than trick the path (a wrapper bound over /usr/bin/python3 loops
+    # where the PATH python3 is a venv linking back to it: it hung a run).
+    if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+      timeout 60 build/bin/collective_test > "$work/collective_test.log" 2>&1; rc=$?
+      log "rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$work/collective_test.log" | tr '\n' ' ')"
+    else
+      log "collective_test not run: /usr/bin/python3 has no torch here"
+    fi ;;
   sweep|sweephuge)
     log "$step"
     h=0; cfg=${SWEEP_CONFIGS:-}; [ $step = sweephuge ] && h=1 && cfg=${SWEEPHUGE_CONFIGS:-$cfg}
