@@ -61,7 +61,7 @@ sample_stop() { kill $sampler; wait $sampler 2>/dev/null || true; echo $(( $(cat
 # configs: path:streams:chunk_MiB:register_threads[:bounce_buffers] (bounce buffers per
 # stream, CKPT_COPY_BUFFERS; default 2). TRACE=1: each load's phase timestamps
 # (CKPT_COPY_TRACE) go to OUT_DIR/trace.jsonl.
-configs=${CONFIGS:-bounce:16:1:1 bounce:8:16:1 register:4:16:1 register:4:16:4 pageable:4:16:1}
+configs=${CONFIGS:-bounce:12:0:1 bounce:16:1:1 register:4:16:1 register:4:16:4 pageable:4:16:1}
 alone=${ALONE:-0}
 # ranks W START_AT COMMAND...: runs COMMAND RANK W DEVICE START_AT for every rank (all at
 # once, rank r on GPU r; or, with ALONE=1, one after another on GPU 0), output in run.RANK.

@@ -114,9 +114,11 @@ class GpuStateDict {
 // Copies shards of one checkpoint to one device. Thread-compatible: one Load at a time.
 class GpuLoader {
  public:
-  // `checkpoint` must outlive the loader and every Load in progress. Errors:
-  // Unsupported (built without CUDA, or no usable driver), InvalidArgument (no such
-  // device, bad options).
+  // `checkpoint` must outlive the loader and every Load in progress. The loader starts
+  // making its copy workers' streams and pinned buffers (GpuLoadOptions::chunk_bytes) on
+  // a background thread at once, and holds them for every Load until it is destroyed.
+  // Errors: Unsupported (built without CUDA, or no usable driver), InvalidArgument (no
+  // such device, bad options).
   static Result<std::unique_ptr<GpuLoader>> Create(const Checkpoint& checkpoint, int device,
                                                    const GpuLoadOptions& options);
   virtual ~GpuLoader();

@@ -13,9 +13,10 @@
 //
 // Fixed costs: the workers' streams, events, overflow flags and the pinned slab
 // (allocated on 2 MiB-aligned transparent huge pages, faulted in by several threads at
-// once, then registered) are CopyResources. A loader starts preparing them on a
-// background thread when it is created, so that the preparation overlaps the caller's
-// attach, planning and device allocation, and keeps them for every later Load.
+// once, each worker's part then page-locked on its own) are CopyResources. A loader
+// starts preparing them on a background thread when it is created, worker by worker, so
+// that the preparation overlaps the caller's planning and device allocation and a run
+// starts with the workers ready so far; it keeps them for every later Load.
 #pragma once
 
 #include <cstdint>
@@ -75,8 +76,9 @@ std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptio
 // Runs every job on `device` (the calling thread's device is left as it was); adds its
 // setup time to stats->setup_seconds and fills the register/unregister times and the
 // registered/copied bytes of `stats`. `resources`, if not null, must come from
-// StartCopyResources with the same device and options; it is waited for and kept
-// (else resources are made for this run and freed before return). Errors: those of
+// StartCopyResources with the same device and options; the run uses its workers as
+// each becomes ready, and leaves them ready for the next (else resources are made for
+// this run and freed before return). Errors: those of
 // the driver (ResourceExhausted for device or pinned memory, Internal). On return, with
 // or without error, nothing is in flight and every registration is undone.
 Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,

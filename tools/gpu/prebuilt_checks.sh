@@ -62,7 +62,7 @@ for step in "$@"; do
   copy)
     log "bench_gpu.sh ALONE=1"
     SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${COPY_REPS:-3} FP16=0 \
-      TRACE=1 BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:16:0:1}" tools/bench_gpu.sh "$work/copy" "1 2 4" > "$work/copy.log" 2>&1
+      TRACE=1 BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:12:0:1 bounce:16:1:1}" tools/bench_gpu.sh "$work/copy" "1 2 4" > "$work/copy.log" 2>&1
     log "rc=$?"; grep -E '^\||pinned' "$work/copy.log" >> "$out/summary.txt" ;;
   copyhuge)
     log "bench_gpu.sh ALONE=1, segment on huge pages (/dev/shm huge=always)"

@@ -108,7 +108,7 @@ for step in $steps; do
   copy)
     log "GPU copy benchmark, TP 1 2 4, each rank alone"
     SKIP_BUILD=1 BUILD_DIR=build-gpu DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.4} REPS=${COPY_REPS:-3} FP16=0 TRACE=1 \
-      BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:16:0:1}" tools/bench_gpu.sh "$out/copy" "1 2 4" > "$out/copy.log" 2>&1
+      BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:12:0:1 bounce:16:1:1}" tools/bench_gpu.sh "$out/copy" "1 2 4" > "$out/copy.log" 2>&1
     log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
