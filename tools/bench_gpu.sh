@@ -21,6 +21,7 @@ py=${PYTHON:-python3}
 ngpu=$(nvidia-smi -L | wc -l)
 res=$out/results.jsonl
 : > "$res"
+: > "$out/trace.jsonl"
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-} >/dev/null
   cmake --build "$build" -j "$(nproc)" --target ckpt-bench-gpu
@@ -30,7 +31,15 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 echo "cpus: $(nproc)  mem: $(awk '/MemTotal/{print $2/1048576 " GiB"}' /proc/meminfo)" | tee -a "$out/machine.txt"
 
 mkdir -p "$data"
-[ -f "$data/model.pt" ] || "$py" "$root/tools/bench_baselines.py" gen "$data" | tee -a "$res"
+# The checkpoint; model.pt only where a torch baseline runs (it takes as long again to write).
+if [ ! -f "$data/model.safetensors" ] || { [[ "${BASELINES-safetensors torchload torchfull}" == *torch* ]] && [ ! -f "$data/model.pt" ]; }; then
+  if [[ "${BASELINES-safetensors torchload torchfull}" == *torch* ]]; then
+    "$py" "$root/tools/bench_baselines.py" gen "$data" | tee -a "$res"
+  else
+    "$py" -c 'import sys, torch; sys.path.insert(0, sys.argv[1]); import bench_baselines as b; torch.save = lambda *a, **k: None; b.gen(sys.argv[2])' \
+      "$root/tools" "$data" | tee -a "$res"
+  fi
+fi
 memnow() { awk '/^Shmem:|^AnonPages:/{s+=$2} END{print s*1024}' /proc/meminfo; }
 base0=$(memnow)
 shm=ckpt-bench-$$
@@ -49,26 +58,32 @@ fi
 # before the segment existed (page cache is not counted).
 sample_start() { (peak=0; while :; do m=$(memnow); [ $m -gt $peak ] && peak=$m && echo $peak > "$out/peak"; sleep 0.02; done) & sampler=$!; }
 sample_stop() { kill $sampler; wait $sampler 2>/dev/null || true; echo $(( $(cat "$out/peak") - base0 )); }
-# configs: path:streams:chunk_MiB:register_threads
-configs=${CONFIGS:-bounce:16:1:1 bounce:8:16:1 register:4:16:1 register:4:16:4 pageable:4:16:1}
+# configs: path:streams:chunk_MiB:register_threads[:bounce_buffers] (bounce buffers per
+# stream, CKPT_COPY_BUFFERS; default 2). TRACE=1: each load's phase timestamps
+# (CKPT_COPY_TRACE) go to OUT_DIR/trace.jsonl.
+configs=${CONFIGS:-bounce:12:0:1 bounce:16:1:1 register:4:16:1 register:4:16:4 pageable:4:16:1}
 alone=${ALONE:-0}
 # ranks W START_AT COMMAND...: runs COMMAND RANK W DEVICE START_AT for every rank (all at
 # once, rank r on GPU r; or, with ALONE=1, one after another on GPU 0), output in run.RANK.
 ranks() {
   local w=$1 t=$2; shift 2
   if [ "$alone" = 1 ]; then
-    for r in $(seq 0 $((w - 1))); do "$@" $r $w 0 "$(start_at 1)" > "$out/run.$r" || true; done
+    for r in $(seq 0 $((w - 1))); do "$@" $r $w 0 "$(start_at ${ALONE_LEAD_S:-1})" > "$out/run.$r" 2> "$out/err.$r" || true; done
   else
-    local pids=(); for r in $(seq 0 $((w - 1))); do "$@" $r $w $r $t > "$out/run.$r" & pids+=($!); done; wait "${pids[@]}" || true
+    local pids=(); for r in $(seq 0 $((w - 1))); do "$@" $r $w $r $t > "$out/run.$r" 2> "$out/err.$r" & pids+=($!); done; wait "${pids[@]}" || true
   fi
+  for r in $(seq 0 $((w - 1))); do
+    grep -h '^{' "$out/err.$r" 2>/dev/null | sed "s/^{/{\"world\":$w,\"rank\":$r,\"config\":\"${c:-}\",/" >> "$out/trace.jsonl" || true
+    grep -hv '^{' "$out/err.$r" >&2 2>/dev/null || true
+  done
 }
-# load RANK WORLD DEVICE START_AT with path P, dtype D, streams ST, chunk CH, threads RT
-load() { "$bench" load $shm $1 $2 $3 $P gpt-neo $D $4 $ST $CH $RT; }
+# load RANK WORLD DEVICE START_AT with path P, dtype D, streams ST, chunk CH, threads RT, buffers BU
+load() { CKPT_COPY_BUFFERS=${BU:-2} CKPT_COPY_TRACE=${TRACE:-0} "$bench" load $shm $1 $2 $3 $P gpt-neo $D $4 $ST $CH $RT; }
 fits() { [ "$1" -le "$ngpu" ] || [ "$alone" = 1 ]; }
 for w in $worlds; do
   fits $w || { echo "skip world $w: only $ngpu GPUs"; continue; }
   for c in $configs; do
-    IFS=: read P ST CH RT <<< "$c"; D=-
+    IFS=: read P ST CH RT BU <<< "$c"; D=-
     for rep in $(seq ${REPS:-2}); do
       rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3}); sample_start
       ranks $w $t load
@@ -77,7 +92,7 @@ for w in $worlds; do
     done
   done
   if [ "${FP16:-1}" = 1 ]; then  # conversion on the GPU, first config's host path
-    IFS=: read P ST CH RT <<< "${configs%% *}"; D=F16
+    IFS=: read P ST CH RT BU <<< "${configs%% *}"; D=F16
     rm -f "$out"/run.*; t=$(start_at ${LEAD_S:-3})
     ranks $w $t load
     cat "$out"/run.* | tee -a "$res"
@@ -95,5 +110,5 @@ for w in $worlds; do
     cat "$out"/run.* | sed "s/^{/{\"alone\":$alone,\"node_mem\":$mem,/" | tee -a "$res"
   done
 done
-rm -f "$out"/run.* "$out"/limit.* "$out/peak"
+rm -f "$out"/run.* "$out"/err.* "$out"/limit.* "$out/peak"
 "$py" "$root/tools/bench_summary.py" "$res" --plot "$out/gpu_load.png"

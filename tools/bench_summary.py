@@ -31,9 +31,10 @@ g = collections.defaultdict(list)
 for r in rows:
     if r["what"] in ("load", "safetensors", "torchload", "torchfull"):
         if r["what"] == "load":
-            name = "ckpt %s, %d streams, %g MiB chunks%s%s" % (
+            name = "ckpt %s, %d streams, %g MiB chunks%s%s%s" % (
                 r["path"], r["streams"], r["chunk_MiB"],
                 ", %d register threads" % r["reg_threads"] if r["path"] == "register" else "",
+                ", %d buffers/stream" % r["buffers"] if r["path"] == "bounce" and r.get("buffers", 2) != 2 else "",
                 ", fp32->" + r["dtype"] if r.get("dtype", "-") != "-" else "")
         else:
             name = {"safetensors": "safetensors safe_open(cuda) + get_slice",

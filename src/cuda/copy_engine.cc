@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <system_error>
@@ -25,9 +27,170 @@ double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint64_t dpitch, uint64_t w, uint64_t h,
                     cudaStream_t stream) {
   if (w == 0 || h == 0) return cudaSuccess;
-  return h == 1 ? cudaMemcpyAsync(dst, src, w, cudaMemcpyHostToDevice, stream)
-                : cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, h, cudaMemcpyHostToDevice, stream);
+  // Rows packed on both sides (a bounce buffer into a dense output, e.g. a row-parallel
+  // shard of whole rows) are one flat copy: a 2D copy of short rows is slower on the DMA
+  // engine.
+  if (h == 1 || (spitch == w && dpitch == w)) return cudaMemcpyAsync(dst, src, w * h, cudaMemcpyHostToDevice, stream);
+  return cudaMemcpy2DAsync(dst, dpitch, src, spitch, w, h, cudaMemcpyHostToDevice, stream);
 }
+
+}  // namespace
+
+constexpr int kMaxBuffers = 8;
+
+// One worker's resources, kept across runs. The stream is declared last, so destroyed
+// (after synchronising) first.
+struct WorkerRes {
+  int* flag = nullptr;  // on the device
+  std::byte* pinned[kMaxBuffers] = {};
+  Event done[kMaxBuffers];
+  DeviceBuffer scratch;  // conversions and transposes; freed at the end of every run
+  Stream stream;
+};
+
+class CopyResources {
+ public:
+  CopyResources(int device, const GpuLoadOptions& options)
+      : device_(device),
+        bounce_(options.path == HostPath::kBounce),
+        nworkers_(std::max(1, options.streams)),
+        chunk_(ChunkBytes(options)),
+        nbuf_(BounceBuffers()),
+        workers_(static_cast<size_t>(nworkers_)) {}
+  ~CopyResources() {
+    if (prep_.joinable()) prep_.join();
+  }
+  CopyResources(const CopyResources&) = delete;
+  CopyResources& operator=(const CopyResources&) = delete;
+
+  // Prepares on a background thread, worker by worker (a run uses each as soon as it is
+  // ready); where no thread can be started, Begin does it.
+  void StartBackground() {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = true;
+    try {
+      prep_ = std::thread([this] { RunPrepare(); });
+    } catch (const std::system_error&) {
+      running_ = false;
+    }
+  }
+  // Before a run: OK while the background preparation runs or after it succeeded; else
+  // (it failed, or never ran) prepares on the calling thread, whose current device must
+  // be device_, and returns that preparation's error.
+  Status Begin() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_) return Status::Ok();
+    }
+    if (prep_.joinable()) prep_.join();
+    if (status_.ok()) return status_;
+    RunPrepare();
+    return status_;
+  }
+  // Waits until worker i is ready (OK, *gave_up false), the preparation failed before
+  // it (its error), or give_up() is true (OK, *gave_up true).
+  template <typename F>
+  Status WaitWorker(size_t i, F&& give_up, bool* gave_up) {
+    *gave_up = false;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      if (ready_ > i) return Status::Ok();
+      if (!running_) return status_.ok() ? Internal("copy worker " + std::to_string(i) + " never prepared") : status_;
+      if (give_up()) {
+        *gave_up = true;
+        return Status::Ok();
+      }
+      cv_.wait_for(lock, std::chrono::microseconds(200));
+    }
+  }
+
+  int device() const { return device_; }
+  int workers() const { return nworkers_; }
+  int buffers() const { return nbuf_; }
+  int* flags() const { return static_cast<int*>(flags_.get()); }  // one per worker; valid once one is ready
+  size_t ready() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ready_;
+  }
+  double prep_seconds() {  // of the last preparation that finished; -1 while one runs
+    std::lock_guard<std::mutex> lock(mu_);
+    return running_ ? -1 : prep_seconds_;
+  }
+  // Precondition: worker i is ready (WaitWorker) or is only addressed, not touched.
+  WorkerRes& worker(size_t i) { return workers_[i]; }
+
+ private:
+  void RunPrepare() {
+    const auto t0 = Clock::now();
+    Status st = Prepare();
+    std::lock_guard<std::mutex> lock(mu_);
+    status_ = std::move(st);
+    prep_seconds_ = Since(t0);
+    running_ = false;
+    cv_.notify_all();
+  }
+  // Runs with no run using the workers, or (background) with runs using only the
+  // workers marked ready, which it never touches again.
+  Status Prepare() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_ = 0;
+    }
+    for (WorkerRes& w : workers_) w = WorkerRes();
+    slab_.Reset();
+    flags_.Reset();
+    CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+    const size_t n = static_cast<size_t>(nworkers_);
+    CKPT_ASSIGN_OR_RETURN(flags_, DeviceBuffer::Allocate(n * sizeof(int)));
+    // Each worker's buffers lie in their own whole 4 KiB pages, page-locked as one range
+    // just before the worker is marked ready, so that the first workers copy while the
+    // later ranges are being locked.
+    uint64_t stride = 0;
+    if (bounce_) {
+      constexpr uint64_t kPage = 4096;
+      const uint64_t per = uint64_t(nbuf_) * chunk_;
+      if (chunk_ == 0 || per / chunk_ != uint64_t(nbuf_) || per > (uint64_t{1} << 40) / n)
+        return InvalidArgument("bounce buffers of " + std::to_string(chunk_) + " bytes x " + std::to_string(nbuf_) +
+                               " x " + std::to_string(n) + " workers are too large");
+      stride = (per + kPage - 1) / kPage * kPage;
+      CKPT_ASSIGN_OR_RETURN(slab_, PinnedBuffer::Map(n * stride, nworkers_));
+    }
+    for (size_t i = 0; i < n; ++i) {
+      WorkerRes& w = workers_[i];
+      CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
+      w.flag = flags() + i;
+      if (bounce_) {
+        CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride, stride));
+        for (size_t k = 0; k < static_cast<size_t>(nbuf_); ++k) {
+          w.pinned[k] = slab_.get() + i * stride + k * chunk_;
+          CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
+        }
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_ = i + 1;
+      cv_.notify_all();
+    }
+    return Status::Ok();
+  }
+
+  const int device_;
+  const bool bounce_;
+  const int nworkers_;
+  const uint64_t chunk_;
+  const int nbuf_;
+  std::thread prep_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool running_ = false;                                                    // guarded by mu_
+  size_t ready_ = 0;                                                        // guarded by mu_: workers [0, ready_)
+  Status status_ = FailedPrecondition("copy resources not prepared");       // guarded by mu_ while running_
+  double prep_seconds_ = 0;                                                 // guarded by mu_
+  DeviceBuffer flags_;
+  PinnedBuffer slab_;
+  std::vector<WorkerRes> workers_;  // sized once; declared last: destroyed (streams synchronised) first
+};
+
+namespace {
 
 // The state every worker of one RunCopyJobs shares.
 class CopyRun {
@@ -35,24 +198,22 @@ class CopyRun {
   CopyRun(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options)
       : jobs_(jobs), device_(device), options_(options), chunk_(ChunkBytes(options)) {}
 
-  Result<CopyResult> Go(GpuLoadStats* stats);
+  Result<CopyResult> Go(GpuLoadStats* stats, CopyResources* resources);
 
  private:
-  // A worker: its stream, its overflow flag, its part of the bounce slab and scratch.
-  // The stream is declared last, so destroyed (after synchronising) first.
-  struct Worker {
-    int* flag = nullptr;
-    std::byte* pinned[2] = {nullptr, nullptr};
-    Event done[2];
+  // One worker in this run: its resources and where it is in its ring of buffers.
+  struct Lane {
+    size_t index = 0;
+    WorkerRes* r = nullptr;  // touched only once `active`
+    bool active = false;     // the worker was ready before the tasks ran out
     int which = 0;
-    DeviceBuffer scratch;
-    Stream stream;
+    double first_issue = -1, end = 0;  // seconds since the run started (trace)
   };
   void Fail(Status s);
-  void WorkerLoop(Worker& w);
-  Status RunTask(Worker& w, const Task& t);
-  Status CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const Rect& x);
-  Status NeedScratch(Worker& w, uint64_t bytes);
+  void WorkerLoop(Lane& w);
+  Status RunTask(Lane& w, const Task& t);
+  Status CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const Rect& x);
+  Status NeedScratch(Lane& w, uint64_t bytes);
   bool WaitRegistered(const Task& t);
   void RegisterLoop();
 
@@ -60,7 +221,12 @@ class CopyRun {
   const int device_;
   const GpuLoadOptions& options_;
   const uint64_t chunk_;
+  CopyResources* res_ = nullptr;
+  int nbuf_ = 2;
+  bool needs_flags_ = false;
+  Clock::time_point t0_;
   std::vector<Task> tasks_;
+  std::vector<size_t> order_;  // the order in which tasks are taken
   std::atomic<size_t> next_task_{0};
   std::atomic<uint64_t> copied_{0};
 
@@ -113,66 +279,71 @@ bool CopyRun::WaitRegistered(const Task& t) {
   return !abort_;
 }
 
-Status CopyRun::NeedScratch(Worker& w, uint64_t bytes) {
-  if (w.scratch.size() >= bytes) return Status::Ok();
-  CKPT_CUDA_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(w.stream.get()));
-  w.scratch.Reset();
-  CKPT_ASSIGN_OR_RETURN(w.scratch, DeviceBuffer::Allocate(bytes));
+Status CopyRun::NeedScratch(Lane& w, uint64_t bytes) {
+  DeviceBuffer& scratch = w.r->scratch;
+  if (scratch.size() >= bytes) return Status::Ok();
+  CKPT_CUDA_RETURN("cudaStreamSynchronize", cudaStreamSynchronize(w.r->stream.get()));
+  scratch.Reset();
+  CKPT_ASSIGN_OR_RETURN(scratch, DeviceBuffer::Allocate(bytes));
   return Status::Ok();
 }
 
 // Copies rectangle x of region r of job j: straight to the output, or (conversion) to
 // scratch and converted from there into the output, or (transpose) to its place in
 // scratch, which holds the whole piece.
-Status CopyRun::CopyRect(Worker& w, const CopyJob& j, const CopyRegion& r, const Rect& x) {
+Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const Rect& x) {
   const uint64_t esize = DTypeSize(j.from);
   const bool direct = !j.transpose && j.from == j.to;
   const uint64_t w_bytes = x.c1 - x.c0, h = x.r1 - x.r0;
   const std::byte* src = j.src + r.src_offset + x.r0 * r.src_pitch + x.c0;
   const uint64_t dst_rel = r.dst_offset + x.r0 * r.dst_pitch + x.c0;  // in the piece, source dtype bytes
+  cudaStream_t stream = w.r->stream.get();
   std::byte* dst;
   uint64_t dpitch;
   if (direct) {
     dst = j.out + j.piece_first_elem * esize + dst_rel;
     dpitch = r.dst_pitch;
   } else if (j.transpose) {
-    dst = static_cast<std::byte*>(w.scratch.get()) + dst_rel;
+    dst = static_cast<std::byte*>(w.r->scratch.get()) + dst_rel;
     dpitch = r.dst_pitch;
   } else {
-    dst = static_cast<std::byte*>(w.scratch.get());
+    dst = static_cast<std::byte*>(w.r->scratch.get());
     dpitch = w_bytes;
   }
   cudaError_t err;
   if (options_.path == HostPath::kBounce) {
-    CKPT_CUDA_RETURN("cudaEventSynchronize", cudaEventSynchronize(w.done[w.which].get()));
-    std::byte* buf = w.pinned[w.which];
+    // The oldest of the worker's buffers: wait until its last copy has been read.
+    Event& done = w.r->done[w.which];
+    CKPT_CUDA_RETURN("cudaEventSynchronize", cudaEventSynchronize(done.get()));
+    std::byte* buf = w.r->pinned[w.which];
     if (h == 1 || w_bytes == r.src_pitch) {
       std::memcpy(buf, src, w_bytes * h);
     } else {
       for (uint64_t row = 0; row < h; ++row) std::memcpy(buf + row * w_bytes, src + row * r.src_pitch, w_bytes);
     }
-    err = CopyH2D(buf, w_bytes, dst, dpitch, w_bytes, h, w.stream.get());
-    if (err == cudaSuccess) err = cudaEventRecord(w.done[w.which].get(), w.stream.get());
-    w.which ^= 1;
+    err = CopyH2D(buf, w_bytes, dst, dpitch, w_bytes, h, stream);
+    if (err == cudaSuccess) err = cudaEventRecord(done.get(), stream);
+    w.which = (w.which + 1) % nbuf_;
   } else {
     // The driver refuses a copy whose source spans two registrations: split at bounds_.
     err = static_cast<cudaError_t>(SplitAtBounds(
         reinterpret_cast<uint64_t>(src), r.src_pitch, w_bytes, h, bounds_,
         [&](uint64_t r0, uint64_t c0, uint64_t cw, uint64_t rows) {
           return static_cast<int>(
-              CopyH2D(src + r0 * r.src_pitch + c0, r.src_pitch, dst + r0 * dpitch + c0, dpitch, cw, rows, w.stream.get()));
+              CopyH2D(src + r0 * r.src_pitch + c0, r.src_pitch, dst + r0 * dpitch + c0, dpitch, cw, rows, stream));
         }));
   }
   if (err != cudaSuccess) return CudaError("copy of '" + *j.name + "'", err);
+  if (w.first_issue < 0) w.first_issue = Since(t0_);
   copied_ += w_bytes * h;
   if (!direct && !j.transpose) {
-    return LaunchConvertRows(j.from, j.to, w.scratch.get(), w_bytes / esize, h, j.out,
-                             j.piece_first_elem + dst_rel / esize, r.dst_pitch / esize, w.flag, j.tag, w.stream.get());
+    return LaunchConvertRows(j.from, j.to, w.r->scratch.get(), w_bytes / esize, h, j.out,
+                             j.piece_first_elem + dst_rel / esize, r.dst_pitch / esize, w.r->flag, j.tag, stream);
   }
   return Status::Ok();
 }
 
-Status CopyRun::RunTask(Worker& w, const Task& t) {
+Status CopyRun::RunTask(Lane& w, const Task& t) {
   const CopyJob& j = jobs_[t.job];
   if (t.region >= 0) {
     if (j.from != j.to) CKPT_RETURN_IF_ERROR(NeedScratch(w, chunk_));
@@ -192,59 +363,71 @@ Status CopyRun::RunTask(Worker& w, const Task& t) {
   const auto& shape = j.layout->shape;
   const uint64_t rows = shape[0], cols = j.layout->nbytes / esize / std::max<uint64_t>(rows, 1);
   const uint64_t row0 = j.piece_first_elem / std::max<uint64_t>(cols, 1);
-  return LaunchTranspose(j.from, j.to, w.scratch.get(), rows, cols, j.out, j.out_rows, row0, w.flag, j.tag,
-                         w.stream.get());
+  return LaunchTranspose(j.from, j.to, w.r->scratch.get(), rows, cols, j.out, j.out_rows, row0, w.r->flag, j.tag,
+                         w.r->stream.get());
 }
 
-void CopyRun::WorkerLoop(Worker& w) {
+void CopyRun::WorkerLoop(Lane& w) {
   cudaSetDevice(device_);
-  for (size_t i = next_task_++; i < tasks_.size() && !abort_; i = next_task_++) {
-    const Task& t = tasks_[i];
-    if (options_.path == HostPath::kRegister && !WaitRegistered(t)) return;
-    if (Status s = RunTask(w, t); !s.ok()) return Fail(s.WithContext("output '" + *jobs_[t.job].name + "'"));
+  // Start as soon as this worker's resources are ready; none left to take: not needed.
+  bool gave_up = false;
+  Status ready = res_->WaitWorker(w.index, [&] { return abort_.load() || next_task_.load() >= order_.size(); }, &gave_up);
+  if (!ready.ok()) return Fail(ready);
+  if (gave_up) return;
+  w.active = true;
+  w.r = &res_->worker(w.index);
+  cudaStream_t stream = w.r->stream.get();
+  if (needs_flags_) {
+    if (cudaError_t e = cudaMemsetAsync(w.r->flag, 0, sizeof(int), stream); e != cudaSuccess)
+      return Fail(CudaError("cudaMemsetAsync", e));
   }
-  cudaError_t err = cudaStreamSynchronize(w.stream.get());
+  for (size_t i = next_task_++; i < order_.size() && !abort_; i = next_task_++) {
+    const Task& t = tasks_[order_[i]];
+    if (options_.path == HostPath::kRegister && !WaitRegistered(t)) break;
+    if (Status s = RunTask(w, t); !s.ok()) {
+      Fail(s.WithContext("output '" + *jobs_[t.job].name + "'"));
+      break;
+    }
+  }
+  cudaError_t err = cudaStreamSynchronize(stream);
   if (err != cudaSuccess) Fail(CudaError("cudaStreamSynchronize", err));
+  w.end = Since(t0_);
 }
 
-Result<CopyResult> CopyRun::Go(GpuLoadStats* stats) {
-  const auto g0 = Clock::now();
+Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
+  t0_ = Clock::now();
   CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
   tasks_ = CutIntoTasks(jobs_, chunk_);
+  order_ = TaskOrder(tasks_);
+  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || j.transpose || j.from != j.to;
   const bool do_register = options_.path == HostPath::kRegister;
   if (do_register) {
     groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
     for (const Group& g : groups_) bounds_.push_back(g.begin);
     group_done_.assign(groups_.size(), 0);
   }
+  const double planned_s = Since(t0_);
 
-  // Resources, before any thread starts and with no work in flight until then (an early
-  // return frees nothing a copy still uses): the overflow flags (zeroed synchronously),
-  // the bounce slab, streams and events.
-  const int nworkers = std::max(1, std::min<int>(options_.streams, static_cast<int>(tasks_.size())));
-  const size_t n = static_cast<size_t>(nworkers);
-  CKPT_ASSIGN_OR_RETURN(DeviceBuffer flags, DeviceBuffer::Allocate(n * sizeof(int)));
-  CKPT_CUDA_RETURN("cudaMemset", cudaMemset(flags.get(), 0, n * sizeof(int)));
-  PinnedBuffer slab;
-  const bool bounce = options_.path == HostPath::kBounce;
-  if (bounce) {
-    CKPT_ASSIGN_OR_RETURN(slab, PinnedBuffer::Allocate(n * 2 * chunk_));
+  // Resources, ready before any worker starts (an early return frees nothing a copy
+  // still uses): prepared in the background since the loader was created, or now.
+  std::unique_ptr<CopyResources> own;
+  if (!resources) {
+    own = std::make_unique<CopyResources>(device_, options_);
+    resources = own.get();
   }
-  std::vector<Worker> workers(n);
-  for (size_t i = 0; i < n; ++i) {
-    Worker& w = workers[i];
-    CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
-    w.flag = static_cast<int*>(flags.get()) + i;
-    if (bounce) {
-      for (size_t k = 0; k < 2; ++k) {
-        w.pinned[k] = slab.get() + (i * 2 + k) * chunk_;
-        CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
-      }
-    }
-  }
+  res_ = resources;
+  const auto w0 = Clock::now();
+  CKPT_RETURN_IF_ERROR(resources->Begin());
+  const double wait_s = Since(w0);
+  const size_t ready_at_start = resources->ready();
+  nbuf_ = resources->buffers();
+  const size_t n = static_cast<size_t>(std::max(1, std::min<int>(resources->workers(), static_cast<int>(tasks_.size()))));
+  std::vector<Lane> lanes(n);
+  for (size_t i = 0; i < n; ++i) lanes[i].index = i;
 
-  stats->setup_seconds += Since(g0);
+  stats->setup_seconds += Since(t0_);
+  const double started_s = Since(t0_);
   const auto r0 = Clock::now();
   std::vector<std::thread> registrars, threads;
   try {
@@ -252,7 +435,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats) {
       const int nreg = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups_.size())));
       for (int t = 0; t < nreg; ++t) registrars.emplace_back([this] { RegisterLoop(); });
     }
-    for (Worker& w : workers) threads.emplace_back([this, &w] { WorkerLoop(w); });
+    for (Lane& w : lanes) threads.emplace_back([this, &w] { WorkerLoop(w); });
   } catch (const std::system_error& e) {  // no thread: stop the ones started, report it
     Fail(ResourceExhausted(std::string("starting a copy thread: ") + e.what()));
   }
@@ -262,20 +445,46 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats) {
   stats->registered_bytes = registered_bytes_;
   // Every stream is idle: each worker synchronised its stream before returning, or
   // failed, in which case synchronise here before the buffers it used go away.
-  for (Worker& w : workers) cudaStreamSynchronize(w.stream.get());
+  for (Lane& w : lanes)
+    if (w.active) cudaStreamSynchronize(w.r->stream.get());
+  const double copied_s = Since(t0_);
   const auto u0 = Clock::now();
   registrations_.clear();
   stats->unregister_seconds = Since(u0);
+  size_t active = 0;
+  for (Lane& w : lanes) {
+    if (!w.active) continue;
+    ++active;
+    w.r->scratch.Reset();  // device memory the state dict does not own
+  }
   if (!first_error_.ok()) return first_error_;
 
   CopyResult result;
-  std::vector<int> tags(n);
-  CKPT_CUDA_RETURN("reading the overflow flags",
-                   cudaMemcpy(tags.data(), flags.get(), n * sizeof(int), cudaMemcpyDeviceToHost));
-  for (int tag : tags) {
-    if (tag != 0 && result.overflow_tag == 0) result.overflow_tag = tag;
+  if (needs_flags_ && active > 0) {
+    std::vector<int> tags(n);
+    CKPT_CUDA_RETURN("reading the overflow flags",
+                     cudaMemcpy(tags.data(), resources->flags(), n * sizeof(int), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) {  // a worker that never ran did not reset its flag
+      if (lanes[i].active && tags[i] != 0 && result.overflow_tag == 0) result.overflow_tag = tags[i];
+    }
   }
   stats->copied_bytes = copied_;
+  if (CopyTraceEnabled()) {
+    double first = 1e9, end_min = 1e9, end_max = 0;
+    for (const Lane& w : lanes) {
+      if (!w.active) continue;
+      if (w.first_issue >= 0) first = std::min(first, w.first_issue);
+      end_min = std::min(end_min, w.end);
+      end_max = std::max(end_max, w.end);
+    }
+    std::fprintf(stderr,
+                 "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
+                 "\"background_prep_s\":%.4f,\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,"
+                 "\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
+                 "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f}\n",
+                 tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0, resources->prep_seconds(), planned_s, wait_s, started_s,
+                 first, end_min, end_max, copied_s, Since(t0_), copied_.load() / 1073741824.0);
+  }
   return result;
 }
 
@@ -283,13 +492,34 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats) {
 
 uint64_t ChunkBytes(const GpuLoadOptions& options) {
   if (options.chunk_bytes != 0) return options.chunk_bytes;
-  return options.path == HostPath::kBounce ? uint64_t{1} << 20 : uint64_t{16} << 20;
+  return options.path == HostPath::kBounce ? kDefaultBounceChunk : uint64_t{16} << 20;
+}
+
+int BounceBuffers() {
+  const char* v = std::getenv("CKPT_COPY_BUFFERS");
+  if (!v || !*v) return 2;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  return *end == '\0' && n >= 1 && n <= kMaxBuffers ? static_cast<int>(n) : 2;
+}
+
+bool CopyTraceEnabled() {
+  const char* v = std::getenv("CKPT_COPY_TRACE");
+  return v && std::strcmp(v, "1") == 0;
+}
+
+std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptions& options) {
+  auto r = std::make_shared<CopyResources>(device, options);
+  r->StartBackground();
+  return r;
 }
 
 Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,
-                               GpuLoadStats* stats) {
+                               GpuLoadStats* stats, CopyResources* resources) {
+  if (resources && resources->device() != device)
+    return Internal("copy resources of device " + std::to_string(resources->device()) + " used on " + std::to_string(device));
   CopyRun run(jobs, device, options);
-  return run.Go(stats);
+  return run.Go(stats, resources);
 }
 
 }  // namespace ckpt::cuda

@@ -3,15 +3,24 @@
 // and transposes on the GPU. GpuLoaderImpl plans what goes where; this runs it.
 //
 // Work is cut into tasks of at most ChunkBytes(options) of one piece (a
-// transposed piece stays one task: it is rearranged on the GPU as a whole), so a large
-// tensor is spread over every worker. Each worker thread owns a stream; on the bounce
-// path it also owns two pinned buffers of chunk_bytes from one slab, filled by memcpy
-// while the other is in flight. Small chunks win there: on an H200 host 16 workers x 2 x
-// 1-4 MiB move 41-47 GiB/s against 32-35 GiB/s with 16 MiB (docs/benchmarks.md), because
-// the staged bytes are still in the CPU cache when the DMA reads them.
+// transposed piece stays one task: it is rearranged on the GPU as a whole, and runs
+// first so that it never forms the tail), so a large tensor is spread over every worker.
+// Each worker thread owns a stream; on the bounce path it also owns BounceBuffers()
+// pinned buffers of chunk_bytes from one slab, filled by memcpy while the others are in
+// flight. Small chunks win there: on an H200 host 16 workers x 2 x 1-4 MiB move 41-47
+// GiB/s against 32-35 GiB/s with 16 MiB (docs/benchmarks.md), because the staged bytes
+// are still in the CPU cache when the DMA reads them.
+//
+// Fixed costs: the workers' streams, events, overflow flags and the pinned slab
+// (allocated on 2 MiB-aligned transparent huge pages, faulted in by several threads at
+// once, each worker's part then page-locked on its own) are CopyResources. A loader
+// starts preparing them on a background thread when it is created, worker by worker, so
+// that the preparation overlaps the caller's planning and device allocation and a run
+// starts with the workers ready so far; it keeps them for every later Load.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -37,16 +46,42 @@ struct CopyResult {
   int overflow_tag = 0;  // tag of a job whose conversion produced inf from a finite value; 0: none
 };
 
+// The bounce path's buffer size where options.chunk_bytes is 0.
+inline constexpr uint64_t kDefaultBounceChunk = uint64_t{2} << 20;
+
 // The largest single copy (and, on the bounce path, each buffer's size): options.chunk_bytes,
-// or where that is 0, 1 MiB on the bounce path and 16 MiB on the others (measured best).
+// or where that is 0, kDefaultBounceChunk on the bounce path and 16 MiB on the others
+// (measured best).
 uint64_t ChunkBytes(const GpuLoadOptions& options);
+
+// Pinned buffers per worker on the bounce path: 2, or CKPT_COPY_BUFFERS (1 to 8) where
+// that is set (an experiment knob of the benchmark, not an interface).
+int BounceBuffers();
+
+// True where CKPT_COPY_TRACE=1: every Load then prints its phases' timestamps, one JSON
+// object per line, to stderr (tools/bench_gpu.sh collects them).
+bool CopyTraceEnabled();
+
+// The reusable resources of the copy workers for one (device, options): per worker a
+// stream, its events, its overflow flag on the device and, on the bounce path, its part
+// of one pinned slab. Thread-compatible: one run at a time.
+class CopyResources;
+
+// Starts preparing the resources for `options` on `device` on a background thread (the
+// caller's thread and current device are left alone); never fails: a failed preparation
+// is retried by the run that uses them, which reports the error. The returned object
+// joins the thread when destroyed, then frees everything (synchronising its streams).
+std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptions& options);
 
 // Runs every job on `device` (the calling thread's device is left as it was); adds its
 // setup time to stats->setup_seconds and fills the register/unregister times and the
-// registered/copied bytes of `stats`. Errors: those of
+// registered/copied bytes of `stats`. `resources`, if not null, must come from
+// StartCopyResources with the same device and options; the run uses its workers as
+// each becomes ready, and leaves them ready for the next (else resources are made for
+// this run and freed before return). Errors: those of
 // the driver (ResourceExhausted for device or pinned memory, Internal). On return, with
 // or without error, nothing is in flight and every registration is undone.
 Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,
-                               GpuLoadStats* stats);
+                               GpuLoadStats* stats, CopyResources* resources = nullptr);
 
 }  // namespace ckpt::cuda

@@ -38,6 +38,18 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk)
   return tasks;
 }
 
+std::vector<size_t> TaskOrder(const std::vector<Task>& tasks) {
+  std::vector<size_t> order;
+  order.reserve(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const bool wa = tasks[a].region < 0, wb = tasks[b].region < 0;
+    if (wa != wb) return wa;
+    return wa && tasks[a].hi - tasks[a].lo > tasks[b].hi - tasks[b].lo;
+  });
+  return order;
+}
+
 std::vector<Group> PlanGroups(std::vector<Task>& tasks, uint64_t page, uint64_t cap) {
   cap = std::max<uint64_t>(page, cap & ~(page - 1));
   std::vector<Group> runs, groups;

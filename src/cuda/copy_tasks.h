@@ -43,6 +43,12 @@ struct Task {
 // job with any region; empty regions give none. Sorted by lo.
 std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk);
 
+// The order in which workers take `tasks` (indices into it): every whole-job
+// (transposed) task first, largest span first, so that none is left for the end while
+// the other workers idle; then the others in their order in `tasks` (by address, as
+// CutIntoTasks returns them).
+std::vector<size_t> TaskOrder(const std::vector<Task>& tasks);
+
 // A registration group: [begin, end), page-aligned.
 struct Group {
   uint64_t begin, end;

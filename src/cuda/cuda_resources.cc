@@ -2,7 +2,13 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
+#include <system_error>
+#include <thread>
+#include <vector>
 
 namespace ckpt::cuda {
 
@@ -30,41 +36,111 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   return b;
 }
 
-Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
+namespace {
+
+// Faults [p, p + bytes) in for writing with up to `threads` threads, each a share of whole
+// `unit`s; false where the kernel refused (out of memory). Without MADV_POPULATE_WRITE
+// (older kernels: EINVAL) the pages are left for cudaHostRegister to fault in.
+bool Populate(std::byte* p, size_t bytes, size_t unit, int threads) {
+#ifdef MADV_POPULATE_WRITE
+  const size_t units = (bytes + unit - 1) / unit;
+  const size_t n = std::max<size_t>(1, std::min<size_t>(units, static_cast<size_t>(std::max(1, threads))));
+  const size_t per = (units + n - 1) / n * unit;
+  std::atomic<bool> ok{true};
+  auto part = [&](size_t k) {
+    const size_t b = k * per;
+    if (b >= bytes) return;
+    if (madvise(p + b, std::min(per, bytes - b), MADV_POPULATE_WRITE) != 0 && errno != EINVAL) ok = false;
+  };
+  std::vector<std::thread> pool;
+  for (size_t k = 1; k < n; ++k) {
+    try {
+      pool.emplace_back(part, k);
+    } catch (const std::system_error&) {
+      part(k);  // no thread: this one does it
+    }
+  }
+  part(0);
+  for (auto& t : pool) t.join();
+  return ok;
+#else
+  (void)p, (void)bytes, (void)unit, (void)threads;
+  return true;
+#endif
+}
+
+std::atomic<uint64_t> g_pinned_allocations{0};
+
+}  // namespace
+
+uint64_t PinnedBuffer::allocations() { return g_pinned_allocations.load(); }
+
+Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, int populate_threads) {
+  CKPT_ASSIGN_OR_RETURN(PinnedBuffer b, Map(bytes, populate_threads));
+  if (b.mapped_) {
+    if (Status st = b.Lock(0, b.size_); !st.ok()) {
+      // Registration refused (e.g. the locked-memory limit): cudaMallocHost reports it.
+      b.Reset();
+      CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
+      b.size_ = bytes;
+    }
+  }
+  return b;
+}
+
+Result<PinnedBuffer> PinnedBuffer::Map(size_t bytes, int populate_threads) {
   PinnedBuffer b;
   if (bytes == 0) return b;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p != MAP_FAILED) {
-    madvise(p, bytes, MADV_HUGEPAGE);  // advice: ignored where THP is off
-    // Fault the pages in first (huge pages where granted); where the kernel lacks
-    // MADV_POPULATE_WRITE, cudaHostRegister faults them in itself. Out of memory: fall
-    // back to cudaMallocHost, which reports it.
-    bool populated = true;
-#ifdef MADV_POPULATE_WRITE
-    populated = madvise(p, bytes, MADV_POPULATE_WRITE) == 0 || errno == EINVAL;
-#endif
-    if (populated && cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (bytes > (SIZE_MAX >> 1)) return ResourceExhausted("pinned buffer of " + std::to_string(bytes) + " bytes");
+  const size_t size = (bytes + kHuge - 1) & ~(kHuge - 1);
+  void* raw = mmap(nullptr, size + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw != MAP_FAILED) {
+    // Trim to a 2 MiB-aligned range, so that every 2 MiB of it can be one huge page.
+    const auto r = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t a = (r + kHuge - 1) & ~uintptr_t{kHuge - 1};
+    if (a > r) munmap(raw, a - r);
+    if (r + kHuge > a) munmap(reinterpret_cast<void*>(a + size), r + kHuge - a);
+    auto* p = reinterpret_cast<std::byte*>(a);
+    madvise(p, size, MADV_HUGEPAGE);  // advice: ignored where THP is off
+    // Fault the pages in first (huge pages where granted), in parallel: the kernel zeroes
+    // every page it hands out. Out of memory: fall back to cudaMallocHost, which reports it.
+    if (Populate(p, size, kHuge, populate_threads)) {
       b.ptr_ = p;
-      b.size_ = bytes;
+      b.size_ = size;
       b.mapped_ = true;
+      ++g_pinned_allocations;
       return b;
     }
-    cudaGetLastError();
-    munmap(p, bytes);
+    munmap(p, size);
   }
   CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
   b.size_ = bytes;
+  ++g_pinned_allocations;
   return b;
+}
+
+Status PinnedBuffer::Lock(size_t offset, size_t bytes) {
+  if (!mapped_ || bytes == 0) return Status::Ok();
+  std::byte* p = get() + offset;
+  cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaError("cudaHostRegister of " + std::to_string(bytes) + " bytes of bounce buffers", err);
+  }
+  locked_.push_back(p);
+  return Status::Ok();
 }
 
 void PinnedBuffer::Reset() {
   if (!ptr_) return;
   if (mapped_) {
-    cudaHostUnregister(ptr_);
+    for (void* p : locked_) cudaHostUnregister(p);
     munmap(ptr_, size_);
   } else {
     cudaFreeHost(ptr_);
   }
+  locked_.clear();
   ptr_ = nullptr;
   size_ = 0;
   mapped_ = false;

@@ -46,7 +46,9 @@ Result<std::unique_ptr<GpuLoaderImpl>> GpuLoaderImpl::Create(TensorSource source
   CKPT_CUDA_RETURN("CUDA context", cudaFree(nullptr));
   GpuLoadOptions o = options;
   o.chunk_bytes &= ~uint64_t{255};
-  return std::unique_ptr<GpuLoaderImpl>(new GpuLoaderImpl(std::move(source), device, o));
+  std::unique_ptr<GpuLoaderImpl> loader(new GpuLoaderImpl(std::move(source), device, o));
+  loader->resources_ = cuda::StartCopyResources(device, loader->options_);
+  return loader;
 }
 
 GpuLoaderImpl::~GpuLoaderImpl() = default;
@@ -101,11 +103,18 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
     arena_bytes += (planned.bytes[o] + 255) & ~uint64_t{255};
     all.push_back(o);
   }
+  const double plan_s = Since(t0);
   CKPT_ASSIGN_OR_RETURN(auto arena, AllocateArena(arena_bytes));
   GpuStateDict dict;
   dict.stats_.setup_seconds = Since(t0);
+  const double arena_s = dict.stats_.setup_seconds - plan_s;
   CKPT_RETURN_IF_ERROR(Copy(outputs, planned, all, static_cast<std::byte*>(arena->get()), offsets, &dict.stats_));
   dict.stats_.total_seconds = Since(t0);
+  if (cuda::CopyTraceEnabled()) {
+    std::fprintf(stderr, "{\"what\":\"load_trace\",\"outputs\":%zu,\"plan_s\":%.4f,\"arena_s\":%.4f,\"arena_GiB\":%.3f,"
+                 "\"copy_started_s\":%.4f,\"total_s\":%.4f}\n",
+                 outputs.size(), plan_s, arena_s, arena_bytes / 1073741824.0, plan_s + arena_s, dict.stats_.total_seconds);
+  }
   Assemble(outputs, planned, std::move(arena), offsets, &dict);
   return dict;
 }
@@ -156,7 +165,7 @@ Status GpuLoaderImpl::Copy(const std::vector<ShardOutput>& outputs, const Planne
       jobs.push_back(j);
     }
   }
-  CKPT_ASSIGN_OR_RETURN(cuda::CopyResult result, cuda::RunCopyJobs(jobs, device_, options_, stats));
+  CKPT_ASSIGN_OR_RETURN(cuda::CopyResult result, cuda::RunCopyJobs(jobs, device_, options_, stats, resources_.get()));
   if (result.overflow_tag != 0 && !options_.allow_overflow) {
     const size_t o = static_cast<size_t>(result.overflow_tag - 1);
     return InvalidArgument("output '" + outputs[o].name + "': values out of range of " + DTypeName(planned.dtypes[o]) +

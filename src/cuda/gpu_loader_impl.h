@@ -14,6 +14,7 @@
 namespace ckpt {
 namespace cuda {
 class DeviceBuffer;
+class CopyResources;
 }
 
 // The tensors of a mapped checkpoint and where each one's bytes start (read-only host
@@ -57,6 +58,9 @@ class GpuLoaderImpl : public GpuLoader {
   TensorSource source_;
   int device_;
   GpuLoadOptions options_;
+  // The copy workers' streams and pinned buffers: prepared in the background from Create
+  // on, reused by every Load, freed with the loader.
+  std::shared_ptr<cuda::CopyResources> resources_;
 };
 
 }  // namespace ckpt

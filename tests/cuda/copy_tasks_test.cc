@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 
@@ -134,6 +135,46 @@ TEST(CopyTasksTest, GroupsCoverExactlyThePagesReadAndEachTaskWaitsForItsOwn) {
         EXPECT_EQ(groups[g].end, groups[g + 1].begin) << "a task's bytes span a gap between groups";
     }
   }
+}
+
+// Issue 14 (the tail): a transposed piece is one task of the whole piece; taken last it
+// would run on one worker while the others idle. TaskOrder puts every whole-job task
+// first, largest first, and keeps the rest in address order; it is a permutation.
+TEST(CopyTasksTest, WholeTransposedTasksAreTakenFirstLargestFirstAndTheRestInAddressOrder) {
+  std::mt19937_64 rng(13);
+  int with_whole_after_chunks = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    RandomJobs r = MakeJobs(rng, 2 + static_cast<int>(rng() % 12));
+    std::vector<Task> tasks = CutIntoTasks(r.jobs, 64 + rng() % 30000);
+    // In address order a whole task often comes after chunk tasks: the case that matters.
+    bool chunk_seen = false;
+    for (const Task& t : tasks) {
+      if (t.region >= 0) chunk_seen = true;
+      if (t.region < 0 && chunk_seen) {
+        ++with_whole_after_chunks;
+        break;
+      }
+    }
+    std::vector<size_t> order = TaskOrder(tasks);
+    ASSERT_EQ(order.size(), tasks.size());
+    std::vector<size_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], i) << "not a permutation";
+    size_t i = 0;
+    for (; i < order.size() && tasks[order[i]].region < 0; ++i) {
+      if (i > 0) {
+        const Task &a = tasks[order[i - 1]], &b = tasks[order[i]];
+        ASSERT_GE(a.hi - a.lo, b.hi - b.lo) << "whole tasks not largest first";
+      }
+    }
+    for (size_t k = i; k < order.size(); ++k) {
+      ASSERT_GE(tasks[order[k]].region, 0) << "a whole task after a chunk task";
+      if (k > i) {
+        ASSERT_LT(order[k - 1], order[k]) << "chunk tasks out of address order";
+      }
+    }
+  }
+  EXPECT_GT(with_whole_after_chunks, 50);  // the random jobs exercise the reordering
 }
 
 }  // namespace

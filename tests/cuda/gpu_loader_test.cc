@@ -13,7 +13,9 @@
 
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
+#include "cuda/copy_engine.h"
 #include "cuda/copy_split.h"
+#include "cuda/cuda_resources.h"
 #include "cuda/gpu_loader_impl.h"
 #include "shm/segment_reader.h"
 #include "shm/segment_writer.h"
@@ -78,7 +80,9 @@ struct Segment {
   }
 };
 
-std::unique_ptr<Segment> MakeSegment(const std::vector<TensorInfo>& infos, uint32_t seed, double scale = 4.0) {
+// scales: per tensor, where given (else `scale` for all).
+std::unique_ptr<Segment> MakeSegment(const std::vector<TensorInfo>& infos, uint32_t seed, double scale = 4.0,
+                                     const std::vector<double>& scales = {}) {
   static int n = 0;
   auto seg = std::make_unique<Segment>();
   shm::SegmentSpec spec;
@@ -101,8 +105,9 @@ std::unique_ptr<Segment> MakeSegment(const std::vector<TensorInfo>& infos, uint3
     const TensorInfo& t = spec.tensors[i];
     std::byte* p = (*writer)->tensor_data(i);
     const uint64_t n_el = NumElements(t.shape), es = DTypeSize(t.dtype);
+    const double k = i < scales.size() ? scales[i] / scale : 1.0;
     for (uint64_t e = 0; e < n_el; ++e) {
-      double v = normal(rng);
+      double v = normal(rng) * k;
       if (IsFloat(t.dtype)) {
         WriteFrom(DType::kF64, t.dtype, reinterpret_cast<const std::byte*>(&v), p + e * es);
       } else {
@@ -414,6 +419,167 @@ TEST_F(GpuLoaderTest, BadInputIsAClearErrorAndNothingIsReturned) {
   auto small = GpuLoaderImpl::Create(seg->Source(), 0, {});
   ASSERT_TRUE(small.ok());
   EXPECT_TRUE((*small)->Load(*outs).ok());
+}
+
+// ---- issue 14: the copy workers' resources, made once per loader ----
+
+// Sets CKPT_COPY_BUFFERS for the loaders created in its scope.
+struct BuffersEnv {
+  explicit BuffersEnv(int n) { setenv("CKPT_COPY_BUFFERS", std::to_string(n).c_str(), 1); }
+  ~BuffersEnv() { unsetenv("CKPT_COPY_BUFFERS"); }
+};
+
+// A loader makes its pinned slab once (in the background from Create on) and every later
+// Load reuses it and the streams; with 1 to 8 buffers per worker, conversions,
+// transposes and strided shards, every Load of the same loader still matches the
+// reference. (Before: one slab per Load.)
+TEST_F(GpuLoaderTest, ALoaderMakesItsPinnedBuffersOnceAndEveryLoadMatches) {
+  auto seg = MakeSegment(RuleTensors(), 7);
+  ASSERT_TRUE(seg);
+  auto plan = TpPlan::FromJson(R"({"rules": [{"pattern": "\\.v$", "rule": "vocab"},)"
+                               R"({"pattern": "\\.w$", "rule": "row", "transpose": true},)"
+                               R"({"pattern": "\\.b$", "rule": "column"}]})");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (int buffers : {1, 2, 3, 8}) {
+    BuffersEnv env(buffers);
+    ASSERT_EQ(cuda::BounceBuffers(), buffers);
+    GpuLoadOptions o;
+    o.chunk_bytes = 64 << 10;
+    o.streams = 3;
+    const std::optional<DType> target = buffers % 2 ? std::optional<DType>(DType::kF16) : std::nullopt;
+    o.float_dtype = target;
+    const uint64_t before = cuda::PinnedBuffer::allocations();
+    auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+    for (int rep = 0; rep < 4; ++rep) {
+      const int world = rep % 2 ? 2 : 4, rank = rep % world;
+      auto outs = plan->Resolve(seg->reader->tensors(), rank, world);
+      ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+      auto dict = (*loader)->Load(*outs);
+      const std::string what = std::to_string(buffers) + " buffers, load " + std::to_string(rep);
+      ASSERT_TRUE(dict.ok()) << what << ": " << dict.status().ToString();
+      ExpectMatches(*seg, *outs, *dict, target, what);
+      if (HasFailure()) return;
+    }
+    EXPECT_EQ(cuda::PinnedBuffer::allocations() - before, 1u) << buffers << " buffers: pinned slabs made for 4 loads";
+  }
+}
+
+// The overflow flags are reused too: an overflow found by one Load must not be reported
+// again by the next Load of the same loader (one worker, so the same flag).
+TEST_F(GpuLoaderTest, AnOverflowInOneLoadIsNotReportedByTheNextOnTheSameLoader) {
+  auto seg = MakeSegment({{"big", DType::kF32, {8, 8}, 0, 0}, {"small", DType::kF32, {8, 8}, 0, 0}}, 9, 1.0,
+                         {1e6, 1.0});  // big: beyond fp16 range
+  ASSERT_TRUE(seg);
+  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
+  ASSERT_TRUE(plan.ok());
+  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
+  ASSERT_TRUE(outs.ok());
+  std::vector<ShardOutput> small_only;
+  for (const ShardOutput& out : *outs)
+    if (out.name == "small") small_only.push_back(out);
+  ASSERT_EQ(small_only.size(), 1u);
+  for (HostPath path : kPaths) {
+    GpuLoadOptions o;
+    o.path = path;
+    o.streams = 1;
+    o.float_dtype = DType::kF16;
+    auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+    ASSERT_TRUE(loader.ok());
+    auto bad = (*loader)->Load(*outs);
+    ASSERT_FALSE(bad.ok()) << HostPathName(path);
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("'big'"), std::string::npos) << bad.status().ToString();
+    for (int rep = 0; rep < 2; ++rep) {
+      auto good = (*loader)->Load(small_only);
+      ASSERT_TRUE(good.ok()) << HostPathName(path) << " load " << rep << ": " << good.status().ToString();
+      ExpectMatches(*seg, small_only, *good, DType::kF16, std::string(HostPathName(path)) + " after an overflow");
+    }
+  }
+}
+
+// Loaders destroyed at once, while their resources are still being prepared on the
+// background thread, stop cleanly (the thread is joined, nothing leaks into the next).
+TEST_F(GpuLoaderTest, LoadersDestroyedWhilePreparingStopCleanly) {
+  auto seg = MakeSegment(RuleTensors(), 8);
+  ASSERT_TRUE(seg);
+  GpuLoadOptions o;
+  o.streams = 16;
+  for (int i = 0; i < 20; ++i) {
+    auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+    ASSERT_TRUE(loader.ok()) << loader.status().ToString();
+  }
+  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
+  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
+  ASSERT_TRUE(outs.ok());
+  auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+  ASSERT_TRUE(loader.ok());
+  auto dict = (*loader)->Load(*outs);
+  ASSERT_TRUE(dict.ok()) << dict.status().ToString();
+  ExpectMatches(*seg, *outs, *dict, std::nullopt, "after 20 loaders destroyed while preparing");
+}
+
+// Workers are prepared one by one in the background and a Load starts with those ready:
+// a Load right after Create, on a loader with 64 workers (most not ready yet), is
+// correct, finds an overflow in whatever worker converted it, and the next Load of the
+// same loader (more workers ready, their flags never set) reports none.
+TEST_F(GpuLoaderTest, ALoadRightAfterCreateUsesTheWorkersReadySoFar) {
+  auto seg = MakeSegment({{"big", DType::kF32, {64, 512}, 0, 0}, {"small", DType::kF32, {256, 512}, 0, 0}}, 10, 1.0,
+                         {1e6, 1.0});
+  ASSERT_TRUE(seg);
+  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
+  ASSERT_TRUE(plan.ok());
+  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
+  ASSERT_TRUE(outs.ok());
+  std::vector<ShardOutput> small_only;
+  for (const ShardOutput& out : *outs)
+    if (out.name == "small") small_only.push_back(out);
+  for (int trial = 0; trial < 6; ++trial) {
+    GpuLoadOptions o;
+    o.streams = 64;
+    o.chunk_bytes = 64 << 10;  // 8 + 8 tasks: fewer than the workers
+    const bool convert = trial % 2 == 1;
+    if (convert) o.float_dtype = DType::kF16;
+    auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
+    ASSERT_TRUE(loader.ok());
+    auto first = (*loader)->Load(*outs);
+    if (convert) {
+      ASSERT_FALSE(first.ok()) << "trial " << trial;
+      EXPECT_NE(first.status().message().find("'big'"), std::string::npos) << first.status().ToString();
+    } else {
+      ASSERT_TRUE(first.ok()) << first.status().ToString();
+      ExpectMatches(*seg, *outs, *first, std::nullopt, "right after Create, trial " + std::to_string(trial));
+    }
+    for (int rep = 0; rep < 3; ++rep) {
+      auto next = (*loader)->Load(small_only);
+      ASSERT_TRUE(next.ok()) << "trial " << trial << " load " << rep << ": " << next.status().ToString();
+      ExpectMatches(*seg, small_only, *next, o.float_dtype, "trial " + std::to_string(trial));
+    }
+    if (HasFailure()) return;
+  }
+}
+
+// The bounce slab: 2 MiB-aligned whole 2 MiB pages (each can be one huge page), pinned
+// for the device, and what is written to it arrives on the device.
+TEST(PinnedBufferTest, IsTwoMiBAlignedWholeHugePagesAndPinned) {
+  if (!GpuAvailable()) GTEST_SKIP() << "no CUDA GPU here";
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  const size_t want = (size_t{5} << 20) + 123;
+  auto b = cuda::PinnedBuffer::Allocate(want, 4);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b->get()) % (size_t{2} << 20), 0u);
+  EXPECT_EQ(b->size(), size_t{6} << 20);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, b->get()), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost) << "not pinned";
+  for (size_t i = 0; i < b->size(); ++i) b->get()[i] = static_cast<std::byte>(i * 7 + 1);
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, b->size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dev, b->get(), b->size(), cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<std::byte> back(b->size());
+  ASSERT_EQ(cudaMemcpy(back.data(), dev, b->size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(dev);
+  EXPECT_EQ(std::memcmp(back.data(), b->get(), b->size()), 0);
 }
 
 TEST(CopySplitTest, CoversEveryByteOnceAndNeverCrossesABoundary) {

@@ -17,6 +17,10 @@
 #   layout    issue 13: ldd of libckptclient / _ckpt (no libcudart, libnccl), the GPU plugin's
 #             NEEDED, the no-GPU-library tests, and a GPU load from Python with PyTorch's own
 #             CUDA runtime in the process beside the plugin's static one (OUT_DIR/layout.log)
+#   sweep     tools/gpu/copy_sweep.sh (issue 14: copy-engine configurations in one process,
+#             4 KiB pages, then huge pages where SWEEP_HUGE=1; SWEEP_CONFIGS, SWEEP_REPS)
+#   copy      tools/bench_gpu.sh ALONE=1, TP 1 2 4, default configuration (issue 14: the GPU
+#             copy against the pinned limit, one process per rank; COPY_CONFIGS, COPY_REPS)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 # BUILD_TARGETS="ckptd ckptctl _ckpt" builds only those (default: everything); BENCH_PREPARE=1
 # writes benchlm's model folder in the background while the project builds; HF_FAMILIES=a,b
@@ -125,6 +129,19 @@ for step in $steps; do
       python3 -X faulthandler tools/gpu/check_layout.py --ckptd build-gpu/bin/ckptd || rc=1
       exit $rc
     ) > "$out/layout.log" 2>&1
+    log "rc=$?" ;;
+  sweep)
+    log "copy engine sweep"
+    BENCH=build-gpu/bin/ckpt-bench-gpu DATA=$data tools/gpu/copy_sweep.sh "$out" "${SWEEP_REPS:-3}" ${SWEEP_CONFIGS:-} \
+      > "$out/sweep.log" 2>&1; log "rc=$?"
+    if [ "${SWEEP_HUGE:-0}" = 1 ]; then
+      HUGE=1 BENCH=build-gpu/bin/ckpt-bench-gpu DATA=$data tools/gpu/copy_sweep.sh "$out" "${SWEEP_REPS:-3}" \
+        ${SWEEP_CONFIGS:-} >> "$out/sweep.log" 2>&1; log "rc=$?"
+    fi ;;
+  copy)
+    log "GPU copy benchmark, TP 1 2 4, each rank alone"
+    SKIP_BUILD=1 BUILD_DIR=build-gpu DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.4} REPS=${COPY_REPS:-3} FP16=0 TRACE=1 \
+      BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:12:0:1 bounce:16:1:1}" tools/bench_gpu.sh "$out/copy" "1 2 4" > "$out/copy.log" 2>&1
     log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
