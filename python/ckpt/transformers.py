@@ -132,6 +132,8 @@ def build_model(config, *, model_class=None, dtype: Optional[torch.dtype] = None
     model_class (a class or a transformers class name), else config.architectures[0],
     else the AutoModelForCausalLM class for the config. Tied parameters are one Parameter."""
     tf = _transformers()
+    from . import as_dtype
+    dtype = as_dtype(dtype)  # a torch.dtype or a name ("float16", "bf16", ...)
     config = model_config(None, config)
     cls = _model_class(tf, config, model_class)
     kwargs = {}
@@ -326,7 +328,7 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
                device: Union[None, str, torch.device] = None, dtype: Optional[torch.dtype] = None,
                convention: Optional[str] = "hf", tp_plan="auto", client=None, socket: Optional[str] = None,
                model_class=None, config=None, strict: bool = True, attn_implementation: Optional[str] = None,
-               copy: Optional[bool] = None, fill: str = "ckpt", **state_dict_kwargs):
+               copy: Optional[bool] = None, fill: str = "ckpt", allow_meta: bool = False, **state_dict_kwargs):
     """The transformers model of checkpoint `name` for this rank, in eval mode.
 
     rank / world: default from the launcher (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, PMI_*,
@@ -346,7 +348,9 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
     else AutoModelForCausalLM's); config: overrides the stored config.json.
     strict: a parameter the checkpoint lacks or a tensor the model has no place for is an
     error naming them (buffers the model computes and tied weights excepted); the model is
-    then not returned.
+    then not returned. strict=False reports them in ckpt_report instead, but a parameter
+    left on the meta device is still an error unless allow_meta=True (ckpt.fill_module).
+    dtype: a torch.dtype or a name ("float16", "bf16", ...; ckpt.as_dtype).
     fill: "ckpt" (default): ckptd's shards go into the model; "transformers": transformers'
     from_pretrained(state_dict=zero-copy views of the whole tensors, tp_plan="auto") does
     the sharding and filling (a fallback taken automatically, with a warning, when the
@@ -362,6 +366,8 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
         raise InvalidArgument(f"convention must be 'hf' or 'megatron', not {convention!r}")
     if fill not in ("ckpt", "transformers"):
         raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
+    from . import as_dtype
+    dtype = as_dtype(dtype)
     launch = resolve_rank_world(rank, world)
     device = torch.device(device) if device is not None else _default_device(launch)
     if device.type == "cuda" and device.index is None:
@@ -411,7 +417,7 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
         shards = pending.result()
     report = fill_module(model, shards, launch.rank, launch.world, device=device, strict=strict,
                          shapes="local" if launch.world == 1 else "global", ignore=_ignored(model),
-                         make_parameter=make, label=checkpoint.name)
+                         make_parameter=make, label=checkpoint.name, allow_meta=allow_meta)
     _tie(model)
     model.eval()
     model.ckpt_fill = "ckpt"
