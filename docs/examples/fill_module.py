@@ -7,6 +7,9 @@ load_state_dict(assign=True) (so torch 1.13 works too), rank and world from torc
 
 Each rank's Block holds its shards (fc1 column parallel, fc2 row parallel); its forward
 adds the ranks' partial sums. Rank 0 compares with the whole Block filled at world 1.
+
+Debian 12's torch 1.13 (Python 3.11): add `--redirects 1 --tee 1` after --nproc_per_node,
+its torchrun's defaults fail there ('NoneType' object has no attribute 'get').
 """
 import argparse
 import os

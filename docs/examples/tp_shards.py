@@ -8,6 +8,9 @@ the ranks add their partial sums. Rank 0 checks the result against the whole mod
 
 CPU with gloo here; on GPUs pass device=f"cuda:{launch.local_rank}" to state_dict (the copy
 engine then DMAs each shard from shared memory) and use NCCL.
+
+Debian 12's torch 1.13 (Python 3.11): add `--redirects 1 --tee 1` after --nproc_per_node,
+its torchrun's defaults fail there ('NoneType' object has no attribute 'get').
 """
 import argparse
 import os

@@ -11,6 +11,9 @@ mics_shard_size):
     part = checkpoint.partition(name, group_size=mics_shard_size,
                                 device=param.ds_tensor.device, dtype=param.ds_tensor.dtype)
     param.ds_tensor.data.copy_(part[:param.ds_tensor.numel()])
+
+Debian 12's torch 1.13 (Python 3.11): add `--redirects 1 --tee 1` after --nproc_per_node,
+its torchrun's defaults fail there ('NoneType' object has no attribute 'get').
 """
 import argparse
 

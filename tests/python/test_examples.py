@@ -39,7 +39,11 @@ class ExamplesTest(unittest.TestCase):
         env = dict(os.environ, CKPTD_SOCKET=self.daemon.socket, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
         for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             env.pop(var, None)
+        # --redirects 1 --tee 1: torch 1.13's torchrun under Python 3.11 (Debian 12) fails
+        # with its defaults (AttributeError: 'NoneType' object has no attribute 'get': its
+        # Std flag lookup finds no member for 0); these keep stdout on the console.
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+               "--redirects", "1", "--tee", "1",
                os.path.join(EXAMPLES, script), "--name", "demo", *args]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
         self.assertEqual(r.returncode, 0, f"{' '.join(cmd)}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}")
