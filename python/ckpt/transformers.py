@@ -389,7 +389,7 @@ def load_model(name: str, *, rank: Optional[int] = None, world: Optional[int] = 
             and not callable(plan):
         kwargs["convention"] = convention  # a built-in family, "auto", a plan file or a TpPlan
     if copy is None:
-        copy = True  # CPU shards as private copies (zero-copy views of the mapping are read-only)
+        copy = True  # CPU shards as private copies up front (views would copy on the first write)
 
     # The shards are fetched on a second thread (the copy engine runs without the GIL)
     # while this one builds the model skeleton; both must succeed.

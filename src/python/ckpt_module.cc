@@ -1,7 +1,7 @@
 // _ckpt: the pybind11 extension under the `ckpt` Python package (python/ckpt/).
 //
-// It wraps libckptclient without linking libtorch: tensors reach PyTorch as read-only
-// buffers (torch.frombuffer, zero copy) or are gathered into memory that PyTorch owns
+// It wraps libckptclient without linking libtorch: tensors reach PyTorch as copy-on-write
+// buffers (torch.frombuffer, zero copy; Checkpoint::PrivateTensorData) or are gathered into memory that PyTorch owns
 // (a data pointer from tensor.data_ptr()). Status errors become ckpt.CkptError subclasses
 // carrying the daemon's message.
 #include <pybind11/functional.h>

@@ -128,7 +128,7 @@ class FillModuleTest(unittest.TestCase):
         self.assertTrue(model.blocks[0].q.weight.requires_grad)
 
     def test_cpu_parameters_are_private_copies_by_default(self):
-        # Zero-copy views of the read-only mapping would fault on an in-place update.
+        # By default parameters own their memory (a view would copy pages on the first in-place update).
         c = self.client.attach("tiny")
         model = on_meta()
         ckpt.fill_module(model, c, 0, 1)
