@@ -165,6 +165,10 @@ class Checkpoint {
   // tensor; IoError if the private mapping cannot be made (the error says why, e.g. no
   // huge pages left to reserve on hugetlbfs). Thread-safe.
   Result<std::byte*> PrivateTensorData(const std::string& name) const;
+  // Bytes of this process's own memory that writes into the copy-on-write view cost so
+  // far (the "Anonymous" pages of that mapping in /proc/self/smaps): 0 before the view is
+  // made or while it is only read. IoError if smaps cannot be read. Thread-safe.
+  Result<uint64_t> PrivateBytes() const;
   // Recomputes every tensor's checksum against the index. Corrupt names the first
   // mismatch. Reads the whole checkpoint.
   Status Verify() const;

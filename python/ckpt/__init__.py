@@ -12,6 +12,7 @@ copy-on-write like torch.load(mmap=True) (a write copies the pages written into 
 process; the checkpoint never changes), until a shard is gathered or moved to a device.
 Errors raise ckpt.CkptError subclasses that carry the daemon's message.
 """
+import functools
 import json
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
@@ -86,6 +87,7 @@ _DTYPE_ALIASES = {"fp16": torch.float16, "fp32": torch.float32, "fp64": torch.fl
                   "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 
 
+@functools.lru_cache(maxsize=1)
 def _dtype_names() -> Dict[str, torch.dtype]:
     names = {k.lower(): v for k, v in DTYPES.items()}
     for attr in dir(torch):
@@ -107,7 +109,7 @@ def as_dtype(dtype) -> Optional[torch.dtype]:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str):
-        names = _dtype_names()
+        names = _dtype_names()  # (cached: callers must not change it)
         key = dtype.strip().lower()
         key = key[len("torch."):] if key.startswith("torch.") else key
         if key in names:
@@ -141,6 +143,12 @@ class Checkpoint:
 
     def keys(self):
         return list(self._infos)
+
+    @property
+    def private_bytes(self) -> int:
+        """This process's own memory that writes into this attachment's zero-copy views
+        have cost so far (pages copied on write); 0 while they are only read."""
+        return self._h.private_bytes
 
     @property
     def side_files(self) -> list:

@@ -7,6 +7,9 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -144,6 +147,30 @@ class Checkpoint::PrivateView {
     return static_cast<std::byte*>(p);
   }
 
+  // The anonymous (copied-on-write) bytes of the mapping; 0 if it is not made yet.
+  Result<uint64_t> AnonymousBytes() const {
+    const std::byte* base = base_.load(std::memory_order_acquire);
+    if (base == nullptr) return uint64_t{0};
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(base), hi = lo + size_;
+    std::ifstream smaps("/proc/self/smaps");
+    if (!smaps) return ErrnoError("open /proc/self/smaps", errno);
+    uint64_t total = 0;
+    bool inside = false;
+    std::string line;
+    while (std::getline(smaps, line)) {
+      uintptr_t a = 0, b = 0;
+      char perms[8] = {};
+      // A mapping's header: "start-end perms offset dev inode path".
+      if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " %7s", &a, &b, perms) == 3) {
+        inside = a >= lo && b <= hi;  // the kernel may split the mapping into several
+        continue;
+      }
+      uint64_t kb = 0;
+      if (inside && std::sscanf(line.c_str(), "Anonymous: %" SCNu64 " kB", &kb) == 1) total += kb * 1024;
+    }
+    return total;
+  }
+
  private:
   std::mutex mu_;
   UniqueFd fd_;
@@ -191,6 +218,8 @@ Result<std::byte*> Checkpoint::PrivateTensorData(const std::string& name) const 
   // Same offset in both mappings of the one object.
   return base + (view.data - reinterpret_cast<const std::byte*>(&segment_->header()));
 }
+
+Result<uint64_t> Checkpoint::PrivateBytes() const { return private_->AnonymousBytes(); }
 
 Result<ShardLayout> Checkpoint::PlanShard(const std::string& name, const ShardSpec& spec) const {
   CKPT_ASSIGN_OR_RETURN(TensorView view, Tensor(name));

@@ -483,6 +483,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("name", &ckpt::Checkpoint::name)
       .def_property_readonly("generation", &ckpt::Checkpoint::generation)
       .def_property_readonly("mapped_bytes", &ckpt::Checkpoint::mapped_bytes)
+      .def_property_readonly("private_bytes", [](const ckpt::Checkpoint& c) { return Unwrap(c.PrivateBytes()); })
       .def("tensors",
            [](const ckpt::Checkpoint& c) {
              py::list out;

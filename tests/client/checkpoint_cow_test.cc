@@ -126,6 +126,7 @@ TEST_F(CheckpointCowTest, WritesArePrivateAndTheCheckpointStaysIntact) {
 }
 
 TEST_F(CheckpointCowTest, OnlyThePagesWrittenAreCopied) {
+  EXPECT_EQ(ckpt_->PrivateBytes().value(), 0u) << "no private mapping yet";
   std::byte* p = *ckpt_->PrivateTensorData(big_);
   const long page = ::sysconf(_SC_PAGESIZE);
   // Reading the whole view copies nothing.
@@ -133,6 +134,7 @@ TEST_F(CheckpointCowTest, OnlyThePagesWrittenAreCopied) {
   for (uint64_t i = 0; i < nbytes_; i += 64) sum += static_cast<uint8_t>(p[i]);
   EXPECT_GE(sum, 0u);
   EXPECT_EQ(AnonymousBytesOf(p), 0u) << "reads share the checkpoint's pages";
+  EXPECT_EQ(ckpt_->PrivateBytes().value(), 0u);
   // Writing one byte in each of 8 pages copies 8 pages, not the tensor.
   const std::byte* first_page = reinterpret_cast<const std::byte*>(
       (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page);
@@ -141,6 +143,9 @@ TEST_F(CheckpointCowTest, OnlyThePagesWrittenAreCopied) {
   const uint64_t dirty = AnonymousBytesOf(p);
   EXPECT_GE(dirty, 8u * page);
   EXPECT_LE(dirty, 8u * page + 2u * 1024 * 1024) << "at most the pages written (huge pages aside)";
+  auto accounted = ckpt_->PrivateBytes();
+  ASSERT_TRUE(accounted.ok()) << accounted.status().ToString();
+  EXPECT_EQ(*accounted, dirty) << "what the Checkpoint reports is what the kernel counts";
 }
 
 TEST_F(CheckpointCowTest, TheSharedMappingCannotBeMadeWritable) {

@@ -110,6 +110,7 @@ class CopyOnWriteViewTest(unittest.TestCase):
 
     def test_only_the_pages_written_are_copied(self):
         c = self.client.attach("gpt")
+        self.assertEqual(c.private_bytes, 0)
         t = c.tensor(self.big)
         flat = t.view(-1).view(torch.uint8)
         self.assertGreater(flat.numel(), 64 * 4096)
@@ -123,6 +124,7 @@ class CopyOnWriteViewTest(unittest.TestCase):
         got = anonymous_bytes_of(base)
         self.assertGreaterEqual(got, 8 * page)
         self.assertLessEqual(got, 8 * page + 2 * 2**20, "only the pages written (huge pages aside)")
+        self.assertEqual(c.private_bytes, got, "Checkpoint.private_bytes is what the kernel counts")
 
     def test_buffer_is_writable_and_the_mapping_outlives_the_checkpoint(self):
         c = self.client.attach("gpt")
