@@ -152,6 +152,23 @@ class Checkpoint {
   Status CopyShard(const std::string& name, const ShardSpec& spec, void* dst, size_t dst_size) const;
   // Start of tensor `name`'s bytes in the mapping, for use with a ShardLayout's regions.
   Result<const std::byte*> TensorData(const std::string& name) const;
+  // Start of tensor `name`'s bytes in this process's copy-on-write view of the checkpoint
+  // (what zero-copy CPU tensors point into; like torch.load(mmap=True)): a second,
+  // private mapping (MAP_PRIVATE, PROT_READ|PROT_WRITE) of the same read-only descriptor,
+  // made on the first call. Reads share the checkpoint's one copy; the first write to a
+  // page gives this process a private copy of that page (4 KiB, or the huge page), charged
+  // to it as anonymous memory (a process that writes its whole view pays the whole
+  // checkpoint again), and never reaches the shared object, which stays read-only for
+  // every process. Everything else (Tensor, TensorData, CopyShard, Verify, the CUDA copy
+  // engine) reads the shared mapping, so it always sees the checkpoint's own bytes, never
+  // this process's writes. Valid while this Checkpoint lives. NotFound for an unknown
+  // tensor; IoError if the private mapping cannot be made (the error says why, e.g. no
+  // huge pages left to reserve on hugetlbfs). Thread-safe.
+  Result<std::byte*> PrivateTensorData(const std::string& name) const;
+  // Bytes of this process's own memory that writes into the copy-on-write view cost so
+  // far (the "Anonymous" pages of that mapping in /proc/self/smaps): 0 before the view is
+  // made or while it is only read. IoError if smaps cannot be read. Thread-safe.
+  Result<uint64_t> PrivateBytes() const;
   // Recomputes every tensor's checksum against the index. Corrupt names the first
   // mismatch. Reads the whole checkpoint.
   Status Verify() const;
@@ -170,11 +187,15 @@ class Checkpoint {
  private:
   friend class Client;
   class LeaseKeeper;
+  class PrivateView;
+  // Takes ownership of `segment_fd` (the daemon's read-only descriptor of the segment,
+  // kept for the copy-on-write view; -1 if none).
   Checkpoint(std::string name, std::string socket_path, std::unique_ptr<protocol::DaemonConnection> lease,
-             std::unique_ptr<shm::SegmentReader> segment);
+             std::unique_ptr<shm::SegmentReader> segment, int segment_fd);
   Status StartLeaseKeeper();
   std::string name_;
   std::unique_ptr<shm::SegmentReader> segment_;
+  std::unique_ptr<PrivateView> private_;  // the copy-on-write mapping, made on first use
   std::unique_ptr<LeaseKeeper> keeper_;  // holds the lease (connection) open while attached
 };
 

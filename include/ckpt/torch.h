@@ -20,8 +20,10 @@ namespace ckpt {
 
 struct TorchLoadOptions {
   // -1: CPU tensors. A shard that is one contiguous run of its tensor, with no fusion,
-  // transpose or conversion, is a zero-copy view of shared memory (read-only memory:
-  // writing to it faults; clone() it to modify); the others are copied into new tensors.
+  // transpose or conversion, is a zero-copy view of shared memory, copy-on-write like
+  // torch.load(mmap=True) (Checkpoint::PrivateTensorData): writing to it copies the pages
+  // written into this process's memory and never changes the checkpoint; the others are
+  // copied into new tensors.
   // >= 0: tensors on cuda:<device>, copied by the GpuLoader with `gpu`.
   int device = -1;
   GpuLoadOptions gpu;

@@ -3,16 +3,17 @@
     import ckpt
     client = ckpt.connect()                       # $CKPTD_SOCKET or /run/ckptd/ckptd.sock
     client.load("/models/llama/model.safetensors", name="llama")
-    sd = client.state_dict("llama", rank=rank, world=world, plan="auto", convention="hf",
-                           device=f"cuda:{rank}", dtype=torch.float16)  # plans: docs/tp-plans.md
-    model.load_state_dict(sd, strict=False)
+    sd = client.state_dict("llama", plan="auto", convention="hf",   # rank/world from torchrun's env
+                           device=f"cuda:{rank}", dtype="float16")  # plans: docs/tp-plans.md
+    ckpt.fill_module(model, client.attach("llama"), plan="auto", convention="hf", shapes="global")
 
-Every rank attaches the daemon's one copy read-only; tensors are zero-copy views of it
-(read-only CPU tensors) until a shard is gathered or moved to a device. Errors raise
-ckpt.CkptError subclasses that carry the daemon's message.
+Every rank attaches the daemon's one copy read-only; CPU tensors are zero-copy views of it,
+copy-on-write like torch.load(mmap=True) (a write copies the pages written into this
+process; the checkpoint never changes), until a shard is gathered or moved to a device.
+Errors raise ckpt.CkptError subclasses that carry the daemon's message.
 """
+import functools
 import json
-import warnings
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
@@ -27,7 +28,7 @@ __all__ = [
     "CkptError", "InvalidArgument", "NotFound", "AlreadyExists", "Corrupt", "Unsupported", "ResourceExhausted",
     "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "DeadlineExceeded", "Cancelled",
     "NcclGroup", "nccl_group",
-    "ds_partition_size", "plans",
+    "ds_partition_size", "plans", "as_dtype",
 ]
 
 DTYPES = {
@@ -80,6 +81,44 @@ Plan = Union[None, str, "plans.TpPlan", Mapping[str, Rule], Callable[[str, dict]
 
 _DTYPE_NAMES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
 
+# Short names people write for dtypes, besides the checkpoint table's (F16, BF16, ...) and
+# torch's own attribute names (float16, half, bfloat16, float, ...).
+_DTYPE_ALIASES = {"fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16,
+                  "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
+
+
+@functools.lru_cache(maxsize=1)
+def _dtype_names() -> Dict[str, torch.dtype]:
+    names = {k.lower(): v for k, v in DTYPES.items()}
+    for attr in dir(torch):
+        value = getattr(torch, attr, None)
+        if isinstance(value, torch.dtype):
+            names[attr.lower()] = value
+    for alias, value in _DTYPE_ALIASES.items():
+        value = getattr(torch, value, None) if isinstance(value, str) else value
+        if value is not None:
+            names[alias] = value
+    return names
+
+
+def as_dtype(dtype) -> Optional[torch.dtype]:
+    """A torch.dtype from a torch.dtype, None (None) or a name: torch's ("float16", "half",
+    "bfloat16", "float32", "float", "torch.float16", ...), the checkpoint table's ("F16",
+    "BF16", "F32", ...) or a short one ("fp16", "bf16", "fp32", "fp64"); any case. Raises
+    ckpt.InvalidArgument (a ValueError) listing the valid names for anything else."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        names = _dtype_names()  # (cached: callers must not change it)
+        key = dtype.strip().lower()
+        key = key[len("torch."):] if key.startswith("torch.") else key
+        if key in names:
+            return names[key]
+        valid = ", ".join(sorted(names))
+        raise InvalidArgument(f"unknown dtype {dtype!r}: use a torch.dtype or one of {valid}")
+    raise InvalidArgument(f"dtype must be a torch.dtype or a name such as 'float16', not {type(dtype).__name__} "
+                          f"{dtype!r}")
+
 
 def ds_partition_size(numel: int, world: int) -> int:
     """Elements each rank holds under DeepSpeed ZeRO-3 partitioning (padded)."""
@@ -104,6 +143,12 @@ class Checkpoint:
 
     def keys(self):
         return list(self._infos)
+
+    @property
+    def private_bytes(self) -> int:
+        """This process's own memory that writes into this attachment's zero-copy views
+        have cost so far (pages copied on write); 0 while they are only read."""
+        return self._h.private_bytes
 
     @property
     def side_files(self) -> list:
@@ -136,23 +181,33 @@ class Checkpoint:
             raise NotFound(f"checkpoint '{self.name}' has no tensor '{name}'") from None
 
     def tensor(self, name: str) -> torch.Tensor:
-        """The whole tensor as a read-only, zero-copy CPU tensor (do not write to it)."""
+        """The whole tensor as a zero-copy CPU tensor, copy-on-write like
+        torch.load(mmap=True): reads share the daemon's one copy; writing to it copies the
+        pages written into this process's memory (charged to it) and never changes the
+        checkpoint, which other processes, copies (copy=True, gathered shards), device
+        loads and verify() keep seeing unchanged. Views of one tensor in this process see
+        each other's writes, as views of one storage do."""
         info = self.info(name)
         dtype = _torch_dtype(info["dtype"])
         if info["nbytes"] == 0:
             return torch.empty(info["shape"], dtype=dtype)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "buffer is not writable": it is shared memory
-            flat = torch.frombuffer(self._h.buffer(name), dtype=dtype)
+        flat = torch.frombuffer(self._h.buffer(name), dtype=dtype)
         return flat.view(info["shape"])
 
-    def shard(self, name: str, rule: Rule = REPLICATE, rank: int = 0, world: int = 1, *,
-              device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
+    def shard(self, name: str, rule: Rule = REPLICATE, rank: Optional[int] = None, world: Optional[int] = None, *,
+              device: Union[str, torch.device] = "cpu", dtype: Union[None, str, torch.dtype] = None,
               copy: bool = False) -> torch.Tensor:
-        """This rank's part of tensor `name` under `rule`. On the CPU, a contiguous part
-        with copy=False is a zero-copy (read-only) view; otherwise the part is gathered
-        into a new tensor. For a device, the part is copied there from shared memory
-        and converted to `dtype` on the device."""
+        """This rank's part of tensor `name` under `rule`; rank / world default from the
+        launcher's environment (ckpt.launcher_env()). On the CPU, a contiguous part with
+        copy=False is a zero-copy, copy-on-write view (see tensor()); otherwise the part is
+        gathered into a new tensor. For a device, the part is copied there from shared
+        memory and converted to `dtype` (a torch.dtype or a name, see ckpt.as_dtype)."""
+        from .launcher import resolve_rank_world
+        if rule[0] == "replicate" and rank is None and world is None:
+            rank, world = 0, 1  # nothing to split: no launcher needed
+        place = resolve_rank_world(rank, world)
+        rank, world = place.rank, place.world
+        dtype = as_dtype(dtype)
         kind, dim, chunks, uneven = rule
         shape, nbytes, contiguous, offset = self._h.shard_info(name, kind, dim, rank, world, chunks, uneven)
         src_dtype = _torch_dtype(self.info(name)["dtype"])
@@ -170,29 +225,38 @@ class Checkpoint:
             out = out.to(dtype)
         return out
 
-    def partition(self, name: str, rank: int, world: int, *, group_size: Optional[int] = None,
-                  device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-        """The ZeRO-3 partition of tensor `name` for global `rank` of `world`: 1/N of the
-        flattened tensor, zero-padded like DeepSpeed. With MiCS, group_size is
-        mics_shard_size: partitions are taken within the rank's shard group."""
-        part_rank, parts = _partition_coords(rank, world, group_size)
+    def partition(self, name: str, rank: Optional[int] = None, world: Optional[int] = None, *,
+                  group_size: Optional[int] = None, device: Union[str, torch.device] = "cpu",
+                  dtype: Union[None, str, torch.dtype] = None) -> torch.Tensor:
+        """The ZeRO-3 partition of tensor `name` for global `rank` of `world` (default: the
+        launcher's, ckpt.launcher_env()): 1/N of the flattened tensor, zero-padded like
+        DeepSpeed. With MiCS, group_size is mics_shard_size: partitions are taken within the
+        rank's shard group."""
+        from .launcher import resolve_rank_world
+        place = resolve_rank_world(rank, world)
+        part_rank, parts = _partition_coords(place.rank, place.world, group_size)
         return self.shard(name, partition_rule(), part_rank, parts, device=device, dtype=dtype, copy=True)
 
-    def resolve(self, rank: int = 0, world: int = 1, plan: Plan = None, *, convention: str = "megatron",
-                config=None, **options):
+    def resolve(self, rank: Optional[int] = None, world: Optional[int] = None, plan: Plan = None, *,
+                convention: str = "megatron", config=None, **options):
         """This rank's outputs under `plan` (ckpt.plans.ShardOutput: name, pieces, transpose,
         view), as the plan engine resolves them for both the CPU and the CUDA path. `config`
-        (dict or JSON text) defaults to the checkpoint's own (self.config)."""
+        (dict or JSON text) defaults to the checkpoint's own (self.config). rank / world
+        default from the launcher's environment (ckpt.launcher_env())."""
         from . import plans as _plans
+        from .launcher import resolve_rank_world
+        place = resolve_rank_world(rank, world)
+        rank, world = place.rank, place.world
         if config is None:
             config = getattr(self, "config", None)
         tp = _plans.make(plan, config=config, convention=convention, **options)
         return self._h.resolve(tp, rank, world)
 
-    def state_dict(self, rank: int = 0, world: int = 1, plan: Plan = None, *, convention: str = "megatron",
+    def state_dict(self, rank: Optional[int] = None, world: Optional[int] = None, plan: Plan = None, *,
+                   convention: str = "megatron",
                    config=None, fuse_qkv: bool = False, fuse_gate_up: bool = False, expert_parallel: bool = False,
                    fuse_experts: bool = False, transpose_conv1d: bool = False,
-                   device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
+                   device: Union[str, torch.device] = "cpu", dtype: Union[None, str, torch.dtype] = None,
                    copy: bool = False, names=None, engine: str = "auto", group=None,
                    collective: str = "auto", host_path: str = "bounce") -> Dict[str, torch.Tensor]:
         """{name: this rank's tensor} of the rank's state dict under `plan`: "auto" (the family
@@ -203,9 +267,13 @@ class Checkpoint:
         on this rank, per-expert MoE tensors fused into 3-d experts.* as transformers does);
         docs/tp-plans.md says what each rank gets. Options (megatron): fuse_qkv, fuse_gate_up,
         expert_parallel (whole experts per rank), fuse_experts (3-d experts outputs),
-        transpose_conv1d (GPT-2). `names` keeps only those outputs. dtype converts
-        floating-point tensors only, on the device when there is one. Every plan but a
-        callable goes through the C++ plan engine, for the CPU as for the CUDA path.
+        transpose_conv1d (GPT-2). `names` keeps only those outputs. dtype (a torch.dtype
+        or a name: "float16", "bf16", ...; ckpt.as_dtype) converts floating-point tensors
+        only, on the device when there is one. Every plan but a callable goes through the
+        C++ plan engine, for the CPU as for the CUDA path. rank / world default from the
+        launcher's environment (ckpt.launcher_env(): torchrun, DeepSpeed, mpirun, srun).
+        On the CPU with copy=False, outputs that are one contiguous run of their tensor are
+        zero-copy, copy-on-write views (see tensor()).
 
         engine: "gpu" copies through the CUDA copy engine (pinned bounce buffers, 2D DMA,
         several streams, conversion on the GPU) into one device allocation; "torch" copies
@@ -223,6 +291,10 @@ class Checkpoint:
         host_path (gpu engine): "bounce" (16 threads stage through 1 MiB pinned buffers,
         32 MiB per call while it runs; the fastest), "register" (pins the mapping's pages
         in place: no extra host memory, several times slower), "pageable"."""
+        from .launcher import resolve_rank_world
+        place = resolve_rank_world(rank, world)
+        rank, world = place.rank, place.world
+        dtype = as_dtype(dtype)
         device = torch.device(device)
         if engine not in ("auto", "gpu", "torch"):
             raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")
@@ -269,7 +341,7 @@ class Checkpoint:
         return out
 
     def _output_on_cpu(self, output, copy: bool) -> torch.Tensor:
-        """One resolved output on the CPU: a zero-copy (read-only) view when it is one
+        """One resolved output on the CPU: a zero-copy (copy-on-write) view when it is one
         contiguous run of its source and copy is False, else gathered by the plan engine."""
         shape, dtype_name, nbytes, offset = self._h.output_layout(output)
         dtype = _torch_dtype(dtype_name)
@@ -294,10 +366,15 @@ class Checkpoint:
             torch.cuda.synchronize(device)
         return out
 
-    def partitions(self, rank: int, world: int, *, group_size: Optional[int] = None,
-                   device: Union[str, torch.device] = "cpu", dtype: Optional[torch.dtype] = None,
-                   names=None) -> Dict[str, torch.Tensor]:
-        """{name: ZeRO-3 / MiCS partition} for every tensor (or `names`)."""
+    def partitions(self, rank: Optional[int] = None, world: Optional[int] = None, *,
+                   group_size: Optional[int] = None, device: Union[str, torch.device] = "cpu",
+                   dtype: Union[None, str, torch.dtype] = None, names=None) -> Dict[str, torch.Tensor]:
+        """{name: ZeRO-3 / MiCS partition} for every tensor (or `names`); rank / world
+        default from the launcher's environment."""
+        from .launcher import resolve_rank_world
+        place = resolve_rank_world(rank, world)
+        rank, world = place.rank, place.world
+        dtype = as_dtype(dtype)
         return {name: self.partition(name, rank, world, group_size=group_size, device=device, dtype=dtype)
                 for name in (names if names is not None else self._infos)}
 
@@ -317,11 +394,16 @@ class Client:
         """Has the daemon load `path` under `name` and returns its summary. `progress(done,
         total)` is called about every 100 ms. If it raises (or Ctrl-C arrives), the load is
         cancelled, nothing is published, and the exception propagates; the client stays
-        usable (its next call gets its own answer)."""
+        usable (its next call gets its own answer). replace=True publishes a new
+        generation under an existing name (processes attached to the old one keep it
+        until they detach); without it, an existing name raises AlreadyExists."""
         return self._c.load(str(path), name or "", progress, replace, allow_expansion)
 
     def evict(self, name: str, force: bool = False, wait: float = 0.0) -> dict:
-        """Removes `name`; returns what was evicted. NotFound if unknown."""
+        """Removes `name`; returns what was evicted. NotFound if unknown. While it is
+        attached: with force, evicted at once (attached processes keep their mapping);
+        else, with wait (seconds, 0 to 86400, like ckptctl evict --wait), the call waits up
+        to that long for the last attachment to go, then raises FailedPrecondition."""
         return self._c.evict(name, force, float(wait))
 
     def verify(self, name: str) -> dict:
@@ -343,7 +425,10 @@ class Client:
     def attach(self, name: str) -> Checkpoint:
         return Checkpoint(self._c.attach(name))
 
-    def state_dict(self, name: str, rank: int = 0, world: int = 1, plan: Plan = None, **kwargs) -> Dict[str, torch.Tensor]:
+    def state_dict(self, name: str, rank: Optional[int] = None, world: Optional[int] = None, plan: Plan = None,
+                   **kwargs) -> Dict[str, torch.Tensor]:
+        """attach(name).state_dict(rank, world, plan, **kwargs): rank / world default from
+        the launcher's environment."""
         return self.attach(name).state_dict(rank, world, plan, **kwargs)
 
     def rendezvous(self, job: str, rank: int, world: int, value: bytes = b"", timeout: float = 60.0) -> bytes:

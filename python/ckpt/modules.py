@@ -9,7 +9,8 @@ fill_module is all-or-nothing: it fetches and checks every tensor first, and onl
 nothing is missing, unexpected or of the wrong shape does it replace the module's
 parameters (new nn.Parameters stored in their owners' _parameters, as setattr would store
 them: no load_state_dict(assign=True), so it works on torch 1.13 as on current torch). On an
-error the module is untouched.
+error the module is untouched, and no parameter is ever left on the meta device without an
+error naming it.
 """
 import re
 from typing import Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
@@ -64,8 +65,8 @@ def _shape_ok(got: Sequence[int], want: Sequence[int], world: int, shapes: str) 
 
 def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world: Optional[int] = None,
                 plan=None, *, convention: Optional[str] = None, device: Union[str, torch.device] = "cpu",
-                dtype: Optional[torch.dtype] = None, strict: bool = True, shapes: str = "local",
-                copy: Optional[bool] = None, ignore: Iterable[str] = (),
+                dtype: Union[None, str, torch.dtype] = None, strict: bool = True, shapes: str = "local",
+                copy: Optional[bool] = None, ignore: Iterable[str] = (), allow_meta: bool = False,
                 make_parameter: Optional[Callable[[str, torch.Tensor, nn.Parameter], torch.Tensor]] = None,
                 label: Optional[str] = None, **state_dict_kwargs) -> FillReport:
     """Replaces `module`'s parameters (and persistent buffers the checkpoint holds) with
@@ -80,8 +81,15 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     built for its shards, e.g. Megatron-style parallel layers, or world 1); "global": the
     module holds the unsharded shapes (transformers' tensor-parallel models) and a shard
     must keep or split each dim by world.
-    copy: CPU shards are zero-copy views of read-only shared memory with copy=False, which
-    fault if written to (inference only); default True on the CPU. Devices always copy.
+    dtype: a torch.dtype or a name ("float16", "bf16", ...; ckpt.as_dtype).
+    copy: with copy=False, CPU shards that are one contiguous run of their tensor are
+    zero-copy, copy-on-write views of the shared memory (a write, e.g. an optimizer step,
+    copies the pages written into this process); default True on the CPU, so parameters
+    own their memory. Devices always copy.
+    strict=False: parameters the checkpoint lacks and tensors no parameter takes are
+    reported (missing / unexpected) instead of raising, but a missing parameter that is on
+    the meta device (it has no data: the module could not run) is still an error naming
+    it, unless allow_meta=True.
     ignore: regexes (re.search) of checkpoint names to leave unused without error.
     make_parameter(name, shard, old_parameter) -> tensor: what the parameter holds (e.g. a
     DTensor around the shard); default the shard itself.
@@ -101,7 +109,8 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     make_parameter and of moving buffers also leave it untouched: everything that can fail
     runs before the first attribute is set. Not thread-safe against other users of
     `module` while it runs."""
-    from . import InvalidArgument
+    from . import InvalidArgument, as_dtype
+    dtype = as_dtype(dtype)
     if shapes not in ("local", "global"):
         raise InvalidArgument(f"shapes must be 'local' or 'global', not {shapes!r}")
     place = resolve_rank_world(rank, world)
@@ -123,7 +132,7 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
                                        **kwargs)
     what = label if label is not None else getattr(checkpoint, "name", None)
     return _fill(module, walk, shards, place, device, strict=strict, shapes=shapes, ignore=ignore,
-                 make_parameter=make_parameter, label=what)
+                 make_parameter=make_parameter, label=what, allow_meta=allow_meta)
 
 
 class _Walk(NamedTuple):
@@ -159,7 +168,7 @@ def _walk(module: nn.Module) -> _Walk:
 def _fill(module: nn.Module, walk: _Walk, shards: Mapping[str, torch.Tensor], place: Launch,
           device: torch.device, *, strict: bool, shapes: str, ignore: Iterable[str],
           make_parameter: Optional[Callable[[str, torch.Tensor, nn.Parameter], torch.Tensor]],
-          label: Optional[str]) -> FillReport:
+          label: Optional[str], allow_meta: bool = False) -> FillReport:
     """fill_module's checks and commit, for shards already fetched and a walk of `module`
     taken since its last change (load_model walks the model while the shards are copied)."""
     from . import InvalidArgument
@@ -222,6 +231,14 @@ def _fill(module: nn.Module, walk: _Walk, shards: Mapping[str, torch.Tensor], pl
         problems.append(_listing("tied parameters with different tensors in the checkpoint", tied_differ))
     if strict and missing:
         problems.append(_listing("missing (no tensor in the checkpoint)", missing))
+    elif missing and not allow_meta:
+        on_meta = [n for key, names in groups.items() if params[key].device.type == "meta"
+                   for n in names if n in missing]
+        on_meta += [n for n in missing if n.endswith("(buffer on the meta device)")]
+        if on_meta:
+            problems.append(_listing("left on the meta device (no tensor in the checkpoint; strict=False "
+                                     "fills only what the checkpoint has: pass allow_meta=True to accept)",
+                                     on_meta))
     if strict and unexpected:
         problems.append(_listing("unexpected (no such parameter or buffer)", unexpected))
     if problems:

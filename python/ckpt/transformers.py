@@ -154,6 +154,8 @@ def build_model(config, *, model_class=None, dtype: Optional[torch.dtype] = None
     model_class (a class or a transformers class name), else config.architectures[0],
     else the AutoModelForCausalLM class for the config. Tied parameters are one Parameter."""
     tf = _transformers()
+    from . import as_dtype
+    dtype = as_dtype(dtype)  # a torch.dtype or a name ("float16", "bf16", ...)
     config = model_config(None, config)
     cls = _model_class(tf, config, model_class)
     kwargs = {}
@@ -382,7 +384,7 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
                device: Union[None, str, torch.device] = None, dtype: Optional[torch.dtype] = None,
                convention: Optional[str] = "hf", tp_plan="auto", client=None, socket: Optional[str] = None,
                model_class=None, config=None, strict: bool = True, attn_implementation: Optional[str] = None,
-               copy: Optional[bool] = None, fill: str = "ckpt", **state_dict_kwargs):
+               copy: Optional[bool] = None, fill: str = "ckpt", allow_meta: bool = False, **state_dict_kwargs):
     """The transformers model of checkpoint `name` for this rank, in eval mode.
 
     name: the checkpoint's name (attached for this call), or a ckpt.Checkpoint already
@@ -407,7 +409,9 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     else AutoModelForCausalLM's); config: overrides the stored config.json.
     strict: a parameter the checkpoint lacks or a tensor the model has no place for is an
     error naming them (buffers the model computes and tied weights excepted); the model is
-    then not returned.
+    then not returned. strict=False reports them in ckpt_report instead, but a parameter
+    left on the meta device is still an error unless allow_meta=True (ckpt.fill_module).
+    dtype: a torch.dtype or a name ("float16", "bf16", ...; ckpt.as_dtype).
     fill: "ckpt" (default): ckptd's shards go into the model; "transformers": transformers'
     from_pretrained(state_dict=zero-copy views of the whole tensors, tp_plan="auto") does
     the sharding and filling (a fallback taken automatically, with a warning, when the
@@ -439,6 +443,8 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
         raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
     if not isinstance(name, (str, Checkpoint)):
         raise InvalidArgument(f"name must be a checkpoint name or a ckpt.Checkpoint, not {type(name).__name__}")
+    from . import as_dtype
+    dtype = as_dtype(dtype)
     launch = resolve_rank_world(rank, world)
     device = torch.device(device) if device is not None else _default_device(launch)
     if device.type == "cuda" and device.index is None:
@@ -464,7 +470,7 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
             and not callable(plan):
         kwargs["convention"] = convention  # a built-in family, "auto", a plan file or a TpPlan
     if copy is None:
-        copy = True  # CPU shards as private copies (zero-copy views of the mapping are read-only)
+        copy = True  # CPU shards as private copies up front (views would copy on the first write)
 
     def fetch():
         t0 = time.perf_counter()
@@ -516,7 +522,7 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
         t = lap("wait", t)
     report = _fill(model, walk, shards, launch, device, strict=strict,
                    shapes="local" if launch.world == 1 else "global", ignore=ignore, make_parameter=make,
-                   label=checkpoint.name)
+                   label=checkpoint.name, allow_meta=allow_meta)
     del shards
     t = lap("fill", t)
     _tie(model)

@@ -1,8 +1,16 @@
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -95,9 +103,86 @@ class Checkpoint::LeaseKeeper {
   std::unique_ptr<std::thread> thread_;
 };
 
+// The copy-on-write view: a MAP_PRIVATE, PROT_READ|PROT_WRITE mapping of the segment's
+// read-only descriptor, made on first use. The kernel allows a private writable mapping of
+// a descriptor opened read-only because writes never reach the file: the first write to a
+// page copies it into anonymous memory of this process. It is made with MAP_NORESERVE
+// (the copies are charged when written, not the whole size up front, so mapping a
+// checkpoint larger than free memory works) except on hugetlbfs, where a private page
+// needs a reservation made at mmap time (without it a write could SIGBUS when the pool
+// is empty; with it the mmap fails cleanly instead).
+class Checkpoint::PrivateView {
+ public:
+  PrivateView(UniqueFd fd, uint64_t size, std::string name) : fd_(std::move(fd)), size_(size), name_(std::move(name)) {}
+  ~PrivateView() {
+    if (std::byte* p = base_.load(); p != nullptr) ::munmap(p, size_);
+  }
+  PrivateView(const PrivateView&) = delete;
+  PrivateView& operator=(const PrivateView&) = delete;
+
+  // The mapping's base, made on the first call (later calls after a failure try again).
+  Result<std::byte*> Base() {
+    if (std::byte* p = base_.load(std::memory_order_acquire); p != nullptr) return p;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (std::byte* p = base_.load(std::memory_order_relaxed); p != nullptr) return p;
+    if (!fd_.valid()) return FailedPrecondition("checkpoint '" + name_ + "' has no descriptor for a private view");
+    struct stat st;
+    if (::fstat(fd_.get(), &st) != 0) return ErrnoError("fstat of checkpoint '" + name_ + "'", errno);
+    if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) != size_) {
+      return Corrupt("checkpoint '" + name_ + "' changed size since it was attached");
+    }
+    constexpr long kHugetlbfsMagic = 0x958458f6;
+    struct statfs fs;
+    const bool hugetlbfs = ::fstatfs(fd_.get(), &fs) == 0 && static_cast<long>(fs.f_type) == kHugetlbfsMagic;
+    const int flags = MAP_PRIVATE | (hugetlbfs ? 0 : MAP_NORESERVE);
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, flags, fd_.get(), 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      return ErrnoError("copy-on-write mapping of checkpoint '" + name_ + "' (" + std::to_string(size_) + " bytes" +
+                            (hugetlbfs ? ", hugetlbfs: needs that many free huge pages to reserve" : "") + ")",
+                        err);
+    }
+    fd_.reset();  // the mapping holds the object from now on
+    base_.store(static_cast<std::byte*>(p), std::memory_order_release);
+    return static_cast<std::byte*>(p);
+  }
+
+  // The anonymous (copied-on-write) bytes of the mapping; 0 if it is not made yet.
+  Result<uint64_t> AnonymousBytes() const {
+    const std::byte* base = base_.load(std::memory_order_acquire);
+    if (base == nullptr) return uint64_t{0};
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(base), hi = lo + size_;
+    std::ifstream smaps("/proc/self/smaps");
+    if (!smaps) return ErrnoError("open /proc/self/smaps", errno);
+    uint64_t total = 0;
+    bool inside = false;
+    std::string line;
+    while (std::getline(smaps, line)) {
+      uintptr_t a = 0, b = 0;
+      char perms[8] = {};
+      // A mapping's header: "start-end perms offset dev inode path".
+      if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " %7s", &a, &b, perms) == 3) {
+        inside = a >= lo && b <= hi;  // the kernel may split the mapping into several
+        continue;
+      }
+      uint64_t kb = 0;
+      if (inside && std::sscanf(line.c_str(), "Anonymous: %" SCNu64 " kB", &kb) == 1) total += kb * 1024;
+    }
+    return total;
+  }
+
+ private:
+  std::mutex mu_;
+  UniqueFd fd_;
+  const uint64_t size_;
+  const std::string name_;
+  std::atomic<std::byte*> base_{nullptr};
+};
+
 Checkpoint::Checkpoint(std::string name, std::string socket_path, std::unique_ptr<protocol::DaemonConnection> lease,
-                       std::unique_ptr<shm::SegmentReader> segment)
+                       std::unique_ptr<shm::SegmentReader> segment, int segment_fd)
     : name_(std::move(name)), segment_(std::move(segment)) {
+  private_ = std::make_unique<PrivateView>(UniqueFd(segment_fd), segment_->segment_bytes(), name_);
   keeper_ = std::make_unique<LeaseKeeper>(std::move(socket_path), name_, segment_->generation(),
                                           shm::SegmentIdHex(segment_->segment_id()), std::move(lease));
 }
@@ -106,6 +191,7 @@ Status Checkpoint::StartLeaseKeeper() { return keeper_->Start(); }
 
 // Unmaps first, then closes the lease, so the daemon never sees a detach while mapped.
 Checkpoint::~Checkpoint() {
+  private_.reset();
   segment_.reset();
   keeper_.reset();
 }
@@ -125,6 +211,15 @@ Result<const std::byte*> Checkpoint::TensorData(const std::string& name) const {
   CKPT_ASSIGN_OR_RETURN(TensorView view, Tensor(name));
   return view.data;
 }
+
+Result<std::byte*> Checkpoint::PrivateTensorData(const std::string& name) const {
+  CKPT_ASSIGN_OR_RETURN(TensorView view, Tensor(name));
+  CKPT_ASSIGN_OR_RETURN(std::byte* base, private_->Base());
+  // Same offset in both mappings of the one object.
+  return base + (view.data - reinterpret_cast<const std::byte*>(&segment_->header()));
+}
+
+Result<uint64_t> Checkpoint::PrivateBytes() const { return private_->AnonymousBytes(); }
 
 Result<ShardLayout> Checkpoint::PlanShard(const std::string& name, const ShardSpec& spec) const {
   CKPT_ASSIGN_OR_RETURN(TensorView view, Tensor(name));

@@ -75,6 +75,10 @@ Result<CheckpointSummary> Client::Load(const std::string& path, const std::strin
 }
 
 Result<CheckpointSummary> Client::Evict(const std::string& name, const EvictOptions& options) {
+  // Checked here: the request leaves out a wait of 0 or less, so the daemon never sees it.
+  if (!(options.wait_s >= 0 && options.wait_s <= 86400)) {
+    return InvalidArgument("evict wait must be 0 to 86400 seconds, not " + std::to_string(options.wait_s));
+  }
   protocol::EvictRequest request;
   request.name = name;
   request.force = options.force;
@@ -146,7 +150,9 @@ Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
     return Corrupt("segment " + shm_name + " has id " + shm::SegmentIdHex(segment->segment_id()) +
                    ", the daemon announced '" + segment_id + "'");
   }
-  std::unique_ptr<Checkpoint> checkpoint(new Checkpoint(name, socket_path_, std::move(lease), std::move(segment)));
+  // The descriptor stays with the Checkpoint for its copy-on-write view (PrivateTensorData).
+  std::unique_ptr<Checkpoint> checkpoint(
+      new Checkpoint(name, socket_path_, std::move(lease), std::move(segment), segment_fd.release()));
   CKPT_RETURN_IF_ERROR(checkpoint->StartLeaseKeeper());
   return checkpoint;
 }

@@ -1,7 +1,7 @@
 // _ckpt: the pybind11 extension under the `ckpt` Python package (python/ckpt/).
 //
-// It wraps libckptclient without linking libtorch: tensors reach PyTorch as read-only
-// buffers (torch.frombuffer, zero copy) or are gathered into memory that PyTorch owns
+// It wraps libckptclient without linking libtorch: tensors reach PyTorch as copy-on-write
+// buffers (torch.frombuffer, zero copy; Checkpoint::PrivateTensorData) or are gathered into memory that PyTorch owns
 // (a data pointer from tensor.data_ptr()). Status errors become ckpt.CkptError subclasses
 // carrying the daemon's message.
 #include <pybind11/functional.h>
@@ -13,6 +13,7 @@
 #include "ckpt/client.h"
 #include "ckpt/collective.h"
 #include "ckpt/gpu.h"
+#include "ckpt/launcher.h"
 #include "ckpt/tp_plan.h"
 #include "protocol/messages.h"
 
@@ -70,10 +71,11 @@ ckpt::ShardSpec MakeSpec(const std::string& kind, int dim, int rank, int world, 
 // The Python-side owner of an attached checkpoint; buffers handed out keep it alive.
 using CheckpointPtr = std::shared_ptr<ckpt::Checkpoint>;
 
-// Bytes of one tensor in the mapping, exposed read-only through the buffer protocol.
+// Bytes of one tensor in the checkpoint's copy-on-write view (Checkpoint::PrivateTensorData),
+// exposed writable through the buffer protocol: writes stay private to this process.
 struct TensorBuffer {
   CheckpointPtr owner;
-  const std::byte* data;
+  std::byte* data;
   uint64_t size;
 };
 
@@ -221,6 +223,10 @@ std::vector<ckpt::TensorInfo> SourceInfos(const ckpt::Checkpoint& c, const ckpt:
   return infos;
 }
 
+py::tuple LaunchTuple(const ckpt::Launch& l) {
+  return py::make_tuple(l.rank, l.world, l.local_rank, l.local_world, l.source);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_ckpt, m) {
@@ -253,6 +259,17 @@ PYBIND11_MODULE(_ckpt, m) {
   m.def("default_socket_path", &ckpt::Client::DefaultSocketPath);
   m.def("gpu_available", &ckpt::GpuAvailable, "True if the CUDA copy engine is built in and a GPU is usable");
   m.def("plan_families", &ckpt::TpPlan::Families);
+  // include/ckpt/launcher.h: (rank, world, local_rank, local_world, source) from `env`
+  // (a dict; the caller passes os.environ), and ResolveLaunch for rank/world left None.
+  m.def("launcher_env", [](const std::map<std::string, std::string>& env) {
+    return LaunchTuple(Unwrap(ckpt::LauncherEnvFrom(env)));
+  });
+  m.def(
+      "resolve_launch",
+      [](std::optional<int> rank, std::optional<int> world, const std::map<std::string, std::string>& env) {
+        return LaunchTuple(Unwrap(ckpt::ResolveLaunch(rank, world, &env)));
+      },
+      py::arg("rank"), py::arg("world"), py::arg("env"));
 
   // One tensor of a rank's state dict under a plan (include/ckpt/tp_plan.h ShardOutput).
   py::class_<ckpt::ShardOutput>(m, "ShardOutput")
@@ -457,8 +474,8 @@ PYBIND11_MODULE(_ckpt, m) {
 
   py::class_<TensorBuffer>(m, "TensorBuffer", py::buffer_protocol())
       .def_buffer([](TensorBuffer& b) {
-        return py::buffer_info(const_cast<std::byte*>(b.data), 1, py::format_descriptor<uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(b.size)}, {1}, /*readonly=*/true);
+        return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.size)}, {1}, /*readonly=*/false);
       })
       .def("__len__", [](const TensorBuffer& b) { return b.size; });
 
@@ -466,6 +483,7 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("name", &ckpt::Checkpoint::name)
       .def_property_readonly("generation", &ckpt::Checkpoint::generation)
       .def_property_readonly("mapped_bytes", &ckpt::Checkpoint::mapped_bytes)
+      .def_property_readonly("private_bytes", [](const ckpt::Checkpoint& c) { return Unwrap(c.PrivateBytes()); })
       .def("tensors",
            [](const ckpt::Checkpoint& c) {
              py::list out;
@@ -562,12 +580,14 @@ PYBIND11_MODULE(_ckpt, m) {
           py::arg("outputs"), py::arg("device"),
           py::arg("float_dtype") = "", py::arg("host_path") = "bounce", py::arg("streams") = 0,
           py::arg("allow_overflow") = false, py::arg("group") = nullptr, py::arg("collective") = "auto")
-      // A read-only buffer (buffer protocol) over a whole tensor's bytes; it keeps the
-      // mapping alive for as long as it, or anything viewing it, lives.
+      // A writable, copy-on-write buffer (buffer protocol) over a whole tensor's bytes: reads
+      // share the checkpoint's one copy, a write copies the pages written into this process
+      // (Checkpoint::PrivateTensorData). It keeps the mapping alive for as long as it, or
+      // anything viewing it, lives.
       .def("buffer",
            [](const CheckpointPtr& c, const std::string& name) {
              ckpt::TensorView view = Unwrap(c->Tensor(name));
-             return TensorBuffer{c, view.data, view.info->nbytes};
+             return TensorBuffer{c, Unwrap(c->PrivateTensorData(name)), view.info->nbytes};
            })
       // (shape, nbytes, contiguous, source offset of a contiguous shard) of a shard.
       .def(

@@ -46,10 +46,11 @@ Result<std::unordered_map<std::string, at::Tensor>> LoadCpu(std::shared_ptr<cons
     at::Tensor t;
     const bool view = out.pieces.size() == 1 && !out.transpose && layout->pieces[0].contiguous();
     if (view) {
-      CKPT_ASSIGN_OR_RETURN(const std::byte* data, ckpt->TensorData(out.pieces[0].source));
+      // The copy-on-write view: writes stay private to this process (see PrivateTensorData).
+      CKPT_ASSIGN_OR_RETURN(std::byte* data, ckpt->PrivateTensorData(out.pieces[0].source));
       const uint64_t off = layout->pieces[0].regions.empty() ? 0 : layout->pieces[0].regions[0].src_offset;
       auto keep = ckpt;  // the deleter holds the mapping
-      t = at::from_blob(const_cast<std::byte*>(data + off), layout->shape,
+      t = at::from_blob(data + off, layout->shape,
                         [keep](void*) mutable { keep.reset(); }, opts);
     } else {
       // The plan engine's own CPU gather: pieces concatenated, transposed or viewed.

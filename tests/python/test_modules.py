@@ -128,7 +128,7 @@ class FillModuleTest(unittest.TestCase):
         self.assertTrue(model.blocks[0].q.weight.requires_grad)
 
     def test_cpu_parameters_are_private_copies_by_default(self):
-        # Zero-copy views of the read-only mapping would fault on an in-place update.
+        # By default parameters own their memory (a view would copy pages on the first in-place update).
         c = self.client.attach("tiny")
         model = on_meta()
         ckpt.fill_module(model, c, 0, 1)
@@ -191,8 +191,13 @@ class FillModuleTest(unittest.TestCase):
         self.assertIn("unchanged", str(cm.exception))
         self.assertTrue(all_meta(model), "nothing filled on error")
         self.assertTrue(model.scale.device.type == "cpu" and torch.equal(model.scale, torch.ones(H)))
-        # strict=False fills the rest and reports the hole.
-        report = ckpt.fill_module(model, c, 0, 1, strict=False)
+        # strict=False does not leave a parameter on meta silently: an error names it and
+        # the module is unchanged (issue 13: torch 1.13's load_state_dict did exactly that).
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"1 left on the meta device .*: blocks\.1\.up\.bias"):
+            ckpt.fill_module(model, c, 0, 1, strict=False)
+        self.assertTrue(all_meta(model), "nothing filled on error")
+        # allow_meta=True fills the rest and reports the hole.
+        report = ckpt.fill_module(model, c, 0, 1, strict=False, allow_meta=True)
         self.assertEqual(report.missing, ["blocks.1.up.bias"])
         self.assertTrue(model.blocks[1].up.bias.is_meta)
         self.assertFalse(model.blocks[1].up.weight.is_meta)

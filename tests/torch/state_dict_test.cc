@@ -53,7 +53,8 @@ TEST(TorchStateDictTest, CpuViewsCopiesAndLifetime) {
     EXPECT_EQ(std::vector<int64_t>(t.sizes().begin(), t.sizes().end()), layout->shape) << o.name;
     ASSERT_EQ(static_cast<uint64_t>(t.nbytes()), ref.size()) << o.name;
     EXPECT_EQ(std::memcmp(t.data_ptr(), ref.data(), ref.size()), 0) << o.name;
-    const std::byte* base = *ckpt->TensorData(o.pieces[0].source);
+    // Views point into the checkpoint's copy-on-write mapping (PrivateTensorData).
+    const std::byte* base = *ckpt->PrivateTensorData(o.pieces[0].source);
     const bool in_mapping = t.data_ptr() >= base && t.data_ptr() < base + ckpt->Tensor(o.pieces[0].source)->info->nbytes;
     EXPECT_EQ(in_mapping, layout->contiguous()) << o.name;
     (in_mapping ? views : copies)++;
@@ -67,6 +68,51 @@ TEST(TorchStateDictTest, CpuViewsCopiesAndLifetime) {
   client->reset();
   for (const auto& [name, bytes] : expected)
     EXPECT_EQ(std::memcmp(sd->at(name).data_ptr(), bytes.data(), bytes.size()), 0) << name;
+}
+
+// Issue 13: a zero-copy view is copy-on-write, like torch.load(mmap=True): writing into it
+// does not fault, the tensor holds the write, and the checkpoint's bytes never change.
+TEST(TorchStateDictTest, ZeroCopyViewsAreCopyOnWrite) {
+  ScratchDir files;
+  ASSERT_NO_FATAL_FAILURE(testing::MakeCheckpoint({files.File("gpt.safetensors"), "--mib", "1", "--layers", "1"}));
+  testing::DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  ASSERT_EQ(daemon.Ctl({"load", files.File("gpt.safetensors"), "--name", "gpt"}).exit_code, 0);
+  auto client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok());
+  auto attached = (*client)->Attach("gpt");
+  ASSERT_TRUE(attached.ok());
+  std::shared_ptr<const Checkpoint> ckpt = std::move(*attached);
+  auto plan = TpPlan::FromJson(R"({"rules": []})");  // every tensor whole: all views
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto outs = plan->Resolve(ckpt->tensors(), 0, 1);
+  ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+  auto sd = LoadStateDict(ckpt, *outs, {});
+  ASSERT_TRUE(sd.ok()) << sd.status().ToString();
+  int written = 0;
+  for (auto& [name, t] : *sd) {
+    if (!t.is_floating_point() || t.numel() == 0) continue;
+    const std::byte* shared = *ckpt->TensorData(name);
+    std::vector<std::byte> before(shared, shared + t.nbytes());
+    ASSERT_EQ(std::memcmp(t.data_ptr(), before.data(), before.size()), 0) << name;
+    t.fill_(7.0);  // faulted (SIGSEGV) on a PROT_READ view before issue 13
+    EXPECT_EQ(t.flatten()[0].item<double>(), 7.0) << name;
+    EXPECT_EQ(std::memcmp(shared, before.data(), before.size()), 0) << name << ": the checkpoint changed";
+    ++written;
+  }
+  EXPECT_GT(written, 0);
+  EXPECT_TRUE(ckpt->Verify().ok());
+  EXPECT_EQ(daemon.Ctl({"verify", "gpt"}).exit_code, 0);
+  // A second attachment's views hold the checkpoint's bytes, not this one's writes.
+  auto other = (*client)->Attach("gpt");
+  ASSERT_TRUE(other.ok());
+  std::shared_ptr<const Checkpoint> second = std::move(*other);
+  auto sd2 = LoadStateDict(second, *outs, {});
+  ASSERT_TRUE(sd2.ok());
+  for (auto& [name, t] : *sd2) {
+    if (t.numel() == 0) continue;
+    EXPECT_EQ(std::memcmp(t.data_ptr(), *second->TensorData(name), t.nbytes()), 0) << name;
+  }
 }
 
 TEST(TorchStateDictTest, ConversionTransposeAndErrors) {
