@@ -14,7 +14,10 @@
 #             logits against transformers; table in OUT_DIR/hf_families.md; HF_WORLDS="2 4")
 #   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
 #             from_pretrained; table in OUT_DIR/bench_load_model.md)
+#   warmhuge  tools/gpu/warm_huge.sh (issue 14: warm loads at 1..16 threads, 4 KiB vs huge
+#             pages, against cp and read(); a cold load against dd; table + SVG plot in OUT_DIR)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
+#   BUILD_TARGETS="ckpt-bench-load": build only those targets (a shorter build for one step)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:-/tmp/ckpt-gpu-out}
@@ -35,7 +38,8 @@ if [ ! -f build-gpu/build.ninja ] || [ "${REBUILD:-1}" = 1 ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release $CMAKE_ARGS -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DPython3_EXECUTABLE="$(command -v python3)" \
     -DCKPT_TORCH_PYTHON="$(command -v python3)" -DNCCL_ROOT="$nccl_root" > "$out/build.log" 2>&1 &&
-    cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1 || { log "build failed"; tail -40 "$out/build.log"; exit 1; }
+    cmake --build build-gpu -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$out/build.log" 2>&1 ||
+    { log "build failed"; tail -40 "$out/build.log"; exit 1; }
   log "built"
 fi
 export PYTHONPATH=$root/build-gpu/python
@@ -93,6 +97,9 @@ for step in $steps; do
       --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
       > "$out/bench_load_model.log" 2>&1
     log "rc=$?" ;;
+  warmhuge)
+    log "warm loads, 4 KiB vs huge pages, 1..16 threads; cold against dd"
+    tools/gpu/warm_huge.sh "$out" > "$out/warmhuge_run.log" 2>&1; log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
     python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1
