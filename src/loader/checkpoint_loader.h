@@ -26,11 +26,13 @@ struct LoadOptions {
   ReadEngine engine = ReadEngine::kPread; // measured faster on our machines: docs/benchmarks.md
   int queue_depth = 4;                    // io_uring: reads in flight per thread
   DirectIo direct_io = DirectIo::kAuto;
-  // How the segment's pages are allocated (see shm::PagePopulate): by default all of them
-  // up front by `threads` threads on disjoint slices (docs/benchmarks.md, "warmhuge").
-  // kDeferred populates each read's destination just before the read (pread engine
-  // only; io_uring uses kParallel instead) and the holes after the last read.
-  shm::PagePopulate populate = shm::PagePopulate::kParallel;
+  // How the segment's pages are allocated (see shm::PagePopulate). The default, one
+  // posix_fallocate before the reads (the reads then fault the reserved pages in, in
+  // parallel), measured fastest with 4 KiB and with 2 MiB pages (docs/benchmarks.md,
+  // "warmhuge"); kParallel populates all pages up front with `threads` threads; kDeferred
+  // populates each read's destination just before the read (pread engine only; io_uring
+  // uses kParallel instead) and the holes after the last read.
+  shm::PagePopulate populate = shm::PagePopulate::kFallocate;
   // Called from the calling thread about every 100 ms and once at the end with
   // (bytes read, bytes in total). May be empty.
   std::function<void(uint64_t, uint64_t)> progress;

@@ -110,7 +110,7 @@ std::string PageSupport::Describe() const {
 }
 
 PageSupport DetectPageSupport(int dir_fd, const std::string& path, const std::string& mountinfo_path,
-                              const std::string& thp_dir) {
+                              const std::string& thp_dir, bool by_mount_id) {
   PageSupport s;
   struct statfs sfs;
   if (::fstatfs(dir_fd, &sfs) != 0) {
@@ -122,7 +122,7 @@ PageSupport DetectPageSupport(int dir_fd, const std::string& path, const std::st
   dev_t dev = 0;
 #ifdef STATX_MNT_ID
   struct statx sx;
-  if (::statx(dir_fd, "", AT_EMPTY_PATH, STATX_MNT_ID, &sx) == 0 && (sx.stx_mask & STATX_MNT_ID)) {
+  if (by_mount_id && ::statx(dir_fd, "", AT_EMPTY_PATH, STATX_MNT_ID, &sx) == 0 && (sx.stx_mask & STATX_MNT_ID)) {
     mnt_id = static_cast<int64_t>(sx.stx_mnt_id);
   }
 #endif
@@ -170,8 +170,7 @@ PageSupport DetectPageSupport(int dir_fd, const std::string& path, const std::st
 Result<uint64_t> PmdMappedBytes(const void* addr) {
   std::ifstream in("/proc/self/smaps");
   if (!in) return IoError("cannot read /proc/self/smaps");
-  char want[32];
-  std::snprintf(want, sizeof(want), "%lx-", static_cast<unsigned long>(reinterpret_cast<uintptr_t>(addr)));
+  const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
   bool inside = false, found = false;
   uint64_t kib = 0;
   for (std::string line; std::getline(in, line);) {
@@ -181,7 +180,8 @@ Result<uint64_t> PmdMappedBytes(const void* addr) {
     const bool header = space != std::string::npos && (colon == std::string::npos || space < colon);
     if (header) {
       if (inside) break;
-      inside = line.rfind(want, 0) == 0;
+      unsigned long start = 0, end = 0;
+      inside = std::sscanf(line.c_str(), "%lx-%lx", &start, &end) == 2 && start <= a && a < end;
       found = found || inside;
       continue;
     }
@@ -194,7 +194,7 @@ Result<uint64_t> PmdMappedBytes(const void* addr) {
       kib += v;
     }
   }
-  if (!found) return NotFound("no mapping starts at the given address in /proc/self/smaps");
+  if (!found) return NotFound("no mapping holds the given address in /proc/self/smaps");
   return kib * 1024;
 }
 

@@ -40,15 +40,17 @@ struct PageSupport {
 };
 
 // What the file system under the open directory `dir_fd` (named `path` in the note)
-// offers. Reads the mount of dir_fd (statx mount id, else st_dev) in `mountinfo_path`.
+// offers. Finds the mount of dir_fd in `mountinfo_path` by its statx mount id (or, when
+// !by_mount_id or statx has none, by st_dev: tests with a fake mountinfo).
 PageSupport DetectPageSupport(int dir_fd, const std::string& path,
                               const std::string& mountinfo_path = "/proc/self/mountinfo",
-                              const std::string& thp_dir = "/sys/kernel/mm/transparent_hugepage");
+                              const std::string& thp_dir = "/sys/kernel/mm/transparent_hugepage",
+                              bool by_mount_id = true);
 
-// Bytes of the mapping that starts at `addr` that are mapped with PMD (huge) entries:
-// ShmemPmdMapped + FilePmdMapped of its /proc/self/smaps block (hugetlbfs mappings: their
-// Rss when KernelPageSize is a huge page). NotFound if no mapping starts there; IoError
-// if smaps cannot be read.
+// Bytes of the mapping (VMA) that holds `addr` that are mapped with PMD (huge) entries:
+// ShmemPmdMapped + FilePmdMapped of its /proc/self/smaps block (hugetlbfs mappings:
+// Shared_Hugetlb + Private_Hugetlb). NotFound if no mapping holds it; IoError if smaps
+// cannot be read.
 Result<uint64_t> PmdMappedBytes(const void* addr);
 
 // Allocates every page under [p, p + n) of a writable MAP_SHARED mapping and maps it

@@ -130,6 +130,9 @@ Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size
     if (err == ENOSPC) {
       return ResourceExhausted("not enough room in " + path_ + " for " + std::to_string(size) + " bytes");
     }
+    if (err == ENOMEM) {  // a memory cgroup limit, or the host is out of memory
+      return ResourceExhausted("out of memory reserving " + std::to_string(size) + " bytes for segment " + what);
+    }
     return ErrnoError("reserving " + std::to_string(size) + " bytes for segment " + what, err);
   }
   remover.armed = false;

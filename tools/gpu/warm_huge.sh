@@ -17,6 +17,7 @@ bench=${BENCH:-build-gpu/bin/ckpt-bench-load}
 data=${DATA:-/tmp/ckpt-bench}
 runs=${RUNS:-2}
 file=$data/model.safetensors
+mkdir -p "$data"
 [ -f "$file" ] || python3 tools/bench_baselines.py gen "$data" > /dev/null || { echo "cannot make $file"; exit 1; }
 size=${TMPFS_SIZE:-24g}
 mkdir -p /mnt/ckpt-4k /mnt/ckpt-huge
