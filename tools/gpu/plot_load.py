@@ -31,15 +31,16 @@ for key in sorted(best, key=lambda k: (k[1] != "warm", k[0], not k[2].startswith
 open(a.markdown, "w").write("\n".join(md) + "\n")
 
 # The plot: x = threads (log2), y = GiB/s.
-W, H, L, R, T, B = 640, 400, 60, 170, 30, 50
+W, H, L, R, T, B = 720, 420, 60, 210, 30, 50
 xs = [1, 2, 4, 8, 16]
 series = {}
 for tag, colour, light in (("4k", "#d62728", "#ff9896"), ("huge", "#1f77b4", "#aec7e8")):
     pts = [(t, best.get((tag, "warm", f"pread:{t}"), 0)) for t in xs]
-    series[f"loader, {tag} pages"] = (colour, [p for p in pts if p[1] > 0])
-    pts = [(t, best.get((tag, "warm", f"pread:{t}:deferred"), 0)) for t in xs]
-    if any(v > 0 for _, v in pts):
-        series[f"{tag}, populate per read"] = (light, [p for p in pts if p[1] > 0])
+    series[f"{tag}, populate first"] = (colour, [p for p in pts if p[1] > 0])
+    for suffix, what in ((":deferred", "populate per read"), (":fallocate", "posix_fallocate")):
+        pts = [(t, best.get((tag, "warm", f"pread:{t}{suffix}"), 0)) for t in xs]
+        if any(v > 0 for _, v in pts):
+            series[f"{tag}, {what}"] = (light if suffix == ":deferred" else colour, [p for p in pts if p[1] > 0])
 flat = {
     "cp (huge tmpfs)": ("#2ca02c", best.get(("huge", "warm", "cp"), 0)),
     "cp (4 KiB tmpfs)": ("#98df8a", best.get(("4k", "warm", "cp"), 0)),
@@ -75,7 +76,10 @@ for name, (colour, pts) in series.items():
     path = " ".join(f"{X(t):.1f},{Y(v):.1f}" for t, v in pts)
     svg.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="2"/>')
     for t, v in pts:
-        svg.append(f'<circle cx="{X(t):.1f}" cy="{Y(v):.1f}" r="3" fill="{colour}"/>')
+        if "fallocate" in name:
+            svg.append(f'<rect x="{X(t) - 5:.1f}" y="{Y(v) - 5:.1f}" width="10" height="10" fill="{colour}"/>')
+        else:
+            svg.append(f'<circle cx="{X(t):.1f}" cy="{Y(v):.1f}" r="3" fill="{colour}"/>')
     svg.append(f'<line x1="{W - R + 10}" x2="{W - R + 30}" y1="{legend_y}" y2="{legend_y}" stroke="{colour}" stroke-width="2"/>')
     svg.append(f'<text x="{W - R + 35}" y="{legend_y + 4}">{name}</text>')
     legend_y += 18
