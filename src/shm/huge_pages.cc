@@ -24,9 +24,6 @@
 namespace ckpt::shm {
 namespace {
 
-constexpr long kTmpfsMagic = 0x01021994;
-constexpr long kHugetlbfsMagic = 0x958458f6;
-
 std::string ReadFirstLine(const std::string& path) {
   std::ifstream in(path);
   std::string line;

@@ -16,6 +16,9 @@
 namespace ckpt::shm {
 
 inline constexpr uint64_t kSmallPageBytes = 4096;
+// statfs f_type of tmpfs and of hugetlbfs.
+inline constexpr long kTmpfsMagic = 0x01021994;
+inline constexpr long kHugetlbfsMagic = 0x958458f6;
 
 // How a directory's file system backs the pages of files created in it.
 struct PageSupport {

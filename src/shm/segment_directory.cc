@@ -126,17 +126,24 @@ Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size
     remover.armed = false;
     return fd;
   }
-  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); err != 0) {
+  CKPT_RETURN_IF_ERROR(ReservePages(fd.get(), size, name));
+  remover.armed = false;
+  return fd;
+}
+
+Status SegmentDirectory::ReservePages(int fd, uint64_t size, const std::string& name) const {
+  if (size > static_cast<uint64_t>(INT64_MAX)) return InvalidArgument("segment size too large");
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
     if (err == ENOSPC) {
       return ResourceExhausted("not enough room in " + path_ + " for " + std::to_string(size) + " bytes");
     }
     if (err == ENOMEM) {  // a memory cgroup limit, or the host is out of memory
-      return ResourceExhausted("out of memory reserving " + std::to_string(size) + " bytes for segment " + what);
+      return ResourceExhausted("out of memory reserving " + std::to_string(size) + " bytes for segment " +
+                               PathOf(name));
     }
-    return ErrnoError("reserving " + std::to_string(size) + " bytes for segment " + what, err);
+    return ErrnoError("reserving " + std::to_string(size) + " bytes for segment " + PathOf(name), err);
   }
-  remover.armed = false;
-  return fd;
+  return Status::Ok();
 }
 
 Result<UniqueFd> SegmentDirectory::OpenOwned(const std::string& name, uint32_t mode, uint64_t min_size,

@@ -1,6 +1,5 @@
 #include "shm/segment_writer.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -170,13 +169,7 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
     Status st = PopulateWrite(base, all ? segment_bytes : data_offset, threads, pages.segment_alignment(), what);
     if (st.code() == StatusCode::kUnsupported) {
       // An old kernel: reserve everything the classic way.
-      if (int err = ::posix_fallocate(rw_fd.get(), 0, static_cast<off_t>(segment_bytes)); err != 0) {
-        if (err == ENOSPC) {
-          return ResourceExhausted("not enough room in " + spec.directory->path() + " for " +
-                                   std::to_string(segment_bytes) + " bytes");
-        }
-        return ErrnoError("reserving " + std::to_string(segment_bytes) + " bytes for " + what, err);
-      }
+      CKPT_RETURN_IF_ERROR(spec.directory->ReservePages(rw_fd.get(), segment_bytes, file_name));
       writer->populated_ = true;
       writer->populate_summary_ = "posix_fallocate (" + st.message() + ")";
     } else {

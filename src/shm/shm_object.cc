@@ -7,6 +7,8 @@
 
 #include <cerrno>
 
+#include "shm/huge_pages.h"
+
 namespace ckpt::shm {
 
 Result<std::unique_ptr<ShmMapping>> ShmMapping::MapFd(int fd, const std::string& name, bool writable) {
@@ -17,7 +19,7 @@ Result<std::unique_ptr<ShmMapping>> ShmMapping::MapFd(int fd, const std::string&
   const size_t size = static_cast<size_t>(st.st_size);
   void* p = MAP_FAILED;
   struct statfs sfs;
-  const bool hugetlbfs = ::fstatfs(fd, &sfs) == 0 && static_cast<long>(sfs.f_type) == 0x958458f6;
+  const bool hugetlbfs = ::fstatfs(fd, &sfs) == 0 && static_cast<long>(sfs.f_type) == kHugetlbfsMagic;
   if (size >= kHugeAlignment && !hugetlbfs) {
     // Reserve enough address space for an aligned start, map the file over it there,
     // give back the rest.
@@ -33,7 +35,7 @@ Result<std::unique_ptr<ShmMapping>> ShmMapping::MapFd(int fd, const std::string&
         return ErrnoError("mmap of segment " + name, err);
       }
       if (aligned > base) ::munmap(r, aligned - base);
-      const uintptr_t end = aligned + (size + 4095) / 4096 * 4096;
+      const uintptr_t end = aligned + (size + kSmallPageBytes - 1) / kSmallPageBytes * kSmallPageBytes;
       if (base + span > end) ::munmap(reinterpret_cast<void*>(end), base + span - end);
     }
   }
