@@ -8,8 +8,16 @@
 // Each configuration (engine x threads x I/O mode) runs --runs times, interleaved with
 // the baseline so that noise hits both; the best and median are printed.
 //
+//   warm also: `cp FILE` into the segment root (one thread, what an operator would try).
+//
 //   ckpt-bench-load FILE [--mode cold|warm|both] [--runs N] [--configs LIST]
-//   LIST: comma-separated ENGINE:THREADS[:qdN][:buffered], e.g. pread:4,io_uring:2:qd8
+//                   [--segment-root DIR] [--tag TAG]
+//   LIST: comma-separated ENGINE:THREADS[:qdN][:buffered][:fallocate|:parallel|:deferred],
+//         e.g. pread:4,io_uring:2:qd8,pread:16:fallocate (how the segment's pages are
+//         allocated, see shm::PagePopulate; default: the loader's default)
+//   --segment-root: where the per-run segment directories go (default /dev/shm; a tmpfs
+//         mounted with huge=within_size measures huge-page segments)
+//   --tag: printed in the machine-readable "RESULT tag mode label threads GiB/s" lines
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -20,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -43,7 +52,11 @@ struct Config {
   int threads = 4;
   int queue_depth = 4;
   bool buffered = false;
+  std::optional<ckpt::shm::PagePopulate> populate;
 };
+
+std::string g_segment_root = "/dev/shm";
+std::string g_tag = "-";
 
 std::vector<Config> ParseConfigs(const std::string& list) {
   std::vector<Config> configs;
@@ -69,6 +82,15 @@ std::vector<Config> ParseConfigs(const std::string& list) {
         c.queue_depth = std::atoi(part.c_str() + 2);
       } else if (part == "buffered") {
         c.buffered = true;
+      } else if (part == "fallocate") {
+        c.populate = ckpt::shm::PagePopulate::kFallocate;
+      } else if (part == "parallel") {
+        c.populate = ckpt::shm::PagePopulate::kParallel;
+      } else if (part == "deferred") {
+        c.populate = ckpt::shm::PagePopulate::kDeferred;
+      } else {
+        std::fprintf(stderr, "unknown config part '%s' in '%s'\n", part.c_str(), item.c_str());
+        std::exit(2);
       }
       ++k;
     }
@@ -127,14 +149,14 @@ double SingleThreadRead(const std::string& path, uint64_t* bytes) {
 // the file's size, reserved with posix_fallocate as the daemon's segments are: the same
 // destination work as one loader thread, without checksums. Returns bytes/s.
 double SingleThreadReadIntoShm(const std::string& path) {
-  const std::string name = "/ckpt-bench-copy-" + std::to_string(::getpid());
+  const std::string name = g_segment_root + "/ckpt-bench-copy-" + std::to_string(::getpid());
   int fd = ::open(path.c_str(), O_RDONLY);
   const off_t size = ::lseek(fd, 0, SEEK_SET) == 0 ? ::lseek(fd, 0, SEEK_END) : 0;
   const auto start = Clock::now();
-  int shm = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (shm < 0 || ::posix_fallocate(shm, 0, size) != 0) {
+  int shm = ::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (shm < 0 || ::ftruncate(shm, size) != 0 || ::posix_fallocate(shm, 0, size) != 0) {
     if (shm >= 0) ::close(shm);
-    ::shm_unlink(name.c_str());
+    ::unlink(name.c_str());
     ::close(fd);
     return 0;
   }
@@ -144,9 +166,20 @@ double SingleThreadReadIntoShm(const std::string& path) {
   for (ssize_t n; (n = ::pread(fd, dst + total, std::min<uint64_t>(16 << 20, size - total), total)) > 0;) total += n;
   const double s = Seconds(start);
   ::munmap(dst, size);
-  ::shm_unlink(name.c_str());
+  ::unlink(name.c_str());
   ::close(fd);
   return total / s;
+}
+
+// `cp FILE` into the segment root, timed with the wall clock (one thread); bytes/s.
+double CpIntoShm(const std::string& path, uint64_t bytes) {
+  const std::string dst = g_segment_root + "/ckpt-bench-cp-" + std::to_string(::getpid());
+  const std::string cmd = "cp '" + path + "' '" + dst + "'";
+  const auto start = Clock::now();
+  const int rc = std::system(cmd.c_str());
+  const double s = Seconds(start);
+  ::unlink(dst.c_str());
+  return rc == 0 ? bytes / s : 0;
 }
 
 // Runs dd with O_DIRECT and returns bytes/s from its own byte count and our wall clock.
@@ -172,7 +205,7 @@ double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io
   ckpt::shm::SegmentSpec spec;
   // A private segment directory per run, removed with the segment.
   auto dir = ckpt::shm::SegmentDirectory::Open(
-      ckpt::shm::SegmentDirectoryPath("ckpt-bench-" + std::to_string(::getpid()) + "-" + std::to_string(++n)));
+      g_segment_root + "/ckpt-bench-" + std::to_string(::getpid()) + "-" + std::to_string(++n));
   if (!dir.ok()) {
     std::fprintf(stderr, "segment directory: %s\n", dir.status().ToString().c_str());
     return 0;
@@ -190,6 +223,7 @@ double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io
   options.threads = c.threads;
   options.queue_depth = c.queue_depth;
   options.direct_io = c.buffered ? DirectIo::kNever : DirectIo::kAuto;
+  if (c.populate) options.populate = *c.populate;
   auto loaded = ckpt::loader::LoadIntoSegment(plan, spec, options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "load failed: %s\n", loaded.status().ToString().c_str());
@@ -198,7 +232,11 @@ double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io
   if (ckpt::Status st = (*dir)->Remove(loaded->file_name); !st.ok()) {
     std::fprintf(stderr, "%s\n", st.ToString().c_str());
   }
-  *io = loaded->io_summary;
+  char pages[160];
+  std::snprintf(pages, sizeof(pages), "; %s pages, %.2f of %.2f GiB huge-mapped, %s",
+                ckpt::shm::PageSizeName(loaded->page_bytes).c_str(), loaded->huge_bytes / 1073741824.0,
+                loaded->segment_bytes / 1073741824.0, loaded->populate_summary.c_str());
+  *io = loaded->io_summary + pages;
   return loaded->data_bytes / loaded->seconds;
 }
 
@@ -244,6 +282,8 @@ int main(int argc, char** argv) {
     else if (flag == "--configs") cold_list = warm_list = argv[i + 1];
     else if (flag == "--cold-configs") cold_list = argv[i + 1];
     else if (flag == "--warm-configs") warm_list = argv[i + 1];
+    else if (flag == "--segment-root") g_segment_root = argv[i + 1];
+    else if (flag == "--tag") g_tag = argv[i + 1];
     else {
       std::fprintf(stderr, "unknown option %s\n", flag.c_str());
       return 2;
@@ -269,6 +309,7 @@ int main(int argc, char** argv) {
       const double dd = DdDirect(path);
       baseline.push_back(dd);
       std::printf("  %-26s %.3f GiB/s\n", "dd bs=16M iflag=direct", dd / 1073741824.0);
+      std::printf("RESULT %s cold dd 1 %.4f\n", g_tag.c_str(), dd / 1073741824.0);
       for (const Config& c : configs) {
         DropCache(path);
         std::string summary;
@@ -278,6 +319,7 @@ int main(int argc, char** argv) {
         io[c.label] = summary;
         std::printf("  %-26s %.3f GiB/s (%.2f x dd) [%s]\n", c.label.c_str(), r / 1073741824.0, dd > 0 ? r / dd : 0,
                     summary.c_str());
+        std::printf("RESULT %s cold %s %d %.4f\n", g_tag.c_str(), c.label.c_str(), c.threads, r / 1073741824.0);
         std::fflush(stdout);
       }
     }
@@ -299,6 +341,11 @@ int main(int argc, char** argv) {
       const double into_shm = SingleThreadReadIntoShm(path);
       shm_baseline.push_back(into_shm);
       std::printf("  %-26s %.3f GiB/s\n", "1-thread read() into shm", into_shm / 1073741824.0);
+      const double cp = CpIntoShm(path, bytes);
+      std::printf("  %-26s %.3f GiB/s\n", "cp into the segment root", cp / 1073741824.0);
+      std::printf("RESULT %s warm read 1 %.4f\nRESULT %s warm read-into-shm 1 %.4f\nRESULT %s warm cp 1 %.4f\n",
+                  g_tag.c_str(), base / 1073741824.0, g_tag.c_str(), into_shm / 1073741824.0, g_tag.c_str(),
+                  cp / 1073741824.0);
       for (const Config& c : configs) {
         std::string summary;
         const double r = Load(*plan, c, &summary);
@@ -307,6 +354,7 @@ int main(int argc, char** argv) {
         io[c.label] = summary;
         std::printf("  %-26s %.3f GiB/s (%.2f x read) [%s]\n", c.label.c_str(), r / 1073741824.0,
                     base > 0 ? r / base : 0, summary.c_str());
+        std::printf("RESULT %s warm %s %d %.4f\n", g_tag.c_str(), c.label.c_str(), c.threads, r / 1073741824.0);
         std::fflush(stdout);
       }
     }

@@ -45,6 +45,11 @@ struct CheckpointSummary {
   int64_t loaded_unix_s = 0;
   uint32_t attached = 0;       // attachments at the time of the call
   std::vector<int64_t> attached_pids;
+  // The page size the segment is sized for (4096, or 2 MiB on a huge tmpfs); 0 if not reported.
+  uint64_t page_bytes = 0;
+  // Bytes the daemon's loader found mapped with huge (PMD) entries once the segment was
+  // loaded; -1 if not known (a segment adopted after a daemon restart).
+  int64_t huge_bytes = -1;
 };
 
 // The published checkpoints and the names of loads in progress.
@@ -105,6 +110,10 @@ struct DaemonStatus {
   std::string your_role;  // "admin", "reader" (a caller with no role is refused at connect)
   std::vector<CheckpointSummary> checkpoint_list;
   std::vector<CheckpointSummary> retired;  // replaced or force-evicted generations still attached
+  // What the segment directory's file system gives new segments, e.g. "tmpfs
+  // huge=within_size: 2 MiB pages" (detected at start), and that page size in bytes.
+  std::string segment_pages;
+  uint64_t segment_page_bytes = 0;
 };
 
 // (bytes loaded so far, bytes in total)

@@ -14,6 +14,7 @@
 
 #include "ckpt/client.h"
 #include "ctl/table.h"
+#include "shm/huge_pages.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
 
@@ -112,6 +113,17 @@ std::vector<std::string> CheckpointRow(const ckpt::CheckpointSummary& c) {
           Seconds(c.load_seconds),
           LocalTime(c.loaded_unix_s),
           c.source};
+}
+// "2 MiB, 9.8 GiB of 9.9 GiB on huge pages", "4 KiB", "-" when the daemon did not say.
+std::string PagesText(const ckpt::CheckpointSummary& c) {
+  if (c.page_bytes == 0) return "-";
+  std::string out = ckpt::shm::PageSizeName(c.page_bytes);
+  if (c.huge_bytes < 0) return out + (c.page_bytes > 4096 ? " (huge mapping not measured: adopted segment)" : "");
+  if (c.page_bytes > 4096 || c.huge_bytes > 0) {
+    out += ", " + HumanBytes(static_cast<uint64_t>(c.huge_bytes)) + " of " + HumanBytes(c.segment_bytes) +
+           " on huge pages";
+  }
+  return out;
 }
 const std::vector<std::string> kCheckpointHeader = {"NAME", "GEN", "TENSORS", "SIZE", "ATTACHED",
                                                     "LOAD TIME", "LOADED", "SOURCE"};
@@ -217,6 +229,7 @@ int Info(const Options& o, const std::string& name) {
     return 0;
   }
   std::cout << RenderTable(kCheckpointHeader, {CheckpointRow(info->checkpoint)}, {1, 2, 3, 4, 5}) << "\n";
+  std::cout << "pages: " << PagesText(info->checkpoint) << "\n\n";
   std::vector<std::vector<std::string>> rows;
   for (const ckpt::TensorInfo& t : info->tensors) {
     char checksum[17];
@@ -279,6 +292,7 @@ int Status(const Options& o) {
                             {"memory budget", s.memory_budget_bytes == 0 ? std::string("none")
                                                                          : HumanBytes(s.memory_budget_bytes)},
                             {"memory used", HumanBytes(s.memory_used_bytes)},
+                            {"segment pages", s.segment_pages.empty() ? "-" : s.segment_pages},
                             {"your role", s.your_role}});
   // Per generation: current ones, then retired ones still attached.
   std::vector<std::vector<std::string>> rows;
@@ -287,13 +301,13 @@ int Status(const Options& o) {
     for (int64_t p : c.attached_pids) pids += (pids.empty() ? "" : ",") + std::to_string(p);
     rows.push_back({c.name, std::to_string(c.generation), state, HumanBytes(c.segment_bytes),
                     std::to_string(c.attached), pids.empty() ? "-" : pids, Seconds(c.load_seconds),
-                    LocalTime(c.loaded_unix_s)});
+                    LocalTime(c.loaded_unix_s), PagesText(c)});
   };
   for (const auto& c : s.checkpoint_list) add(c, "current");
   for (const auto& c : s.retired) add(c, "retired");
   if (!rows.empty()) {
     std::cout << "\n"
-              << RenderTable({"NAME", "GEN", "STATE", "SIZE", "ATTACHED", "PIDS", "LOAD TIME", "LOADED"}, rows,
+              << RenderTable({"NAME", "GEN", "STATE", "SIZE", "ATTACHED", "PIDS", "LOAD TIME", "LOADED", "PAGES"}, rows,
                              {1, 3, 4});
   }
   return 0;

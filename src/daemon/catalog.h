@@ -43,6 +43,8 @@ struct CatalogEntry {
   std::string format;
   uint64_t segment_bytes = 0;
   uint64_t data_bytes = 0;
+  uint64_t page_bytes = 0;   // page size the segment is sized for (4096, 2 MiB)
+  int64_t huge_bytes = -1;   // bytes the loader saw on huge (PMD) entries; -1 unknown (adopted)
   double load_seconds = 0;
   int64_t loaded_unix_s = 0;
   uint32_t attached = 0;             // live attachments of this generation

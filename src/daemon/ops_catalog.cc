@@ -30,6 +30,8 @@ CheckpointSummary SummaryOf(const CatalogEntry& e) {
   s.data_bytes = e.data_bytes;
   s.tensor_count = e.tensors ? e.tensors->size() : 0;
   s.load_seconds = e.load_seconds;
+  s.page_bytes = e.page_bytes;
+  s.huge_bytes = e.huge_bytes;
   s.loaded_unix_s = e.loaded_unix_s;
   s.attached = e.attached;
   s.attached_pids.assign(e.attached_pids.begin(), e.attached_pids.end());
@@ -104,6 +106,8 @@ DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller) {
   s.uptime_s = NowUnixSeconds() - ctx.started_unix_s;
   s.socket = ctx.options->socket_path;
   s.shm_prefix = ctx.options->shm_prefix;
+  s.segment_pages = ctx.segments->pages().Describe();
+  s.segment_page_bytes = ctx.segments->pages().segment_alignment();
   s.checkpoints = s.checkpoint_list.size();
   s.loading = ctx.catalog->Loading().size();
   s.memory_budget_bytes = ctx.catalog->budget_bytes();

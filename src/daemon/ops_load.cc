@@ -103,6 +103,7 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan->StoredBytes());
   CheckedSum estimate_sum(stored);
   estimate_sum.AddProduct(plan->tensors.size() + 2, 4096).Add(1u << 20);
+  estimate_sum.Add(ctx.segments->pages().segment_alignment());  // the size is rounded up to a (huge) page
   for (const auto& side : plan->side_files) estimate_sum.Add(side.bytes.size());
   CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
   std::vector<std::string> evicted;
@@ -154,6 +155,8 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   entry.segment_bytes = loaded->segment_bytes;
   entry.data_bytes = loaded->data_bytes;
   entry.load_seconds = loaded->seconds;
+  entry.page_bytes = loaded->page_bytes;
+  entry.huge_bytes = static_cast<int64_t>(loaded->huge_bytes);
   entry.loaded_unix_s = NowUnixSeconds();
   entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(loaded->tensors));
   entry.fd = std::make_shared<const UniqueFd>(std::move(loaded->fd));
@@ -165,6 +168,14 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   spdlog::info("loaded '{}' generation {}: {} tensors, {} bytes in {:.3f} s ({:.2f} GiB/s), read with {}", name,
                generation, result.checkpoint.tensor_count, loaded->data_bytes, loaded->seconds,
                loaded->data_bytes / std::max(loaded->seconds, 1e-9) / (1 << 30), loaded->io_summary);
+  spdlog::info("segment of '{}' generation {}: {} pages, {} of {} bytes on huge pages, reserved with {}", name,
+               generation, shm::PageSizeName(loaded->page_bytes), loaded->huge_bytes, loaded->segment_bytes,
+               loaded->populate_summary);
+  if (loaded->page_bytes > shm::kSmallPageBytes && loaded->huge_bytes == 0) {
+    spdlog::warn("segment of '{}' generation {}: huge pages were expected ({}) but the kernel gave none "
+                 "(no free huge pages, or fragmented memory); it works on 4 KiB pages", name, generation,
+                 ctx.segments->pages().Describe());
+  }
   return result;
 }
 

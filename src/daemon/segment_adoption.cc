@@ -161,6 +161,10 @@ Result<AdoptionReport> AdoptSegments(const shm::SegmentDirectory& directory, con
       entry.source_path = r.source_path();
       entry.format = "adopted";
       entry.segment_bytes = r.segment_bytes();
+      // Sized for the directory's pages if it is a multiple of them; how the kernel maps it
+      // is not measured here (that would fault the whole segment in).
+      entry.page_bytes = r.segment_bytes() % directory.pages().segment_alignment() == 0
+                             ? directory.pages().segment_alignment() : shm::kSmallPageBytes;
       for (const auto& t : r.tensors()) entry.data_bytes += t.nbytes;
       entry.load_seconds = r.header().load_nanos / 1e9;
       entry.loaded_unix_s = static_cast<int64_t>(r.header().created_unix_ns / 1000000000ull);

@@ -81,6 +81,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   CKPT_ASSIGN_OR_RETURN(auto segments, shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(options.shm_prefix),
                                                                    {access->reader_gid(), true}, &fixed));
   if (!fixed.empty()) spdlog::warn("{}", fixed);
+  spdlog::info("segment directory {}: {}", segments->path(), segments->pages().Describe());
   CKPT_ASSIGN_OR_RETURN(auto generations, GenerationStore::Open(options.state_dir));
   std::unique_ptr<Server> server(new Server(options, std::move(segments), std::move(generations)));
   server->access_ = std::move(access);

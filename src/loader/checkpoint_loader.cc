@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "loader/strided_copy.h"
+#include "shm/huge_pages.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt::loader {
@@ -85,7 +86,14 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   // since) and again after the last read.
   CKPT_RETURN_IF_ERROR(unchanged());
 
+  if (options.populate == shm::PagePopulate::kDeferred && options.engine != ReadEngine::kPread) {
+    spec.populate = shm::PagePopulate::kParallel;  // io_uring reads land without a populate
+  } else {
+    spec.populate = options.populate;
+  }
+  spec.populate_threads = options.threads;
   CKPT_ASSIGN_OR_RETURN(auto writer, shm::SegmentWriter::Create(spec));
+  const bool populate_each = spec.populate == shm::PagePopulate::kDeferred;
 
   // Reads in file order (sequential for the disk); a tensor's ops are contiguous.
   // Aliases (tied weights) share an earlier tensor's bytes and are not read; strided
@@ -114,6 +122,9 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     PlanReads(files[t.file_index], t.file_index, static_cast<uint32_t>(i), t.file_offset, t.nbytes,
               writer->tensor_data(i), reader_options.chunk_bytes, &ops);
     remaining[i].store(static_cast<uint32_t>(ops.size() - before));
+    if (populate_each) {
+      for (size_t k = before; k < ops.size(); ++k) ops[k].populate = true;
+    }
     if (ops.size() == before) checksums[i] = shm::Checksum(writer->tensor_data(i), 0);
   }
 
@@ -136,6 +147,13 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   for (size_t i : strided) {
     if (options.cancel && options.cancel->load()) return FailedPrecondition("load cancelled");
     const format::PlannedTensor& t = plan.tensors[i];
+    if (populate_each && t.nbytes > 0) {  // its pages first: a write into a full tmpfs would SIGBUS
+      const uintptr_t at = reinterpret_cast<uintptr_t>(writer->tensor_data(i));
+      const uintptr_t begin = at / shm::kSmallPageBytes * shm::kSmallPageBytes;
+      Status st = shm::PopulateWrite(reinterpret_cast<std::byte*>(begin), at + t.nbytes - begin, 1,
+                                     shm::kSmallPageBytes, "tensor '" + format::EscapedName(t.name) + "'");
+      if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;  // old kernel: fallocated
+    }
     CKPT_RETURN_IF_ERROR(with_change(ReadStridedTensor(files[t.file_index].buffered_fd(), files[t.file_index].path, t,
                                                        writer->tensor_data(i))));
     checksums[i] = shm::Checksum(writer->tensor_data(i), t.nbytes);
@@ -147,6 +165,8 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   }
   report();
   CKPT_RETURN_IF_ERROR(unchanged());
+  // Every page allocated before the segment is published: a client never faults on a hole.
+  CKPT_RETURN_IF_ERROR(writer->Populate(options.threads));
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CKPT_RETURN_IF_ERROR(writer->Publish(checksums, static_cast<uint64_t>(seconds * 1e9)));
@@ -161,6 +181,9 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   out.tensors = std::move(spec.tensors);
   for (size_t i = 0; i < checksums.size(); ++i) out.tensors[i].checksum = checksums[i];
   out.io_summary = DescribeIo(files, *reader);
+  out.page_bytes = spec.directory->pages().segment_alignment();
+  out.huge_bytes = writer->HugeMappedBytes();
+  out.populate_summary = writer->populate_summary();
   return out;
 }
 

@@ -26,6 +26,13 @@ struct LoadOptions {
   ReadEngine engine = ReadEngine::kPread; // measured faster on our machines: docs/benchmarks.md
   int queue_depth = 4;                    // io_uring: reads in flight per thread
   DirectIo direct_io = DirectIo::kAuto;
+  // How the segment's pages are allocated (see shm::PagePopulate). The default, one
+  // posix_fallocate before the reads (the reads then fault the reserved pages in, in
+  // parallel), measured fastest with 4 KiB and with 2 MiB pages (docs/benchmarks.md,
+  // "warmhuge"); kParallel populates all pages up front with `threads` threads; kDeferred
+  // populates each read's destination just before the read (pread engine only; io_uring
+  // uses kParallel instead) and the holes after the last read.
+  shm::PagePopulate populate = shm::PagePopulate::kFallocate;
   // Called from the calling thread about every 100 ms and once at the end with
   // (bytes read, bytes in total). May be empty.
   std::function<void(uint64_t, uint64_t)> progress;
@@ -44,6 +51,12 @@ struct LoadedSegment {
   // How the files were read, for logs: "O_DIRECT, pread x8" or
   // "buffered (file in page cache), pread x8"; several clauses for mixed files.
   std::string io_summary;
+  // The segment directory's page size the segment was sized for (4096 or 2 MiB), and the
+  // bytes the kernel actually mapped with huge (PMD) entries in the loader's mapping.
+  uint64_t page_bytes = 4096;
+  uint64_t huge_bytes = 0;
+  // How its pages were allocated: "MADV_POPULATE_WRITE x16", "posix_fallocate", ...
+  std::string populate_summary;
 };
 
 // `spec` gives the segment's directory, names, generation and mode; its tensor list, side

@@ -22,12 +22,29 @@ uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
 
 // Maps the pages under [p, p + n) writable in one system call before a memcpy fills them:
 // on a fresh tmpfs mapping that is markedly cheaper than taking one page fault per 4 KiB
-// inside memcpy (docs/benchmarks.md). Failure only means the memcpy takes the faults.
-void PopulateForWrite(std::byte* p, uint64_t n) {
+// inside memcpy (docs/benchmarks.md). Returns 0 or the errno: EFAULT when the file system
+// is full (the write would raise SIGBUS), ENOMEM, EINVAL on kernels before 5.14.
+int PopulateForWrite(std::byte* p, uint64_t n) {
   static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const uint64_t begin = AlignDown(reinterpret_cast<uintptr_t>(p), page);
   const uint64_t end = reinterpret_cast<uintptr_t>(p) + n;
-  (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE);
+  for (int tries = 0; tries < 100; ++tries) {
+    if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0) return 0;
+    if (errno != EINTR && errno != EAGAIN) break;
+  }
+  return errno;
+}
+
+// PopulateForWrite for an op that must populate: EINVAL (old kernel) is no error (the
+// read takes the faults and the segment's Populate() falls back); the rest are.
+Status PopulateDestination(const ReadOp& op, const SourceFile& file) {
+  const int err = PopulateForWrite(op.dst, op.length);
+  if (err == 0 || err == EINVAL) return Status::Ok();
+  if (err == EFAULT || err == ENOMEM || err == ENOSPC) {
+    return ResourceExhausted("no room in shared memory for the bytes of " + file.path + " at offset " +
+                             std::to_string(op.offset) + (err == ENOMEM ? " (out of memory)" : " (file system full)"));
+  }
+  return ErrnoError("populating the segment for " + file.path, err);
 }
 uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -144,6 +161,7 @@ void PlanReads(const SourceFile& file, uint32_t file_index, uint32_t tensor, uin
 Status FinishRead(const ReadOp& op, const SourceFile& file, std::byte* bounce, uint64_t got) {
   const ReadCover cover = CoverOf(op, file);
   const uint64_t need = op.offset + op.length - cover.offset;
+  if (op.populate && got == 0) CKPT_RETURN_IF_ERROR(PopulateDestination(op, file));
   if (op.mode == ReadMode::kBuffered) {
     if (got >= need) return Status::Ok();
     return PreadFull(file.buffered_fd(), op.dst + got, need - got, cover.offset + got, file.path);
@@ -175,7 +193,7 @@ Status FinishRead(const ReadOp& op, const SourceFile& file, std::byte* bounce, u
     return PreadFull(file.buffered_fd(), op.dst, op.length, op.offset, file.path);
   }
   if (op.mode == ReadMode::kBounce) {
-    if (op.length >= (64u << 10)) PopulateForWrite(op.dst, op.length);
+    if (!op.populate && op.length >= (64u << 10)) (void)PopulateForWrite(op.dst, op.length);
     std::memcpy(op.dst, bounce + (op.offset - cover.offset), op.length);
   }
   return Status::Ok();

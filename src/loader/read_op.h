@@ -63,6 +63,9 @@ struct ReadOp {
   uint64_t length = 0;  // wanted bytes (> 0)
   std::byte* dst = nullptr;
   ReadMode mode = ReadMode::kBuffered;
+  // Allocate dst's pages (MADV_POPULATE_WRITE) before the read lands there: a segment
+  // created with PagePopulate::kDeferred. A full file system is then ResourceExhausted.
+  bool populate = false;
 };
 
 // The aligned file range an op actually reads: [cover_offset, cover_offset + cover_length).
@@ -88,7 +91,8 @@ void PlanReads(const SourceFile& file, uint32_t file_index, uint32_t tensor, uin
 // for kBuffered/kDirect, into `bounce` for kBounce), with blocking preads; then copies a
 // bounce op's bytes into dst. A kDirect/kBounce read that the kernel refuses (EINVAL) is
 // redone through the page cache. Corrupt if the file ends before the op's last byte;
-// IoError for other failures. `bounce` must hold BounceBytes(op.length) aligned bytes for
+// IoError for other failures; ResourceExhausted if op.populate and dst's pages cannot be
+// allocated (file system full, no memory). `bounce` must hold BounceBytes(op.length) aligned bytes for
 // kBounce ops. Thread-safe for distinct ops.
 Status FinishRead(const ReadOp& op, const SourceFile& file, std::byte* bounce, uint64_t got);
 

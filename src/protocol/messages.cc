@@ -268,6 +268,8 @@ json Encode(const CheckpointSummary& m) {
          {"attached", m.attached},
          {"attached_pids", m.attached_pids}};
   if (!m.segment_id.empty()) j["segment_id"] = m.segment_id;
+  if (m.page_bytes != 0) j["page_bytes"] = m.page_bytes;
+  if (m.huge_bytes >= 0) j["huge_bytes"] = m.huge_bytes;
   return j;
 }
 
@@ -286,6 +288,8 @@ Status Decode(const json& j, CheckpointSummary* m) {
   f.Optional("loaded_unix_s", &m->loaded_unix_s);
   f.Optional("attached", &m->attached);
   f.Optional("attached_pids", &m->attached_pids);
+  f.Optional("page_bytes", &m->page_bytes);
+  f.Optional("huge_bytes", &m->huge_bytes);
   return f.status();
 }
 
@@ -353,7 +357,7 @@ Status Decode(const json& j, VerifyResult* m) {
 }
 
 json Encode(const DaemonStatus& m) {
-  return json{{"version", m.version},
+  json j{{"version", m.version},
               {"protocol", m.protocol},
               {"pid", m.pid},
               {"uptime_s", m.uptime_s},
@@ -377,6 +381,9 @@ json Encode(const DaemonStatus& m) {
               {"your_role", m.your_role},
               {"checkpoint_list", EncodeAll(m.checkpoint_list)},
               {"retired", EncodeAll(m.retired)}};
+  if (!m.segment_pages.empty()) j["segment_pages"] = m.segment_pages;
+  if (m.segment_page_bytes != 0) j["segment_page_bytes"] = m.segment_page_bytes;
+  return j;
 }
 
 Status Decode(const json& j, DaemonStatus* m) {
@@ -398,6 +405,8 @@ Status Decode(const json& j, DaemonStatus* m) {
   f.Optional("max_connections_per_uid", &m->max_connections_per_uid);
   f.Optional("admin_reserved_connections", &m->admin_reserved_connections);
   f.Optional("model_roots", &m->model_roots);
+  f.Optional("segment_pages", &m->segment_pages);
+  f.Optional("segment_page_bytes", &m->segment_page_bytes);
   f.Optional("your_role", &m->your_role);
   f.Optional("checkpoint_list", &m->checkpoint_list);
   f.Optional("retired", &m->retired);

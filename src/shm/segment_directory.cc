@@ -87,10 +87,12 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
     if (notes.size() >= 2) notes.resize(notes.size() - 2);
     *fixed = notes;
   }
-  return std::unique_ptr<SegmentDirectory>(new SegmentDirectory(path, std::move(fd), actual_group));
+  PageSupport pages = DetectPageSupport(fd.get(), path);
+  return std::unique_ptr<SegmentDirectory>(new SegmentDirectory(path, std::move(fd), actual_group, std::move(pages)));
 }
 
-Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size, uint32_t mode) const {
+Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size, uint32_t mode,
+                                          Reserve reserve) const {
   if (!IsPlainFileName(name)) return InvalidArgument("not a plain segment file name: '" + name + "'");
   if (size == 0) return InvalidArgument("a segment needs at least one byte");
   if (size > static_cast<uint64_t>(INT64_MAX)) return InvalidArgument("segment size too large");
@@ -113,14 +115,35 @@ Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size
     return ErrnoError("giving segment " + what + " to gid " + std::to_string(group_), errno);
   }
   if (::fchmod(fd.get(), mode & 07777) != 0) return ErrnoError("chmod of segment " + what, errno);
-  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); err != 0) {
+  // The size first: a tmpfs with huge=within_size gives huge pages only inside i_size.
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    if (errno == EFBIG || errno == ENOSPC) {
+      return ResourceExhausted("not enough room in " + path_ + " for " + std::to_string(size) + " bytes");
+    }
+    return ErrnoError("sizing segment " + what + " to " + std::to_string(size) + " bytes", errno);
+  }
+  if (reserve == Reserve::kSizeOnly) {
+    remover.armed = false;
+    return fd;
+  }
+  CKPT_RETURN_IF_ERROR(ReservePages(fd.get(), size, name));
+  remover.armed = false;
+  return fd;
+}
+
+Status SegmentDirectory::ReservePages(int fd, uint64_t size, const std::string& name) const {
+  if (size > static_cast<uint64_t>(INT64_MAX)) return InvalidArgument("segment size too large");
+  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
     if (err == ENOSPC) {
       return ResourceExhausted("not enough room in " + path_ + " for " + std::to_string(size) + " bytes");
     }
-    return ErrnoError("reserving " + std::to_string(size) + " bytes for segment " + what, err);
+    if (err == ENOMEM) {  // a memory cgroup limit, or the host is out of memory
+      return ResourceExhausted("out of memory reserving " + std::to_string(size) + " bytes for segment " +
+                               PathOf(name));
+    }
+    return ErrnoError("reserving " + std::to_string(size) + " bytes for segment " + PathOf(name), err);
   }
-  remover.armed = false;
-  return fd;
+  return Status::Ok();
 }
 
 Result<UniqueFd> SegmentDirectory::OpenOwned(const std::string& name, uint32_t mode, uint64_t min_size,

@@ -19,6 +19,7 @@
 
 #include "ckpt/status.h"
 #include "common/unique_fd.h"
+#include "shm/huge_pages.h"
 
 namespace ckpt::shm {
 
@@ -63,12 +64,28 @@ class SegmentDirectory {
   // The directory's descriptor (owned by this object).
   int fd() const { return fd_.get(); }
 
+  // How Create() reserves a new file's pages.
+  enum class Reserve {
+    kFallocate,  // posix_fallocate of the whole file (one thread)
+    kSizeOnly,   // only sets the size: the caller populates the pages (PopulateWrite) itself
+  };
+
   // Creates file `name` (O_CREAT|O_EXCL|O_RDWR|O_NOFOLLOW|O_CLOEXEC) of `size` bytes with
-  // permission bits `mode` and this directory's group, and reserves its pages
-  // (posix_fallocate: ResourceExhausted if the tmpfs is too small, so later writes cannot
-  // fault). Returns the read-write descriptor; on any error the file is removed again.
-  // InvalidArgument for a bad name or size 0; AlreadyExists if the name exists.
-  Result<UniqueFd> Create(const std::string& name, uint64_t size, uint32_t mode) const;
+  // permission bits `mode` and this directory's group, sets its size, and with kFallocate
+  // reserves its pages (posix_fallocate: ResourceExhausted if the tmpfs is too small, so
+  // later writes cannot fault). Returns the read-write descriptor; on any error the file
+  // is removed again. InvalidArgument for a bad name or size 0; AlreadyExists if the name
+  // exists.
+  Result<UniqueFd> Create(const std::string& name, uint64_t size, uint32_t mode,
+                          Reserve reserve = Reserve::kFallocate) const;
+
+  // Reserves the first `size` bytes of file `name` open read-write at `fd`
+  // (posix_fallocate): ResourceExhausted when the file system is full or the memory cgroup
+  // refuses (the message names the directory), IoError otherwise.
+  Status ReservePages(int fd, uint64_t size, const std::string& name) const;
+
+  // What the directory's file system offers for page sizes, detected once by Open().
+  const PageSupport& pages() const { return pages_; }
 
   // Opens `name` read-only (O_RDONLY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC: never follows a
   // link, never blocks on a FIFO) and checks with fstat that it is a regular file owned by
@@ -86,11 +103,12 @@ class SegmentDirectory {
   Result<std::vector<DirectoryEntry>> List() const;
 
  private:
-  SegmentDirectory(std::string path, UniqueFd fd, gid_t group)
-      : path_(std::move(path)), fd_(std::move(fd)), group_(group) {}
+  SegmentDirectory(std::string path, UniqueFd fd, gid_t group, PageSupport pages)
+      : path_(std::move(path)), fd_(std::move(fd)), group_(group), pages_(std::move(pages)) {}
   std::string path_;
   UniqueFd fd_;
   gid_t group_;
+  PageSupport pages_;
 };
 
 // True if `name` is a plain file name: not empty, not "." or "..", no '/', no NUL.

@@ -1,5 +1,6 @@
 #include "shm/segment_writer.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -133,10 +134,16 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
     cursor.Add(spec.tensors[i].nbytes).AlignUp(kDataAlignment);
   }
   CKPT_ASSIGN_OR_RETURN(const uint64_t data_end, cursor.Get("the segment's size"));
-  CKPT_ASSIGN_OR_RETURN(const uint64_t segment_bytes,
-                        CheckedSum(std::max(data_end, data_offset + 1)).AlignUp(4096).Get("the segment's size"));
+  const PageSupport& pages = spec.directory->pages();
+  CKPT_ASSIGN_OR_RETURN(const uint64_t segment_bytes, CheckedSum(std::max(data_end, data_offset + 1))
+                                                          .AlignUp(pages.segment_alignment())
+                                                          .Get("the segment's size"));
 
-  CKPT_ASSIGN_OR_RETURN(UniqueFd rw_fd, spec.directory->Create(file_name, segment_bytes, spec.mode));
+  const bool fallocate = spec.populate == PagePopulate::kFallocate;
+  CKPT_ASSIGN_OR_RETURN(UniqueFd rw_fd,
+                        spec.directory->Create(file_name, segment_bytes, spec.mode,
+                                               fallocate ? SegmentDirectory::Reserve::kFallocate
+                                                         : SegmentDirectory::Reserve::kSizeOnly));
   auto mapping = ShmMapping::MapFd(rw_fd.get(), file_name, /*writable=*/true);
   if (!mapping.ok()) {
     (void)spec.directory->Remove(file_name);
@@ -151,6 +158,27 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
     return Internal("segment " + spec.directory->PathOf(file_name) + " changed while it was created");
   }
   std::byte* base = writer->mapping_->data();
+  if (pages.advise) (void)::madvise(base, segment_bytes, MADV_HUGEPAGE);  // fails only without THP
+  const std::string what = "segment " + spec.directory->PathOf(file_name);
+  if (fallocate) {
+    writer->populated_ = true;
+    writer->populate_summary_ = "posix_fallocate";
+  } else {
+    const bool all = spec.populate == PagePopulate::kParallel;
+    const int threads = all ? spec.populate_threads : 1;
+    Status st = PopulateWrite(base, all ? segment_bytes : data_offset, threads, pages.segment_alignment(), what);
+    if (st.code() == StatusCode::kUnsupported) {
+      // An old kernel: reserve everything the classic way.
+      CKPT_RETURN_IF_ERROR(spec.directory->ReservePages(rw_fd.get(), segment_bytes, file_name));
+      writer->populated_ = true;
+      writer->populate_summary_ = "posix_fallocate (" + st.message() + ")";
+    } else {
+      CKPT_RETURN_IF_ERROR(st);
+      writer->populated_ = all;
+      writer->populate_summary_ = all ? "MADV_POPULATE_WRITE x" + std::to_string(std::max(1, threads))
+                                      : "MADV_POPULATE_WRITE per read";
+    }
+  }
 
   SegmentHeader* h = HeaderOf(base);  // pages are zero-filled by the kernel
   std::memcpy(h->magic, kSegmentMagic, sizeof(kSegmentMagic));
@@ -221,7 +249,22 @@ std::byte* SegmentWriter::tensor_data(size_t i) const {
   return base + EntriesOf(base)[i].data_offset;
 }
 
+Status SegmentWriter::Populate(int threads) {
+  if (populated_) return Status::Ok();
+  CKPT_RETURN_IF_ERROR(PopulateWrite(mapping_->data(), mapping_->size(), threads,
+                                     directory_->pages().segment_alignment(),
+                                     "segment " + directory_->PathOf(mapping_->name())));
+  populated_ = true;
+  return Status::Ok();
+}
+
+uint64_t SegmentWriter::HugeMappedBytes() const {
+  auto bytes = PmdMappedBytes(mapping_->data());
+  return bytes.ok() ? *bytes : 0;
+}
+
 Status SegmentWriter::Publish(const std::vector<uint64_t>& checksums, uint64_t load_nanos) {
+  if (!populated_) return Internal("segment " + mapping_->name() + " published before its pages were populated");
   std::byte* base = mapping_->data();
   SegmentHeader* h = HeaderOf(base);
   if (checksums.size() != h->tensor_count) return Internal("checksum count does not match tensors");

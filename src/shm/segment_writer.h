@@ -22,6 +22,16 @@
 
 namespace ckpt::shm {
 
+// How a new segment's pages are allocated before anything is written into them (so that
+// no write can fault on a full file system, and no client on a hole).
+enum class PagePopulate {
+  kFallocate,  // posix_fallocate of the whole file in Create() (one thread)
+  kParallel,   // MADV_POPULATE_WRITE of the whole file in Create(), populate_threads threads
+  kDeferred,   // Create() populates the header pages only; the caller writes the data with
+               // its own populate (MADV_POPULATE_WRITE before each write) and calls
+               // Populate() before Publish(), which refuses a segment not populated
+};
+
 struct SegmentSpec {
   const SegmentDirectory* directory = nullptr;  // where the segment is created; not owned
   std::string checkpoint_name;  // < 128 bytes, a plain file name component
@@ -38,14 +48,19 @@ struct SegmentSpec {
   // The checkpoint's metadata (safetensors __metadata__); stored as one JSON object in the
   // side-file section when not empty.
   std::map<std::string, std::string> metadata;
+  PagePopulate populate = PagePopulate::kFallocate;
+  int populate_threads = 1;  // kParallel / Populate(): threads on disjoint slices
 };
 
 class SegmentWriter {
  public:
-  // Lays out, creates and reserves the segment, and writes its header, index and side
-  // files. Every offset and total is computed with checked arithmetic. Errors:
+  // Lays out, creates and reserves the segment (spec.populate), and writes its header,
+  // index and side files. Every offset and total is computed with checked arithmetic; the
+  // size is a multiple of the directory's page size (2 MiB on a huge tmpfs), the mapping
+  // 2 MiB-aligned, and madvise(MADV_HUGEPAGE) is applied where the mount says huge=advise.
+  // A kernel without MADV_POPULATE_WRITE gets posix_fallocate instead. Errors:
   // InvalidArgument for a bad spec or a layout that overflows 64 bits, AlreadyExists,
-  // ResourceExhausted, IoError.
+  // ResourceExhausted (file system full, no memory), IoError.
   static Result<std::unique_ptr<SegmentWriter>> Create(const SegmentSpec& spec);
   // Before Publish(): removes the file (a removal failure is written to stderr).
   ~SegmentWriter();
@@ -60,8 +75,20 @@ class SegmentWriter {
   // be the same inode): what the daemon keeps and passes to clients. Invalid once taken.
   UniqueFd TakeReadOnlyFd() { return std::move(read_only_fd_); }
 
+  // Allocates and maps every page of the segment not yet allocated (holes between the
+  // tensors of a kDeferred segment), with `threads` threads; a no-op after kFallocate or
+  // kParallel. ResourceExhausted when the file system is full; the segment stays unpublished.
+  Status Populate(int threads);
+
+  // Bytes of this writer's mapping that the kernel maps with huge (PMD) entries, from
+  // /proc/self/smaps; 0 if it cannot be read.
+  uint64_t HugeMappedBytes() const;
+  // How the pages were reserved, for logs: "posix_fallocate", "MADV_POPULATE_WRITE x8", ...
+  const std::string& populate_summary() const { return populate_summary_; }
+
   // Records the checksums (one per tensor, in spec order) and the load time, then marks
-  // the segment complete. Afterwards the object outlives this writer.
+  // the segment complete. Afterwards the object outlives this writer. Internal if the
+  // segment's pages were not all populated (kDeferred without Populate()).
   Status Publish(const std::vector<uint64_t>& checksums, uint64_t load_nanos);
 
  private:
@@ -73,6 +100,8 @@ class SegmentWriter {
   UniqueFd read_only_fd_;
   SegmentId id_;
   bool published_ = false;
+  bool populated_ = false;
+  std::string populate_summary_;
 };
 
 }  // namespace ckpt::shm

@@ -13,10 +13,15 @@ namespace ckpt::shm {
 // A mapping of a whole segment. Move-only; unmaps on destruction.
 class ShmMapping {
  public:
+  // The alignment of mappings of at least this size (one x86-64 PMD entry).
+  static constexpr uint64_t kHugeAlignment = 2ull << 20;
+
   // Maps the whole file open at `fd`, read-write (MAP_SHARED, PROT_READ|PROT_WRITE; the
   // descriptor must be open for writing) or read-only. `name` is for messages only. The
-  // descriptor may be closed afterwards. Corrupt if the file is empty, IoError if it
-  // cannot be sized or mapped.
+  // descriptor may be closed afterwards. A file of at least 2 MiB is mapped at a 2 MiB-
+  // aligned address, so that the kernel can map a segment on huge pages with PMD entries
+  // (hugetlbfs files: where the kernel puts them). Corrupt if the file is empty, IoError
+  // if it cannot be sized or mapped.
   static Result<std::unique_ptr<ShmMapping>> MapFd(int fd, const std::string& name, bool writable);
   // MapFd(fd, name, /*writable=*/false): a descriptor the daemon passed over the socket.
   static Result<std::unique_ptr<ShmMapping>> FromFd(int fd, const std::string& name) {

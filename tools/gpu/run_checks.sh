@@ -21,6 +21,8 @@
 #             4 KiB pages, then huge pages where SWEEP_HUGE=1; SWEEP_CONFIGS, SWEEP_REPS)
 #   copy      tools/bench_gpu.sh ALONE=1, TP 1 2 4, default configuration (issue 14: the GPU
 #             copy against the pinned limit, one process per rank; COPY_CONFIGS, COPY_REPS)
+#   warmhuge  tools/gpu/warm_huge.sh (issue 14: warm loads at 1..16 threads, 4 KiB vs huge
+#             pages, against cp and read(); a cold load against dd; table + SVG plot in OUT_DIR)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 # BUILD_TARGETS="ckptd ckptctl _ckpt" builds only those (default: everything); BENCH_PREPARE=1
 # writes benchlm's model folder in the background while the project builds; HF_FAMILIES=a,b
@@ -143,6 +145,9 @@ for step in $steps; do
     SKIP_BUILD=1 BUILD_DIR=build-gpu DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.4} REPS=${COPY_REPS:-3} FP16=0 TRACE=1 \
       BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:12:0:1 bounce:16:1:1}" tools/bench_gpu.sh "$out/copy" "1 2 4" > "$out/copy.log" 2>&1
     log "rc=$?" ;;
+  warmhuge)
+    log "warm loads, 4 KiB vs huge pages, 1..16 threads; cold against dd"
+    tools/gpu/warm_huge.sh "$out" > "$out/warmhuge_run.log" 2>&1; log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
     python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1
