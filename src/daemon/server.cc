@@ -71,7 +71,8 @@ Server::Server(ServerOptions options, std::unique_ptr<shm::SegmentDirectory> seg
 
 DaemonContext Server::Context() {
   return DaemonContext{&options_,     &catalog_,    &stopping_, started_unix_s_, limits_.get(),
-                       access_.get(), roots_.get(), &counters_, &rendezvous_,    segments_.get()};
+                       access_.get(), roots_.get(), &counters_, &rendezvous_,    segments_.get(),
+                       &ensures_};
 }
 
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
