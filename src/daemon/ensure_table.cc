@@ -42,10 +42,41 @@ std::optional<Result<LoadResult>> SharedLoad::WaitFor(std::chrono::milliseconds 
   return result_;
 }
 
+bool SharedLoad::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return finished_;
+}
+
 void EnsureTable::Remove(const std::string& name, const SharedLoad* load) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = loads_.find(name);
   if (it != loads_.end() && it->second.get() == load) loads_.erase(it);
+}
+
+Status EnsureTable::Run(const std::shared_ptr<SharedLoad>& load, std::function<void()> body) {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    if (it->first->finished()) {
+      it->second.join();  // its body has returned from Finish, or is about to
+      it = threads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  try {
+    threads_.emplace_back(load, std::thread(std::move(body)));
+  } catch (const std::exception& e) {
+    return ResourceExhausted(std::string("cannot start a load thread: ") + e.what());
+  }
+  return Status::Ok();
+}
+
+void EnsureTable::JoinAll() {
+  std::lock_guard<std::mutex> lock(threads_mu_);
+  for (auto& [load, thread] : threads_) {
+    if (thread.joinable()) thread.join();
+  }
+  threads_.clear();
 }
 
 }  // namespace ckpt::daemon

@@ -7,20 +7,23 @@
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "ckpt/client.h"
 #include "ckpt/status.h"
 
 namespace ckpt::daemon {
 
-// One load and the callers waiting for it. The caller that starts it runs it and counts
-// as its first participant; others Join. The load is to be cancelled (cancel_flag) only
-// when every participant has withdrawn. Thread-safe.
+// One load, run on a thread of its own (EnsureTable::Run), and the callers waiting for
+// it. The caller that starts it counts as its first participant; others Join. The load is
+// to be cancelled (cancel_flag) only when every participant has withdrawn. Thread-safe.
 class SharedLoad {
  public:
   explicit SharedLoad(std::string path) : path_(std::move(path)) {}
@@ -48,6 +51,7 @@ class SharedLoad {
   void Finish(Result<LoadResult> result);
   // The outcome once Finish was called, waiting up to `timeout`; nullopt if not yet.
   std::optional<Result<LoadResult>> WaitFor(std::chrono::milliseconds timeout) const;
+  bool finished() const;
 
  private:
   const std::string path_;
@@ -64,7 +68,7 @@ class EnsureTable {
  public:
   // Runs `decide` under the table's lock when no ensure load of `name` is in progress:
   // it returns true to start one (then the new SharedLoad is registered and returned
-  // with started = true; the caller runs it and must call Finish on it and then Remove),
+  // with started = true; the caller must Run it, whose body ends with Remove, Finish),
   // or false (then nothing is registered and load is null). When one is in progress,
   // `decide` is not called and that load is returned with started = false (the caller
   // must Join it before waiting). `decide` must not call back into the table.
@@ -84,10 +88,20 @@ class EnsureTable {
   }
   // Ends the registration of `load` under `name` (no-op if another load holds the name).
   void Remove(const std::string& name, const SharedLoad* load);
+  // Runs `body` (the load; it must end by calling Remove, then load->Finish) on a thread
+  // of its own, so that no caller's connection is tied to it. Threads of finished loads
+  // are joined here as new ones start. ResourceExhausted if no thread can be started
+  // (then `body` never runs; the caller must Remove and Finish).
+  Status Run(const std::shared_ptr<SharedLoad>& load, std::function<void()> body);
+  // Joins every load's thread (they end once their load does: stop the daemon first, so
+  // that its loads are cancelled). Call before anything the bodies use is destroyed.
+  void JoinAll();
 
  private:
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<SharedLoad>> loads_;
+  std::mutex threads_mu_;
+  std::vector<std::pair<std::shared_ptr<SharedLoad>, std::thread>> threads_;
 };
 
 }  // namespace ckpt::daemon

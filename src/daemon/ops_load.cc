@@ -150,14 +150,13 @@ Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string
 // returns OK. With `shared` (an ensure's runner), each tick's progress is posted there for
 // the callers waiting on it.
 Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& path, const std::string& name,
-                                  bool replace, const format::LoadPlan& planned, ConnectionWatch* watch,
+                                  bool replace, const format::LoadPlan& plan, ConnectionWatch* watch,
                                   SharedLoad* shared = nullptr) {
-  const format::LoadPlan* plan = &planned;
   // The segment adds a header, an aligned index and the side files to the tensor bytes.
-  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan->StoredBytes());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
   CheckedSum estimate_sum(stored);
-  estimate_sum.AddProduct(plan->tensors.size() + 2, 4096).Add(1u << 20);
-  for (const auto& side : plan->side_files) estimate_sum.Add(side.bytes.size());
+  estimate_sum.AddProduct(plan.tensors.size() + 2, 4096).Add(1u << 20);
+  for (const auto& side : plan.side_files) estimate_sum.Add(side.bytes.size());
   CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
   std::vector<std::string> evicted;
   CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, replace, estimate, &evicted));
@@ -186,7 +185,7 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& p
     if (shared) shared->SetProgress(done, total);
     watch->Tick(done, total);
   };
-  auto loaded = loader::LoadIntoSegment(*plan, spec, load_options);
+  auto loaded = loader::LoadIntoSegment(plan, spec, load_options);
   if (!loaded.ok()) {
     ++ctx.counters->load_failures;
     spdlog::warn("load of '{}' failed: {}", name, loaded.status().ToString());
@@ -207,8 +206,8 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& p
   entry.shm_name = loaded->file_name;
   entry.segment_id = shm::SegmentIdHex(loaded->segment_id);
   entry.source_path = path;
-  entry.source_fingerprint = SourceFingerprint(*plan);
-  entry.format = plan->format;
+  entry.source_fingerprint = SourceFingerprint(plan);
+  entry.format = plan.format;
   entry.segment_bytes = loaded->segment_bytes;
   entry.data_bytes = loaded->data_bytes;
   entry.load_seconds = loaded->seconds;
@@ -252,36 +251,41 @@ Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const pr
 
 namespace {
 
-// The runner of an ensure load: loads and publishes, then hands the outcome to every
-// caller waiting on `shared`. Its own answer is Cancelled if its client withdrew (the
-// load went on for the others, or was cancelled if none was left).
-Result<EnsureResult> RunSharedLoad(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
-                                   const std::string& name, bool replace, const format::LoadPlan& plan,
-                                   const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch) {
-  ConnectionWatch connection(ctx, caller, request.progress, watch, shared.get());
-  auto result = LoadAndPublish(ctx, request.path, name, replace, plan, &connection, shared.get());
-  // Off the table first: a caller that comes now finds the published generation (or,
-  // after a failure, starts a load of its own), never a finished load to wait for.
-  ctx.ensures->Remove(name, shared.get());
-  shared->Finish(result);
-  if (!result.ok() && result.status().code() == StatusCode::kCancelled) ++ctx.counters->loads_cancelled;
-  if (connection.cancelled_by_client()) {
-    spdlog::info("ensure of '{}': its first caller withdrew; {}", name,
-                 result.ok() ? "the load was published for the callers still waiting" : "nothing was published");
-    return Cancelled("ensure of '" + name + "' cancelled by the client");
-  }
-  if (!result.ok()) return result.status();
-  return EnsureResult{result->checkpoint, result->evicted, replace ? "reloaded" : "loaded"};
+// Starts the ensure load of `shared` on a thread of its own (EnsureTable::Run): no
+// connection is tied to it, every caller (the first one too) waits for it with
+// WaitForSharedLoad and may withdraw at any time; it is cancelled once none is left.
+Status StartSharedLoad(const DaemonContext& ctx, const std::string& path, const std::string& name, bool replace,
+                       format::LoadPlan plan, const std::shared_ptr<SharedLoad>& shared) {
+  auto body = [ctx, path, name, replace, plan = std::move(plan), shared] {
+    const Caller no_connection;  // fd -1: only the stopping flag and the shared flag count
+    LoadWatch unused;
+    ConnectionWatch watch(ctx, no_connection, false, &unused, shared.get());
+    auto result = LoadAndPublish(ctx, path, name, replace, plan, &watch, shared.get());
+    if (!result.ok() && shared->cancel_flag()->load()) {  // the loader says FailedPrecondition "load cancelled"
+      ++ctx.counters->loads_cancelled;
+      const char* why = ctx.stopping->load() ? "ckptd is stopping" : "every caller withdrew";
+      spdlog::info("ensure load of '{}' cancelled ({}); nothing was published", name, why);
+      result = Cancelled("load of '" + name + "' cancelled (" + why + "); nothing was published");
+    }
+    // Off the table first: a caller that comes now finds the published generation (or,
+    // after a failure, starts a load of its own), never a finished load to wait for.
+    ctx.ensures->Remove(name, shared.get());
+    shared->Finish(std::move(result));
+  };
+  return ctx.ensures->Run(shared, std::move(body));
 }
 
-// A caller waiting for another caller's ensure load of the same path, which it joined.
-// Polls its own connection every 100 ms (progress events if asked; a cancel or hang-up
-// withdraws it alone).
+// A caller waiting for the ensure load it started or joined; `action` is what it answers
+// on success. Polls its own connection every 100 ms (progress events if asked; a cancel
+// or hang-up withdraws it alone, answered at once).
 Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& caller,
                                        const protocol::EnsureRequest& request, const std::string& name,
-                                       const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch) {
+                                       const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch,
+                                       const char* action) {
   ConnectionWatch connection(ctx, caller, request.progress, watch, shared.get());
-  spdlog::info("ensure of '{}': waiting for the load in progress ({} callers)", name, shared->participants());
+  if (std::string(action) == "joined") {
+    spdlog::info("ensure of '{}': waiting for the load in progress ({} callers)", name, shared->participants());
+  }
   for (;;) {
     if (auto result = shared->WaitFor(std::chrono::milliseconds(100))) {
       if (connection.cancelled_by_client()) break;
@@ -291,13 +295,13 @@ Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& c
         }
         return result->status();
       }
-      return EnsureResult{(*result)->checkpoint, (*result)->evicted, "joined"};
+      return EnsureResult{(*result)->checkpoint, (*result)->evicted, action};
     }
     const auto [done, total] = shared->progress();
     connection.Tick(done, total);
     if (connection.cancelled_by_client()) break;
   }
-  spdlog::info("ensure of '{}': a waiting caller withdrew ({} still waiting)", name, shared->participants());
+  spdlog::info("ensure of '{}': a caller withdrew ({} still waiting)", name, shared->participants());
   return Cancelled("ensure of '" + name + "' cancelled by the client; the load goes on for the other callers");
 }
 
@@ -341,12 +345,18 @@ Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, cons
       spdlog::info("ensure of '{}': {} from {}", name,
                    replace ? "the source changed since its generation was loaded; loading a new one" : "not loaded; loading",
                    request.path);
-      return RunSharedLoad(ctx, caller, request, name, replace, plan, entry.load, watch);
+      if (Status started = StartSharedLoad(ctx, request.path, name, replace, std::move(plan), entry.load);
+          !started.ok()) {
+        ctx.ensures->Remove(name, entry.load.get());
+        entry.load->Finish(started);
+        return started;
+      }
+      return WaitForSharedLoad(ctx, caller, request, name, entry.load, watch, replace ? "reloaded" : "loaded");
     }
     if (entry.load->path() != request.path) {
       return FailedPrecondition("'" + name + "' is being loaded from " + entry.load->path() + ", not " + request.path);
     }
-    if (entry.load->Join()) return WaitForSharedLoad(ctx, caller, request, name, entry.load, watch);
+    if (entry.load->Join()) return WaitForSharedLoad(ctx, caller, request, name, entry.load, watch, "joined");
     while (!entry.load->WaitFor(std::chrono::milliseconds(100))) {
     }
   }

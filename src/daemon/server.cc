@@ -117,6 +117,7 @@ Server::~Server() {
   for (auto& c : connections_) {
     if (c->thread.joinable()) c->thread.join();
   }
+  ensures_.JoinAll();  // before any member their threads use is destroyed
 }
 
 void Server::Stop() {
@@ -213,6 +214,7 @@ void Server::Run() {
     }
     connections_.clear();
   }
+  ensures_.JoinAll();  // ensure loads: cancelled by stopping_, published or not before this
   if (options_.cleanup_on_exit) {
     for (const CatalogEntry& e : catalog_.TakeAll()) {
       Status st = segments_->Remove(e.shm_name);

@@ -319,9 +319,9 @@ TEST_F(EnsureTest, AFirstCallerThatDisconnectsDoesNotStrandTheOthers) {
   ASSERT_TRUE(client.ok());
   EXPECT_EQ(Metric(**client, "ckptd_loads_total"), 1);
   EXPECT_EQ(Metric(**client, "ckptd_loads_cancelled_total"), 0);
-  // Logged by the runner right after it handed the result over.
+  // The first caller withdrew alone; the two others kept the load going.
   EXPECT_TRUE(testing::WaitFor(
-      [&] { return ReadFile(daemon.log_path()).find("its first caller withdrew") != std::string::npos; }, 5000))
+      [&] { return ReadFile(daemon.log_path()).find("ensure of 'big': a caller withdrew (2 still waiting)") != std::string::npos; }, 5000))
       << ReadFile(daemon.log_path());
   auto attached = (*client)->Attach("big");
   ASSERT_TRUE(attached.ok()) << attached.status().ToString();
@@ -368,9 +368,12 @@ TEST_F(EnsureTest, WhenEveryCallerWithdrawsTheLoadIsCancelledAndNothingPublished
   EXPECT_TRUE(testing::WaitFor([&] {
     auto l = (*client)->ListAll();
     return l.ok() && l->checkpoints.empty() && l->loading.empty();
-  }, 5000));
+  }, 30000)) << ReadFile(daemon.log_path());
   EXPECT_TRUE(testing::WaitFor([&] { return testing::ListSegments(daemon.shm_prefix(), "big.").empty(); }, 5000));
   EXPECT_EQ(Metric(**client, "ckptd_loads_total"), 0);
+  EXPECT_EQ(Metric(**client, "ckptd_loads_cancelled_total"), 1);
+  EXPECT_NE(ReadFile(daemon.log_path()).find("cancelled (every caller withdrew)"), std::string::npos)
+      << ReadFile(daemon.log_path());
 }
 
 TEST_F(EnsureTest, TheCApiEnsures) {
