@@ -332,6 +332,35 @@ TEST_F(EnsureTest, AFirstCallerThatDisconnectsDoesNotStrandTheOthers) {
   EXPECT_TRUE((*client)->Evict("big", evict).ok());
 }
 
+TEST_F(EnsureTest, CtrlCOnTheFirstCallerAnswersItAtOnceWhileTheLoadGoesOnForTheOthers) {
+  const std::string path = files_.File("big.safetensors");
+  ASSERT_NO_FATAL_FAILURE(testing::WriteSparseCheckpoint(path, 2ull << 30));
+  DaemonProcess daemon({"--load-threads", "1"});
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  ChildProcess first({CKPTCTL_BIN, "--socket", daemon.socket(), "ensure", path, "--name", "big"});
+  ASSERT_TRUE(testing::WaitFor([&] { return !testing::ListSegments(daemon.shm_prefix(), "big.").empty(); }, 20000))
+      << "the load never started";
+  Waiter other;
+  StartWaiter(&other, daemon.socket(), path);
+  ASSERT_TRUE(testing::WaitFor([&] { return other.joined.load(); }, 20000)) << "the waiter never joined";
+  ASSERT_EQ(::kill(first.pid(), SIGINT), 0);  // a cancel frame: this caller withdraws
+  CommandResult r = first.Wait();
+  EXPECT_EQ(r.exit_code, 130) << r.out << r.err;
+  EXPECT_NE(r.err.find("ensure cancelled"), std::string::npos) << r.err;
+  auto client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok());
+  auto list = (*client)->ListAll();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->loading, std::vector<std::string>{"big"}) << "ckptctl waited for the whole load";
+  other.thread.join();
+  ASSERT_TRUE(other.result.ok()) << other.result.status().ToString();
+  EXPECT_EQ(other.result->action, "joined");
+  EXPECT_EQ(Metric(**client, "ckptd_loads_total"), 1);
+  EvictOptions evict;
+  evict.wait_s = 10;
+  EXPECT_TRUE((*client)->Evict("big", evict).ok());
+}
+
 TEST_F(EnsureTest, WhenEveryCallerWithdrawsTheLoadIsCancelledAndNothingPublished) {
   const std::string path = files_.File("big.safetensors");
   ASSERT_NO_FATAL_FAILURE(testing::WriteSparseCheckpoint(path, 2ull << 30));
