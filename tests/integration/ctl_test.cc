@@ -137,14 +137,23 @@ TEST_F(CtlTest, TheProgressBarFitsTheTerminalAndRedrawsInPlace) {
 }
 
 TEST_F(CtlTest, OffATerminalProgressIsPlainLines) {
-  ASSERT_NO_FATAL_FAILURE(testing::WriteSparseCheckpoint(files_.File("big"), 1ull << 30));
+  ASSERT_NO_FATAL_FAILURE(testing::WriteSparseCheckpoint(files_.File("big"), 2ull << 30));
   DaemonProcess daemon({"--load-threads", "1"});
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  const auto start = std::chrono::steady_clock::now();
   CommandResult r = daemon.Ctl({"load", files_.File("big"), "--name", "big"});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err.find('\r'), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
-  for (const std::string& line : DrawnLines(r.err)) EXPECT_EQ(line.rfind("loading: ", 0), 0u) << line;
+  const std::vector<std::string> lines = DrawnLines(r.err);
+  for (const std::string& line : lines) {
+    EXPECT_EQ(line.rfind("loading: ", 0), 0u) << line;
+    EXPECT_NE(line.find('%'), std::string::npos) << line;
+  }
+  // One line every 2 s at most: a load that ran for 3 s or more wrote at least one.
+  if (seconds >= 3) EXPECT_GE(lines.size(), 1u) << "a " << seconds << " s load wrote no progress line";
+  EXPECT_LE(lines.size(), static_cast<size_t>(seconds / 2) + 1) << r.err;
   EXPECT_NE(r.out.find("loaded 'big'"), std::string::npos) << r.out;
   CommandResult j = daemon.Ctl({"evict", "big", "--json"});
   EXPECT_EQ(j.exit_code, 0);

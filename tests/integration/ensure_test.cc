@@ -196,6 +196,37 @@ TEST_F(EnsureTest, AChangedSourceLoadsANewGenerationAndAnUnchangedOneLoadsNothin
   EXPECT_EQ(after_load->action, "current");
 }
 
+TEST_F(EnsureTest, AGenerationAdoptedAfterARestartIsReloadedOnce) {
+  const std::string path = files_.File("r.safetensors");
+  testing::WritePatternCheckpoint(path, 8, 1, 64);
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  uint64_t before = 0;
+  {
+    auto client = Client::Connect(daemon.socket());
+    ASSERT_TRUE(client.ok());
+    auto first = (*client)->Ensure(path);
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    before = first->checkpoint.generation;
+  }
+  ASSERT_EQ(daemon.Stop(), 0);
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  auto client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok());
+  auto adopted = (*client)->List();
+  ASSERT_TRUE(adopted.ok());
+  ASSERT_EQ(adopted->size(), 1u) << "the segment was adopted";
+  EXPECT_TRUE((*adopted)[0].source_fingerprint.empty()) << "what it was loaded from is not known";
+  // Unknown is not taken for unchanged: one reload, then current.
+  auto again = (*client)->Ensure(path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->action, "reloaded");
+  EXPECT_GT(again->checkpoint.generation, before);
+  auto settled = (*client)->Ensure(path);
+  ASSERT_TRUE(settled.ok());
+  EXPECT_EQ(settled->action, "current");
+}
+
 TEST_F(EnsureTest, ANameLoadedFromAnotherPathIsRefusedAndLeftAlone) {
   testing::WritePatternCheckpoint(files_.File("a.safetensors"), 5, 1, 64);
   testing::WritePatternCheckpoint(files_.File("b.safetensors"), 6, 1, 64);
