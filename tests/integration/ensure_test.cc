@@ -1,7 +1,8 @@
 // `ensure` (issue 13) against the real ckptd: N processes at once share exactly one load
 // and attach to one generation; a changed source (even with its mtime put back) loads a
 // new generation; a name loaded from another path is refused; waiters get their peer's
-// error; a first caller that disconnects does not strand the others; the C API.
+// error; a first caller that disconnects or cancels does not strand the others; every
+// caller withdrawing cancels the load; adopted generations; a stopping daemon; the C API.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -434,6 +435,32 @@ TEST_F(EnsureTest, WhenEveryCallerWithdrawsTheLoadIsCancelledAndNothingPublished
   EXPECT_EQ(Metric(**client, "ckptd_loads_cancelled_total"), 1);
   EXPECT_NE(ReadFile(daemon.log_path()).find("cancelled (every caller withdrew)"), std::string::npos)
       << ReadFile(daemon.log_path());
+}
+
+TEST_F(EnsureTest, AStoppingDaemonCancelsTheSharedLoadAndExitsPromptly) {
+  const std::string path = files_.File("big.safetensors");
+  ASSERT_NO_FATAL_FAILURE(testing::WriteSparseCheckpoint(path, 4ull << 30));
+  DaemonProcess daemon({"--load-threads", "1"});
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  Waiter first, second;
+  StartWaiter(&first, daemon.socket(), path);
+  ASSERT_TRUE(testing::WaitFor([&] { return first.joined.load(); }, 20000)) << "the load never started";
+  StartWaiter(&second, daemon.socket(), path);
+  const bool joined = testing::WaitFor([&] { return second.joined.load(); }, 20000);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(daemon.Stop(), 0) << ReadFile(daemon.log_path());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  first.thread.join();
+  second.thread.join();
+  ASSERT_TRUE(joined);
+  EXPECT_LT(seconds, 10) << "the daemon waited for the whole load";
+  for (Waiter* w : {&first, &second}) {
+    EXPECT_FALSE(w->result.ok()) << "published while stopping";
+  }
+  const std::string log = ReadFile(daemon.log_path());
+  EXPECT_NE(log.find("cancelled (ckptd is stopping)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("loaded 'big'"), std::string::npos) << log;
+  EXPECT_TRUE(testing::ListSegments(daemon.shm_prefix(), "big.").empty()) << "the cancelled segment was left";
 }
 
 TEST_F(EnsureTest, TheCApiEnsures) {
