@@ -51,6 +51,11 @@ void ckpt_client_free(ckpt_client* client);
 /* name NULL: derived from the file name. */
 int ckpt_load(ckpt_client* client, const char* path, const char* name);
 int ckpt_evict(ckpt_client* client, const char* name, int force);
+/* Loads `path` under `name` (NULL: derived) unless that name already holds the file's
+ * current content; concurrent callers share one load (see ckpt::Client::Ensure). On
+ * success *generation_out (if not NULL) gets the generation now current and *loaded_out
+ * (if not NULL) 1 if this call ran the load, else 0 (joined another caller's, or current). */
+int ckpt_ensure(ckpt_client* client, const char* path, const char* name, uint64_t* generation_out, int* loaded_out);
 
 int ckpt_attach(ckpt_client* client, const char* name, ckpt_checkpoint** out);
 void ckpt_detach(ckpt_checkpoint* checkpoint);

@@ -50,6 +50,9 @@ struct CheckpointSummary {
   // Bytes the daemon's loader found mapped with huge (PMD) entries once the segment was
   // loaded; -1 if not known (a segment adopted after a daemon restart).
   int64_t huge_bytes = -1;
+  // The identity of the files this generation was loaded from (see Client::Ensure), 16 hex
+  // characters; empty for a generation adopted after a daemon restart or not reported.
+  std::string source_fingerprint;
 };
 
 // The published checkpoints and the names of loads in progress.
@@ -68,6 +71,19 @@ struct CheckpointInfo {
 struct LoadResult {
   CheckpointSummary checkpoint;
   std::vector<std::string> evicted;
+};
+
+// What Client::Ensure found or did. `action` is one of:
+//   "loaded"   this call loaded the checkpoint (it was absent);
+//   "reloaded" this call loaded a new generation because the source had changed;
+//   "joined"   another caller's load of the same path was in progress: this call waited
+//              for it and got its result;
+//   "current"  the checkpoint was loaded from that path and its source is unchanged.
+// `evicted` names what the budget evicted to make room (only for "loaded"/"reloaded"/"joined").
+struct EnsureResult {
+  CheckpointSummary checkpoint;
+  std::vector<std::string> evicted;
+  std::string action;
 };
 
 // A daemon-side re-hash of a checkpoint's tensors against its index checksums.
@@ -127,6 +143,15 @@ struct LoadOptions {
   bool allow_expansion = false;  // admit a checkpoint whose shared-memory size is far above its file size
   // Called about every 100 ms while the daemon loads (on the calling thread). Returning
   // false, or throwing, cancels the load. May be empty.
+  CancellableProgress progress;
+};
+
+struct EnsureOptions {
+  std::string name;              // default: derived from the path by the daemon
+  bool allow_expansion = false;  // as LoadOptions::allow_expansion
+  // Called about every 100 ms while a load this call runs or waits for is in progress.
+  // Returning false, or throwing, withdraws this caller: it gets Cancelled, and the load
+  // is cancelled only if no other caller is still waiting for it. May be empty.
   CancellableProgress progress;
 };
 
@@ -236,6 +261,23 @@ class Client {
   // Load with a name and a progress callback that cannot cancel.
   Result<CheckpointSummary> Load(const std::string& path, const std::string& name = "",
                                  const ProgressCallback& progress = nullptr);
+  // Makes sure checkpoint `name` (default: derived from the path) holds the current
+  // content of `path`, loading it only when needed (admin role, like Load):
+  //  - absent: loads it ("loaded");
+  //  - loaded from `path` and its source fingerprint (device, inode, size, mtime and
+  //    ctime of every file the load read, and the side files' bytes) still matches:
+  //    returns its summary ("current"), reading no tensor bytes;
+  //  - loaded from `path` but the files changed (or the generation was adopted after a
+  //    daemon restart, so its fingerprint is unknown): loads a new generation that
+  //    replaces it ("reloaded"; processes attached to the old one keep it);
+  //  - loaded, or being ensured, from another path: FailedPrecondition, nothing changes
+  //    (evict it, or `load --replace`, to move a name to another file).
+  // Concurrent calls for one name (N ranks at once) share one load: the first caller runs
+  // it, the others wait for it ("joined") and get the same generation, or the same error
+  // if it fails. A caller that disconnects or cancels withdraws alone; the load goes on
+  // while any caller still waits for it. Errors: those of Load; Cancelled for a caller
+  // that withdrew; AlreadyExists if a plain Load of that name is in progress.
+  Result<EnsureResult> Ensure(const std::string& path, const EnsureOptions& options = {});
   // Removes `name` from the daemon and returns what was evicted. NotFound if unknown;
   // FailedPrecondition if attached and !force (after waiting wait_s, if set).
   Result<CheckpointSummary> Evict(const std::string& name, const EvictOptions& options);

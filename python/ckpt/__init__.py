@@ -396,8 +396,18 @@ class Client:
         cancelled, nothing is published, and the exception propagates; the client stays
         usable (its next call gets its own answer). replace=True publishes a new
         generation under an existing name (processes attached to the old one keep it
-        until they detach); without it, an existing name raises AlreadyExists."""
+        until they detach); without it, an existing name raises AlreadyExists. The
+        summary's "evicted" lists what the memory budget evicted to make room."""
         return self._c.load(str(path), name or "", progress, replace, allow_expansion)
+
+    def ensure(self, path: str, name: Optional[str] = None, progress: Optional[Callable[[int, int], None]] = None,
+               allow_expansion: bool = False) -> dict:
+        """Makes sure `name` holds the current content of `path`, loading it only if it is
+        absent or its files changed (device, inode, size, mtime, ctime). Safe for every
+        rank at once: one load runs, the others wait for it. Returns the summary with
+        "action" ("loaded", "reloaded", "joined" or "current") and "evicted". Raises
+        FailedPrecondition if `name` is loaded from another path. See docs/operations.md."""
+        return self._c.ensure(str(path), name or "", progress, allow_expansion)
 
     def evict(self, name: str, force: bool = False, wait: float = 0.0) -> dict:
         """Removes `name`; returns what was evicted. NotFound if unknown. While it is

@@ -69,6 +69,17 @@ int ckpt_load(ckpt_client* client, const char* path, const char* name) {
   return Report(client->client->Load(path, name ? name : "").status());
 }
 
+int ckpt_ensure(ckpt_client* client, const char* path, const char* name, uint64_t* generation_out, int* loaded_out) {
+  if (client == nullptr || path == nullptr) return Fail(ckpt::InvalidArgument("client and path are required"));
+  ckpt::EnsureOptions options;
+  options.name = name ? name : "";
+  auto result = client->client->Ensure(path, options);
+  if (!result.ok()) return Fail(result.status());
+  if (generation_out != nullptr) *generation_out = result->checkpoint.generation;
+  if (loaded_out != nullptr) *loaded_out = (result->action == "loaded" || result->action == "reloaded") ? 1 : 0;
+  return 0;
+}
+
 int ckpt_evict(ckpt_client* client, const char* name, int force) {
   if (client == nullptr || name == nullptr) return Fail(ckpt::InvalidArgument("client and name are required"));
   return Report(client->client->Evict(name, force != 0));

@@ -60,6 +60,28 @@ Result<LoadResult> Client::Load(const std::string& path, const LoadOptions& opti
   return protocol::DecodeAs<LoadResult>(response);
 }
 
+Result<EnsureResult> Client::Ensure(const std::string& path, const EnsureOptions& options) {
+  protocol::EnsureRequest request;
+  CKPT_ASSIGN_OR_RETURN(request.path, Absolute(path));
+  request.name = options.name;
+  request.allow_expansion = options.allow_expansion;
+  request.progress = static_cast<bool>(options.progress);
+  DaemonConnection::EventHandler on_event;
+  if (options.progress) {
+    on_event = [&](const json& frame) {
+      if (protocol::EventName(frame) != protocol::kProgressEvent) return true;
+      protocol::ProgressEvent event;
+      if (!protocol::Decode(frame, &event).ok()) return true;
+      return options.progress(event.done, event.total);
+    };
+  }
+  // Not retried on a broken connection: the caller decides (a repeat is safe: it finds
+  // the generation published, or joins the load still in progress).
+  CKPT_ASSIGN_OR_RETURN(json response,
+                        connection_->Call(protocol::EnsureRequest::kOp, protocol::Encode(request), on_event));
+  return protocol::DecodeAs<EnsureResult>(response);
+}
+
 Result<CheckpointSummary> Client::Load(const std::string& path, const std::string& name,
                                        const ProgressCallback& progress) {
   LoadOptions options;

@@ -1,11 +1,13 @@
 // ckptctl: the operator's command line for ckptd, written on the public client API
 // (include/ckpt/client.h). --json prints the typed responses in their wire encoding
-// (src/protocol/messages.cc); tables and messages escape what came from the daemon.
+// (src/protocol/messages.cc), and every error as {"ok": false, "code", "message"} on
+// stdout; tables and messages escape what came from the daemon. Global options (--socket,
+// --json) go before or after the subcommand.
 #include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <chrono>
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "ckpt/client.h"
+#include "ctl/progress_bar.h"
+#include "ctl/suggest.h"
 #include "ctl/table.h"
 #include "shm/huge_pages.h"
 #include "protocol/messages.h"
@@ -20,6 +24,7 @@
 
 namespace {
 
+using ckpt::ctl::DidYouMean;
 using ckpt::ctl::HumanBytes;
 using ckpt::ctl::Printable;
 using ckpt::ctl::RenderTable;
@@ -30,9 +35,37 @@ struct Options {
   bool json_output = false;
 };
 
-int Fail(const ckpt::Status& status) {
-  std::fprintf(stderr, "ckptctl: %s\n", Printable(status.message()).c_str());
-  return 1;
+// Set once from the command line, before anything can fail: errors print as JSON.
+bool g_json_errors = false;
+
+void PrintJson(const json& j) { std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
+
+// Reports an error and returns the exit status: 1, or `exit_status`. With --json it is
+// {"ok": false, "code": "<StatusCodeName>", "message": "...", "suggestions": [...]} on
+// stdout (nothing on stderr); otherwise one line "ckptctl: <message>" on stderr.
+int Fail(const ckpt::Status& status, const std::vector<std::string>& suggestions = {}, int exit_status = 1) {
+  if (g_json_errors) {
+    json j{{"ok", false}, {"code", ckpt::StatusCodeName(status.code())}, {"message", status.message()}};
+    if (!suggestions.empty()) j["suggestions"] = suggestions;
+    PrintJson(j);
+  } else {
+    std::fprintf(stderr, "ckptctl: %s%s\n", Printable(status.message()).c_str(), DidYouMean(suggestions).c_str());
+  }
+  return exit_status;
+}
+
+// Fail, and for a NotFound about checkpoint `name`, the loaded names closest to it.
+int FailForName(ckpt::Client& client, const ckpt::Status& status, const std::string& name) {
+  std::vector<std::string> suggestions;
+  if (status.code() == ckpt::StatusCode::kNotFound) {
+    if (auto list = client.ListAll(); list.ok()) {
+      std::vector<std::string> names;
+      for (const auto& c : list->checkpoints) names.push_back(c.name);
+      for (const auto& n : list->loading) names.push_back(n);
+      suggestions = ckpt::ctl::Suggest(name, names);
+    }
+  }
+  return Fail(status, suggestions);
 }
 
 std::string Seconds(double s) {
@@ -50,59 +83,7 @@ std::string LocalTime(int64_t unix_s) {
   return buf;
 }
 
-// "1:05" / "12 s" / "--" for an unknown ETA.
-std::string Eta(double seconds) {
-  if (!(seconds >= 0) || seconds > 360000) return "--";
-  char buf[32];
-  const long s = static_cast<long>(seconds + 0.5);
-  if (s < 60) {
-    std::snprintf(buf, sizeof(buf), "%ld s", s);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%ld:%02ld", s / 60, s % 60);
-  }
-  return buf;
-}
-
-// A one-line progress bar on stderr, redrawn in place on every update (the daemon sends
-// one about every 100 ms): bytes done and total, rate over the last second or so, ETA.
-class ProgressBar {
- public:
-  void Update(uint64_t done, uint64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    // Rate over a sliding window of about one second, so the ETA follows the disk.
-    samples_.push_back({now, done});
-    while (samples_.size() > 2 && now - samples_[1].first >= std::chrono::seconds(1)) samples_.erase(samples_.begin());
-    const double window = std::chrono::duration<double>(now - samples_.front().first).count();
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    double rate = 0;
-    if (window > 0.05 && done >= samples_.front().second) {
-      rate = (done - samples_.front().second) / window;
-    } else if (elapsed > 0) {
-      rate = done / elapsed;
-    }
-    const double fraction = total ? std::min(1.0, static_cast<double>(done) / total) : 1.0;
-    const int filled = static_cast<int>(fraction * 30);
-    const double eta = done >= total ? 0 : (rate > 0 ? (total - done) / rate : -1);
-    std::fprintf(stderr, "\r[%s%s] %5.1f%%  %s / %s  %s/s  ETA %s   ", std::string(filled, '#').c_str(),
-                 std::string(30 - filled, '.').c_str(), fraction * 100, HumanBytes(done).c_str(),
-                 HumanBytes(total).c_str(), HumanBytes(static_cast<uint64_t>(rate)).c_str(), Eta(eta).c_str());
-    std::fflush(stderr);
-    drawn_ = true;
-  }
-  ~ProgressBar() {
-    if (drawn_) std::fprintf(stderr, "\n");
-  }
-
- private:
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  std::vector<std::pair<std::chrono::steady_clock::time_point, uint64_t>> samples_;
-  bool drawn_ = false;
-};
-
-
 ckpt::Result<std::unique_ptr<ckpt::Client>> Connect(const Options& o) { return ckpt::Client::Connect(o.socket); }
-
-void PrintJson(const json& j) { std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
 
 std::vector<std::string> CheckpointRow(const ckpt::CheckpointSummary& c) {
   return {c.name,
@@ -131,6 +112,14 @@ const std::vector<std::string> kCheckpointHeader = {"NAME", "GEN", "TENSORS", "S
 // SIGINT during a load: the first one cancels it (the daemon publishes nothing), a
 // second one ends ckptctl at once.
 volatile sig_atomic_t g_interrupts = 0;
+
+// What the memory budget evicted to make room for a load, one line (none: nothing).
+void PrintEvicted(const std::vector<std::string>& evicted) {
+  if (evicted.empty()) return;
+  std::string names;
+  for (const std::string& n : evicted) names += (names.empty() ? "'" : ", '") + Printable(n) + "'";
+  std::printf("evicted to fit the memory budget: %s\n", names.c_str());
+}
 void OnInterrupt(int) {
   if (++g_interrupts > 1) _exit(130);
 }
@@ -138,7 +127,8 @@ void OnInterrupt(int) {
 int Load(const Options& o, const std::string& path, const std::string& name, bool replace, bool allow_expansion) {
   auto client = Connect(o);
   if (!client.ok()) return Fail(client.status());
-  const bool show_progress = !o.json_output && ::isatty(STDERR_FILENO);
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  const bool show_progress = !o.json_output;  // a bar on a terminal, plain lines otherwise
   struct sigaction action {};
   action.sa_handler = OnInterrupt;
   sigemptyset(&action.sa_mask);
@@ -150,7 +140,7 @@ int Load(const Options& o, const std::string& path, const std::string& name, boo
   options.allow_expansion = allow_expansion;
   ckpt::Result<ckpt::LoadResult> result = ckpt::Internal("unreached");
   {
-    ProgressBar bar;
+    ckpt::ctl::ProgressBar bar(STDERR_FILENO, tty);
     // Progress events come about every 100 ms whether or not a bar is drawn: each is a
     // chance to cancel.
     options.progress = [&](uint64_t done, uint64_t total) {
@@ -163,8 +153,7 @@ int Load(const Options& o, const std::string& path, const std::string& name, boo
   ::sigaction(SIGINT, &previous, nullptr);
   if (!result.ok()) {
     if (result.status().code() == ckpt::StatusCode::kCancelled) {
-      std::fprintf(stderr, "ckptctl: load cancelled; nothing was published\n");
-      return 130;
+      return Fail(ckpt::Cancelled("load cancelled; nothing was published"), {}, 130);
     }
     return Fail(result.status());
   }
@@ -177,7 +166,53 @@ int Load(const Options& o, const std::string& path, const std::string& name, boo
                 static_cast<unsigned long long>(c.generation), static_cast<unsigned long long>(c.tensor_count),
                 HumanBytes(c.data_bytes).c_str(), Seconds(secs).c_str(),
                 HumanBytes(static_cast<uint64_t>(c.data_bytes / std::max(secs, 1e-9))).c_str());
+    PrintEvicted(result->evicted);
   }
+  return 0;
+}
+
+// `ckptctl ensure`: a load only when needed, shared with concurrent callers (Client::Ensure).
+int Ensure(const Options& o, const std::string& path, const std::string& name, bool allow_expansion) {
+  auto client = Connect(o);
+  if (!client.ok()) return Fail(client.status());
+  struct sigaction action {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  struct sigaction previous {};
+  ::sigaction(SIGINT, &action, &previous);
+  ckpt::EnsureOptions options;
+  options.name = name;
+  options.allow_expansion = allow_expansion;
+  ckpt::Result<ckpt::EnsureResult> result = ckpt::Internal("unreached");
+  {
+    ckpt::ctl::ProgressBar bar(STDERR_FILENO, ::isatty(STDERR_FILENO) != 0);
+    options.progress = [&](uint64_t done, uint64_t total) {
+      if (g_interrupts > 0) return false;
+      if (!o.json_output) bar.Update(done, total);
+      return true;
+    };
+    result = (*client)->Ensure(path, options);
+  }
+  ::sigaction(SIGINT, &previous, nullptr);
+  if (!result.ok()) {
+    if (result.status().code() == ckpt::StatusCode::kCancelled) {
+      return Fail(ckpt::Cancelled("ensure cancelled (a load other callers wait for goes on for them)"), {}, 130);
+    }
+    return Fail(result.status());
+  }
+  if (o.json_output) {
+    PrintJson(ckpt::protocol::Encode(*result));
+    return 0;
+  }
+  const ckpt::CheckpointSummary& c = result->checkpoint;
+  const char* what = result->action == "current"    ? "already loaded, source unchanged"
+                     : result->action == "reloaded" ? "source changed: loaded a new generation"
+                     : result->action == "joined"   ? "loaded by a concurrent caller"
+                                                    : "loaded";
+  std::printf("ensured '%s' (generation %llu): %s; %llu tensors, %s\n", Printable(c.name).c_str(),
+              static_cast<unsigned long long>(c.generation), what, static_cast<unsigned long long>(c.tensor_count),
+              HumanBytes(c.data_bytes).c_str());
+  PrintEvicted(result->evicted);
   return 0;
 }
 
@@ -188,7 +223,7 @@ int Evict(const Options& o, const std::string& name, bool force, double wait_s) 
   options.force = force;
   options.wait_s = wait_s;
   auto evicted = (*client)->Evict(name, options);
-  if (!evicted.ok()) return Fail(evicted.status());
+  if (!evicted.ok()) return FailForName(**client, evicted.status(), name);
   if (o.json_output) {
     PrintJson(ckpt::protocol::Encode(ckpt::protocol::CheckpointResponse{*evicted}));
   } else {
@@ -223,7 +258,7 @@ int Info(const Options& o, const std::string& name) {
   auto client = Connect(o);
   if (!client.ok()) return Fail(client.status());
   auto info = (*client)->GetInfo(name);
-  if (!info.ok()) return Fail(info.status());
+  if (!info.ok()) return FailForName(**client, info.status(), name);
   if (o.json_output) {
     PrintJson(ckpt::protocol::Encode(*info));
     return 0;
@@ -245,7 +280,7 @@ int Verify(const Options& o, const std::string& name) {
   auto client = Connect(o);
   if (!client.ok()) return Fail(client.status());
   auto result = (*client)->Verify(name);
-  if (!result.ok()) return Fail(result.status());
+  if (!result.ok()) return FailForName(**client, result.status(), name);
   const ckpt::VerifyResult& r = *result;
   if (o.json_output) {
     PrintJson(ckpt::protocol::Encode(r));
@@ -326,14 +361,38 @@ int Metrics(const Options& o) {
   return 0;
 }
 
+// The subcommand word of a command line: the first argument that is neither an option nor
+// the value of --socket; "" if none (or only after "--").
+std::string SubcommandWord(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") return "";
+    if (a == "--socket") {
+      ++i;
+      continue;
+    }
+    if (!a.empty() && a[0] == '-') continue;
+    return a;
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Known before parsing, so that even a usage error prints as JSON.
+  for (int i = 1; i < argc && std::string(argv[i]) != "--"; ++i) {
+    if (std::string(argv[i]) == "--json") g_json_errors = true;
+  }
   Options o;
   CLI::App app{"ckptctl: control the node's checkpoint daemon (ckptd)"};
   app.require_subcommand(1);
+  // Global options may follow the subcommand: what a subcommand does not know falls
+  // through to these.
+  app.fallthrough();
   app.add_option("--socket", o.socket, "ckptd control socket ($CKPTD_SOCKET)")->capture_default_str();
-  app.add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
+  app.add_flag("--json", o.json_output,
+               "print the daemon's JSON instead of tables, and errors as {\"ok\": false, \"code\", \"message\"} on stdout");
 
   std::string path, name;
   bool force = false, replace = false, allow_expansion = false;
@@ -346,6 +405,12 @@ int main(int argc, char** argv) {
                  "one keep it until they detach");
   load->add_flag("--allow-expansion", allow_expansion,
                  "admit a checkpoint whose shared-memory size is far above its file size");
+  auto* ensure = app.add_subcommand(
+      "ensure", "load a checkpoint unless it is loaded from that path and unchanged (safe from many ranks at once)");
+  ensure->add_option("path", path, "checkpoint file or model folder")->required();
+  ensure->add_option("--name", name, "name to publish it under (default: file name)");
+  ensure->add_flag("--allow-expansion", allow_expansion,
+                   "admit a checkpoint whose shared-memory size is far above its file size");
   auto* evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
   evict->add_option("name", name, "checkpoint name")->required();
   evict->add_flag("--force", force, "evict even while processes are attached (they keep their mapping)");
@@ -357,17 +422,29 @@ int main(int argc, char** argv) {
   auto* metrics = app.add_subcommand("metrics", "print metrics in the Prometheus text format");
   auto* verify = app.add_subcommand("verify", "re-check a checkpoint's shared memory against its checksums");
   verify->add_option("name", name, "checkpoint name")->required();
-  for (auto* sub : {load, evict, list, info, status, metrics, verify}) {
-    sub->add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
+
+  // An unknown subcommand gets the known ones closest to it (CLI11 would only say that
+  // an argument was not expected).
+  if (const std::string word = SubcommandWord(argc, argv); !word.empty()) {
+    std::vector<std::string> known;
+    for (const CLI::App* sub : {load, ensure, evict, list, info, status, metrics, verify}) {
+      known.push_back(sub->get_name());
+    }
+    if (std::find(known.begin(), known.end(), word) == known.end()) {
+      return Fail(ckpt::InvalidArgument("unknown command '" + word + "'; run ckptctl --help for the commands"),
+                  ckpt::ctl::Suggest(word, known), static_cast<int>(CLI::ExitCodes::ExtrasError));
+    }
   }
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (!g_json_errors || e.get_exit_code() == 0) return app.exit(e);  // --help prints as usual
+    return Fail(ckpt::InvalidArgument(e.what()), {}, e.get_exit_code());
   }
   try {
     if (*load) return Load(o, path, name, replace, allow_expansion);
+    if (*ensure) return Ensure(o, path, name, allow_expansion);
     if (*evict) return Evict(o, name, force, wait_s);
     if (*list) return List(o);
     if (*info) return Info(o, name);

@@ -40,6 +40,7 @@ struct CatalogEntry {
   std::string shm_name;    // the segment's file name in the daemon's segment directory
   std::string segment_id;  // the segment's random id, 32 hex characters (in its header too)
   std::string source_path;
+  std::string source_fingerprint;  // SourceFingerprint of the plan it was loaded from; "" if adopted
   std::string format;
   uint64_t segment_bytes = 0;
   uint64_t data_bytes = 0;

@@ -19,6 +19,7 @@
 #include "common/unique_fd.h"
 #include "daemon/access_policy.h"
 #include "daemon/catalog.h"
+#include "daemon/ensure_table.h"
 #include "daemon/model_roots.h"
 #include "daemon/rendezvous_table.h"
 #include "daemon/server.h"
@@ -41,6 +42,7 @@ struct DaemonContext {
   DaemonCounters* counters;
   RendezvousTable* rendezvous;
   const shm::SegmentDirectory* segments;  // where loads create their segments
+  EnsureTable* ensures;                   // ensure loads in progress, shared by their callers
 };
 
 // The connection an op runs for.
@@ -65,6 +67,12 @@ struct LoadWatch {
 // published); see docs/architecture.md.
 Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const protocol::LoadRequest& request,
                         LoadWatch* watch);
+// Loads `request.path` under its name unless that name already holds the file's current
+// content; concurrent callers share one load (see Client::Ensure for every case). A
+// waiter watches its own connection like a load does: a cancel or a hang-up withdraws it
+// alone (Cancelled; `watch` says which), and the load is cancelled once nobody waits.
+Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
+                            LoadWatch* watch);
 Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const protocol::EvictRequest& request);
 // The attachment is recorded for `caller` (released by RequestHandler); `*segment_fd`
 // gets the read-only descriptor to pass with the response.

@@ -25,6 +25,7 @@ CheckpointSummary SummaryOf(const CatalogEntry& e) {
   s.shm_name = e.shm_name;
   s.segment_id = e.segment_id;
   s.source = e.source_path;
+  s.source_fingerprint = e.source_fingerprint;
   s.format = e.format;
   s.segment_bytes = e.segment_bytes;
   s.data_bytes = e.data_bytes;

@@ -1,6 +1,10 @@
-// The load op: checks the request, watches the connection for a cancel, and runs
-// LoadAndPublish (roots check, plan, segment spec, LoadIntoSegment, catalog publish).
+// The load and ensure ops: check the request, watch the connection for a cancel, and run
+// OpenAndPlan (roots check, plan) and LoadAndPublish (segment spec, LoadIntoSegment,
+// catalog publish). Ensure shares one load among its concurrent callers (EnsureTable).
 #include <fcntl.h>
+#include <xxhash.h>
+
+#include <chrono>
 
 #include <spdlog/spdlog.h>
 
@@ -19,17 +23,21 @@ namespace {
 
 // Watches a load's connection from the loader's progress ticks: sends progress events
 // (if asked) and reads what the client sends meanwhile. A cancel frame, a hang-up, a
-// frame that is not a cancel, or a stopping daemon set `cancel`.
+// frame that is not a cancel, or a stopping daemon set `cancel`. With a SharedLoad (an
+// ensure), the client's cancel or hang-up withdraws this caller from it instead: the
+// load's own flag is set once nobody is left (or the daemon stops).
 class ConnectionWatch {
  public:
-  ConnectionWatch(const DaemonContext& ctx, const Caller& caller, bool send_progress, LoadWatch* out)
-      : ctx_(ctx), caller_(caller), send_progress_(send_progress), out_(out) {}
+  ConnectionWatch(const DaemonContext& ctx, const Caller& caller, bool send_progress, LoadWatch* out,
+                  SharedLoad* shared = nullptr)
+      : ctx_(ctx), caller_(caller), send_progress_(send_progress), out_(out), shared_(shared) {}
 
-  const std::atomic<bool>* cancel_flag() const { return &cancel_; }
+  // What the loader polls: this connection's flag, or the shared load's.
+  const std::atomic<bool>* cancel_flag() const { return shared_ ? shared_->cancel_flag() : &cancel_; }
   bool cancelled_by_client() const { return out_->cancel_consumed || out_->drop_connection; }
 
   void Tick(uint64_t done, uint64_t total) {
-    if (ctx_.stopping->load()) cancel_.store(true);
+    if (ctx_.stopping->load()) CancelLoad();
     if (caller_.fd < 0 || out_->drop_connection) return;
     if (send_progress_ && !out_->cancel_consumed) {
       // A client that stopped reading does not hold the load up for long.
@@ -53,7 +61,7 @@ class ConnectionWatch {
     auto op = protocol::DecodeOp(*frame);
     if (op.ok() && *op == protocol::CancelRequest::kOp) {
       out_->cancel_consumed = true;
-      cancel_.store(true);
+      Withdraw();
       return;
     }
     Hangup("a request arrived during a load (only 'cancel' may)");
@@ -61,8 +69,20 @@ class ConnectionWatch {
 
  private:
   void Hangup(const std::string& why) {
-    spdlog::info("cancelling a load: {}", why);
+    spdlog::info("{}: {}", shared_ ? "a caller withdraws from an ensure load" : "cancelling a load", why);
     out_->drop_connection = true;
+    Withdraw();
+  }
+  void Withdraw() {
+    if (shared_ == nullptr) {
+      cancel_.store(true);
+    } else if (!withdrawn_) {
+      withdrawn_ = true;
+      shared_->Withdraw();
+    }
+  }
+  void CancelLoad() {
+    if (shared_) shared_->Cancel();
     cancel_.store(true);
   }
 
@@ -70,17 +90,40 @@ class ConnectionWatch {
   const Caller& caller_;
   const bool send_progress_;
   LoadWatch* out_;
+  SharedLoad* const shared_;
+  bool withdrawn_ = false;
   std::atomic<bool> cancel_{false};
 };
 
-// Everything of a load that reads files and publishes: the roots check, the plan, the
-// segment spec, LoadIntoSegment and the catalog publish. Nothing is visible unless it
-// returns OK.
-Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::LoadRequest& request,
-                                  const std::string& name, ConnectionWatch* watch) {
+// The identity of every file a plan reads (device, inode, size, mtime and ctime, in plan
+// order) and the name and bytes of every side file it keeps, hashed with XXH3-64: 16 hex
+// characters. A write to a file changes its mtime and ctime (ctime cannot be set back from
+// user space), a replace by rename changes its inode: each gives another fingerprint.
+std::string SourceFingerprint(const format::LoadPlan& plan) {
+  std::string text;
+  for (const auto& file : plan.files) {
+    const FileIdentity& id = file->identity;
+    text += "f " + std::to_string(id.dev) + " " + std::to_string(id.ino) + " " + std::to_string(id.size) + " " +
+            std::to_string(id.mtime_ns) + " " + std::to_string(id.ctime_ns) + "\n";
+  }
+  for (const auto& side : plan.side_files) {
+    char sum[17];
+    std::snprintf(sum, sizeof(sum), "%016llx",
+                  static_cast<unsigned long long>(XXH3_64bits(side.bytes.data(), side.bytes.size())));
+    text += "s " + std::to_string(side.name.size()) + " " + side.name + " " + std::to_string(side.bytes.size()) +
+            " " + sum + "\n";
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
+  return hex;
+}
+
+// Opens the checkpoint at `path` (beneath a model root, no links followed) and plans its
+// load; checks the expansion unless allowed. Reads headers only.
+Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string& path, const std::string& name,
+                                     bool allow_expansion) {
   // The file (or folder) is opened once here, beneath a model root without following any
   // link; the plan and the loader read only through these descriptors.
-  const std::string& path = request.path;
   auto location = ctx.roots->Open(path);
   if (!location.ok()) {
     spdlog::warn("load of '{}' from {} refused: {}", name, path, location.status().ToString());
@@ -92,22 +135,32 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
     return plan.status();
   }
   for (const std::string& note : plan->notes) spdlog::warn("load of '{}': {}", name, note);
-  if (!request.allow_expansion) {
+  if (!allow_expansion) {
     Status expansion = format::CheckExpansion(*plan, ctx.options->max_expansion);
     if (!expansion.ok()) {
       spdlog::warn("load of '{}' refused: {}", name, expansion.ToString());
       return expansion;
     }
   }
+  return plan;
+}
+
+// Everything of a load that reads files and publishes, from its plan (OpenAndPlan): the
+// segment spec, LoadIntoSegment and the catalog publish. Nothing is visible unless it
+// returns OK. With `shared` (an ensure's runner), each tick's progress is posted there for
+// the callers waiting on it.
+Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& path, const std::string& name,
+                                  bool replace, const format::LoadPlan& plan, ConnectionWatch* watch,
+                                  SharedLoad* shared = nullptr) {
   // The segment adds a header, an aligned index and the side files to the tensor bytes.
-  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan->StoredBytes());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
   CheckedSum estimate_sum(stored);
-  estimate_sum.AddProduct(plan->tensors.size() + 2, 4096).Add(1u << 20);
+  estimate_sum.AddProduct(plan.tensors.size() + 2, 4096).Add(1u << 20);
   estimate_sum.Add(ctx.segments->pages().segment_alignment());  // the size is rounded up to a (huge) page
-  for (const auto& side : plan->side_files) estimate_sum.Add(side.bytes.size());
+  for (const auto& side : plan.side_files) estimate_sum.Add(side.bytes.size());
   CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
   std::vector<std::string> evicted;
-  CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, request.replace, estimate, &evicted));
+  CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, replace, estimate, &evicted));
   struct Reservation {
     Catalog* catalog;
     const std::string& name;
@@ -129,15 +182,18 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   loader::LoadOptions load_options;
   load_options.threads = ctx.options->load_threads;
   load_options.cancel = watch->cancel_flag();
-  load_options.progress = [watch](uint64_t done, uint64_t total) { watch->Tick(done, total); };
-  auto loaded = loader::LoadIntoSegment(*plan, spec, load_options);
+  load_options.progress = [watch, shared](uint64_t done, uint64_t total) {
+    if (shared) shared->SetProgress(done, total);
+    watch->Tick(done, total);
+  };
+  auto loaded = loader::LoadIntoSegment(plan, spec, load_options);
   if (!loaded.ok()) {
     ++ctx.counters->load_failures;
     spdlog::warn("load of '{}' failed: {}", name, loaded.status().ToString());
     return loaded.status();
   }
   watch->Poll();  // a cancel that came with the last bytes still wins
-  if (watch->cancelled_by_client() || ctx.stopping->load()) {
+  if (watch->cancel_flag()->load() || ctx.stopping->load()) {
     if (Status removed = ctx.segments->Remove(loaded->file_name); !removed.ok()) {
       spdlog::error("cannot remove the cancelled segment {}: {}", ctx.segments->PathOf(loaded->file_name),
                     removed.ToString());
@@ -151,7 +207,8 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const protocol::Load
   entry.shm_name = loaded->file_name;
   entry.segment_id = shm::SegmentIdHex(loaded->segment_id);
   entry.source_path = path;
-  entry.format = plan->format;
+  entry.source_fingerprint = SourceFingerprint(plan);
+  entry.format = plan.format;
   entry.segment_bytes = loaded->segment_bytes;
   entry.data_bytes = loaded->data_bytes;
   entry.load_seconds = loaded->seconds;
@@ -189,7 +246,9 @@ Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const pr
   const std::string name = request.name.empty() ? DefaultCheckpointName(request.path) : request.name;
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(name));
   ConnectionWatch connection(ctx, caller, request.progress, watch);
-  auto result = LoadAndPublish(ctx, request, name, &connection);
+  auto plan = OpenAndPlan(ctx, request.path, name, request.allow_expansion);
+  if (!plan.ok()) return plan.status();
+  auto result = LoadAndPublish(ctx, request.path, name, request.replace, *plan, &connection);
   if (connection.cancelled_by_client()) {
     // Whatever else happened, a load whose cancel was read answers Cancelled (the client
     // counts on it to stay in step), and a published one cannot be: see LoadAndPublish.
@@ -199,6 +258,120 @@ Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const pr
     return Cancelled("load of '" + name + "' cancelled by the client; nothing was published");
   }
   return result;
+}
+
+namespace {
+
+// Starts the ensure load of `shared` on a thread of its own (EnsureTable::Run): no
+// connection is tied to it, every caller (the first one too) waits for it with
+// WaitForSharedLoad and may withdraw at any time; it is cancelled once none is left.
+Status StartSharedLoad(const DaemonContext& ctx, const std::string& path, const std::string& name, bool replace,
+                       format::LoadPlan plan, const std::shared_ptr<SharedLoad>& shared) {
+  auto body = [ctx, path, name, replace, plan = std::move(plan), shared] {
+    const Caller no_connection;  // fd -1: only the stopping flag and the shared flag count
+    LoadWatch unused;
+    ConnectionWatch watch(ctx, no_connection, false, &unused, shared.get());
+    auto result = LoadAndPublish(ctx, path, name, replace, plan, &watch, shared.get());
+    if (!result.ok() && shared->cancel_flag()->load()) {  // the loader says FailedPrecondition "load cancelled"
+      ++ctx.counters->loads_cancelled;
+      const char* why = ctx.stopping->load() ? "ckptd is stopping" : "every caller withdrew";
+      spdlog::info("ensure load of '{}' cancelled ({}); nothing was published", name, why);
+      result = Cancelled("load of '" + name + "' cancelled (" + why + "); nothing was published");
+    }
+    // Off the table first: a caller that comes now finds the published generation (or,
+    // after a failure, starts a load of its own), never a finished load to wait for.
+    ctx.ensures->Remove(name, shared.get());
+    shared->Finish(std::move(result));
+  };
+  return ctx.ensures->Run(shared, std::move(body));
+}
+
+// A caller waiting for the ensure load it started or joined; `action` is what it answers
+// on success. Polls its own connection every 100 ms (progress events if asked; a cancel
+// or hang-up withdraws it alone, answered at once).
+Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& caller,
+                                       const protocol::EnsureRequest& request, const std::string& name,
+                                       const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch,
+                                       const char* action) {
+  ConnectionWatch connection(ctx, caller, request.progress, watch, shared.get());
+  if (std::string(action) == "joined") {
+    spdlog::info("ensure of '{}': waiting for the load in progress ({} callers)", name, shared->participants());
+  }
+  for (;;) {
+    if (auto result = shared->WaitFor(std::chrono::milliseconds(100))) {
+      if (connection.cancelled_by_client()) break;
+      if (!result->ok()) {
+        if (result->status().code() == StatusCode::kCancelled) {
+          return Unavailable("the load of '" + name + "' this call waited for was cancelled (ckptd is stopping)");
+        }
+        return result->status();
+      }
+      return EnsureResult{(*result)->checkpoint, (*result)->evicted, action};
+    }
+    const auto [done, total] = shared->progress();
+    connection.Tick(done, total);
+    if (connection.cancelled_by_client()) break;
+  }
+  spdlog::info("ensure of '{}': a caller withdrew ({} still waiting)", name, shared->participants());
+  return Cancelled("ensure of '" + name + "' cancelled by the client; the load goes on for the other callers");
+}
+
+}  // namespace
+
+Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
+                            LoadWatch* watch) {
+  if (request.path.empty() || request.path[0] != '/') {
+    return InvalidArgument("path must be absolute: '" + request.path.substr(0, 4096) + "'");
+  }
+  const std::string name = request.name.empty() ? DefaultCheckpointName(request.path) : request.name;
+  CKPT_RETURN_IF_ERROR(ValidateCheckpointName(name));
+  // A load this call could not join (it was ending) is over within moments; then the
+  // decision is taken again. The bound only guards against a livelock.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    // The files as they are now: opened and planned (headers only), for the fingerprint
+    // and, if this call runs the load, for the load itself.
+    CKPT_ASSIGN_OR_RETURN(format::LoadPlan plan, OpenAndPlan(ctx, request.path, name, request.allow_expansion));
+    const std::string fingerprint = SourceFingerprint(plan);
+    bool replace = false;
+    Status refused;
+    std::optional<EnsureResult> current;
+    auto entry = ctx.ensures->FindOrStart(name, request.path, [&] {
+      auto existing = ctx.catalog->Get(name);
+      if (!existing.ok()) return true;  // absent (a plain load in progress is refused by BeginLoad)
+      if (existing->source_path != request.path) {
+        refused = FailedPrecondition("'" + name + "' is loaded from " + existing->source_path + ", not " +
+                                     request.path + "; evict it or load --replace to move the name");
+        return false;
+      }
+      if (!existing->source_fingerprint.empty() && existing->source_fingerprint == fingerprint) {
+        current = EnsureResult{SummaryOf(*existing), {}, "current"};
+        return false;
+      }
+      replace = true;  // changed since it was loaded, or adopted (fingerprint unknown)
+      return true;
+    });
+    if (!refused.ok()) return refused;
+    if (current) return std::move(*current);
+    if (entry.started) {
+      spdlog::info("ensure of '{}': {} from {}", name,
+                   replace ? "the source changed since its generation was loaded; loading a new one" : "not loaded; loading",
+                   request.path);
+      if (Status started = StartSharedLoad(ctx, request.path, name, replace, std::move(plan), entry.load);
+          !started.ok()) {
+        ctx.ensures->Remove(name, entry.load.get());
+        entry.load->Finish(started);
+        return started;
+      }
+      return WaitForSharedLoad(ctx, caller, request, name, entry.load, watch, replace ? "reloaded" : "loaded");
+    }
+    if (entry.load->path() != request.path) {
+      return FailedPrecondition("'" + name + "' is being loaded from " + entry.load->path() + ", not " + request.path);
+    }
+    if (entry.load->Join()) return WaitForSharedLoad(ctx, caller, request, name, entry.load, watch, "joined");
+    while (!entry.load->WaitFor(std::chrono::milliseconds(100))) {
+    }
+  }
+  return Unavailable("ensure of '" + name + "' could not settle on a load; try again");
 }
 
 }  // namespace ckpt::daemon

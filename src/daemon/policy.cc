@@ -63,7 +63,7 @@ std::string DefaultCheckpointName(const std::string& path) {
 }
 
 Role RequiredRole(const std::string& op) {
-  return (op == "load" || op == "evict" || op == "verify") ? Role::kAdmin : Role::kReader;
+  return (op == "load" || op == "evict" || op == "verify" || op == "ensure") ? Role::kAdmin : Role::kReader;
 }
 
 Status CheckRole(Role role, const PeerCredentials& peer, const std::string& op) {

@@ -67,6 +67,14 @@ Result<json> RequestHandler::Dispatch(const json& request) {
     CKPT_ASSIGN_OR_RETURN(auto result, std::move(loaded));
     return Encode(result);
   }
+  if (op == protocol::EnsureRequest::kOp) {
+    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EnsureRequest>(request));
+    LoadWatch watch;
+    auto ensured = Ensure(ctx_, caller_, r, &watch);
+    drop_connection_ = watch.drop_connection;
+    CKPT_ASSIGN_OR_RETURN(auto result, std::move(ensured));
+    return Encode(result);
+  }
   if (op == protocol::EvictRequest::kOp) {
     CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EvictRequest>(request));
     CKPT_ASSIGN_OR_RETURN(auto evicted, Evict(ctx_, r));

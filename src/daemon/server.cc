@@ -71,7 +71,8 @@ Server::Server(ServerOptions options, std::unique_ptr<shm::SegmentDirectory> seg
 
 DaemonContext Server::Context() {
   return DaemonContext{&options_,     &catalog_,    &stopping_, started_unix_s_, limits_.get(),
-                       access_.get(), roots_.get(), &counters_, &rendezvous_,    segments_.get()};
+                       access_.get(), roots_.get(), &counters_, &rendezvous_,    segments_.get(),
+                       &ensures_};
 }
 
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
@@ -117,6 +118,7 @@ Server::~Server() {
   for (auto& c : connections_) {
     if (c->thread.joinable()) c->thread.join();
   }
+  ensures_.JoinAll();  // before any member their threads use is destroyed
 }
 
 void Server::Stop() {
@@ -213,6 +215,7 @@ void Server::Run() {
     }
     connections_.clear();
   }
+  ensures_.JoinAll();  // ensure loads: cancelled by stopping_, published or not before this
   if (options_.cleanup_on_exit) {
     for (const CatalogEntry& e : catalog_.TakeAll()) {
       Status st = segments_->Remove(e.shm_name);

@@ -20,6 +20,7 @@
 #include "daemon/generation_store.h"
 #include "daemon/model_roots.h"
 #include "daemon/rendezvous_table.h"
+#include "daemon/ensure_table.h"
 #include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
@@ -119,6 +120,7 @@ class Server {
   std::unique_ptr<GenerationStore> generations_;
   Catalog catalog_;
   RendezvousTable rendezvous_;  // blobs ranks of a job exchange (NCCL unique ids)
+  EnsureTable ensures_;         // ensure loads in progress
   std::unique_ptr<ConnectionLimits> limits_;
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<ModelRoots> roots_;

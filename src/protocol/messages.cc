@@ -189,6 +189,22 @@ Status Decode(const json& j, LoadRequest* m) {
   return f.status();
 }
 
+json Encode(const EnsureRequest& m) {
+  json j{{"path", m.path}, {"progress", m.progress}};
+  if (!m.name.empty()) j["name"] = m.name;
+  if (m.allow_expansion) j["allow_expansion"] = true;
+  return j;
+}
+
+Status Decode(const json& j, EnsureRequest* m) {
+  Fields f(j, "ensure", true);
+  f.Required("path", &m->path);
+  f.Optional("name", &m->name);
+  f.Optional("progress", &m->progress);
+  f.Optional("allow_expansion", &m->allow_expansion);
+  return f.status();
+}
+
 json Encode(const EvictRequest& m) {
   json j{{"name", m.name}, {"force", m.force}};
   if (m.wait_s > 0) j["wait_s"] = m.wait_s;
@@ -270,6 +286,7 @@ json Encode(const CheckpointSummary& m) {
   if (!m.segment_id.empty()) j["segment_id"] = m.segment_id;
   if (m.page_bytes != 0) j["page_bytes"] = m.page_bytes;
   if (m.huge_bytes >= 0) j["huge_bytes"] = m.huge_bytes;
+  if (!m.source_fingerprint.empty()) j["source_fingerprint"] = m.source_fingerprint;
   return j;
 }
 
@@ -290,6 +307,7 @@ Status Decode(const json& j, CheckpointSummary* m) {
   f.Optional("attached_pids", &m->attached_pids);
   f.Optional("page_bytes", &m->page_bytes);
   f.Optional("huge_bytes", &m->huge_bytes);
+  f.Optional("source_fingerprint", &m->source_fingerprint);
   return f.status();
 }
 
@@ -329,6 +347,18 @@ Status Decode(const json& j, LoadResult* m) {
   Fields f(j, "load", false);
   f.Required("checkpoint", &m->checkpoint);
   f.Optional("evicted", &m->evicted);
+  return f.status();
+}
+
+json Encode(const EnsureResult& m) {
+  return json{{"checkpoint", Encode(m.checkpoint)}, {"evicted", m.evicted}, {"action", m.action}};
+}
+
+Status Decode(const json& j, EnsureResult* m) {
+  Fields f(j, "ensure", false);
+  f.Required("checkpoint", &m->checkpoint);
+  f.Optional("evicted", &m->evicted);
+  f.Required("action", &m->action);
   return f.status();
 }
 

@@ -32,6 +32,16 @@ struct LoadRequest {
   bool allow_expansion = false;
 };
 
+// Loads `path` under `name` unless that name already holds the file's current content
+// (see Client::Ensure).
+struct EnsureRequest {
+  static constexpr const char* kOp = "ensure";
+  std::string path;       // absolute
+  std::string name;       // empty: the daemon derives one from the path
+  bool progress = false;  // send progress events while a load runs or is waited for
+  bool allow_expansion = false;
+};
+
 struct EvictRequest {
   static constexpr const char* kOp = "evict";
   std::string name;
@@ -103,6 +113,8 @@ Result<std::string> DecodeOp(const nlohmann::json& request);
 
 nlohmann::json Encode(const LoadRequest& m);
 nlohmann::json Encode(const EvictRequest& m);
+nlohmann::json Encode(const EnsureRequest& m);
+nlohmann::json Encode(const EnsureResult& m);
 nlohmann::json Encode(const NameRequest& m);
 nlohmann::json Encode(const AttachRequest& m);
 nlohmann::json Encode(const RendezvousRequest& m);
@@ -124,6 +136,7 @@ nlohmann::json EncodeTensor(const TensorInfo& t);
 // Requests: InvalidArgument naming the field that is missing or of the wrong type.
 Status Decode(const nlohmann::json& j, LoadRequest* m);
 Status Decode(const nlohmann::json& j, EvictRequest* m);
+Status Decode(const nlohmann::json& j, EnsureRequest* m);
 Status Decode(const nlohmann::json& j, NameRequest* m);
 Status Decode(const nlohmann::json& j, AttachRequest* m);
 Status Decode(const nlohmann::json& j, RendezvousRequest* m);
@@ -132,6 +145,7 @@ Status Decode(const nlohmann::json& j, CheckpointSummary* m);
 Status Decode(const nlohmann::json& j, CheckpointList* m);
 Status Decode(const nlohmann::json& j, CheckpointInfo* m);
 Status Decode(const nlohmann::json& j, LoadResult* m);
+Status Decode(const nlohmann::json& j, EnsureResult* m);
 Status Decode(const nlohmann::json& j, VerifyResult* m);
 Status Decode(const nlohmann::json& j, DaemonStatus* m);
 Status Decode(const nlohmann::json& j, CheckpointResponse* m);

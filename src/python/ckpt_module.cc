@@ -378,10 +378,53 @@ PYBIND11_MODULE(_ckpt, m) {
               }
               throw py::error_already_set();
             }
-            return MessageDict(Unwrap(std::move(r)).checkpoint);
+            ckpt::LoadResult loaded = Unwrap(std::move(r));
+            py::object out = MessageDict(loaded.checkpoint);
+            out["evicted"] = py::cast(loaded.evicted);  // what the budget evicted to make room
+            return out;
           },
           py::arg("path"), py::arg("name") = "", py::arg("progress") = py::none(), py::arg("replace") = false,
           py::arg("allow_expansion") = false)
+      // Ensure (see ckpt::Client::Ensure): the summary with "action" ("loaded", "reloaded",
+      // "joined", "current") and "evicted". The GIL is released while it waits; progress
+      // and Ctrl-C as for load (an exception withdraws this caller only).
+      .def(
+          "ensure",
+          [](ckpt::Client& c, const std::string& path, const std::string& name, py::object progress,
+             bool allow_expansion) {
+            ckpt::EnsureOptions options;
+            options.name = name;
+            options.allow_expansion = allow_expansion;
+            bool raised = false;
+            options.progress = [&](uint64_t done, uint64_t total) {
+              py::gil_scoped_acquire gil;
+              if (PyErr_CheckSignals() != 0) {
+                raised = true;
+                return false;
+              }
+              if (progress.is_none()) return true;
+              try {
+                progress(done, total);
+              } catch (py::error_already_set& e) {
+                e.restore();
+                raised = true;
+                return false;
+              }
+              return true;
+            };
+            ckpt::Result<ckpt::EnsureResult> r = ckpt::Internal("unreached");
+            {
+              py::gil_scoped_release release;
+              r = c.Ensure(path, options);
+            }
+            if (raised) throw py::error_already_set();
+            ckpt::EnsureResult ensured = Unwrap(std::move(r));
+            py::object out = MessageDict(ensured.checkpoint);
+            out["evicted"] = py::cast(ensured.evicted);
+            out["action"] = ensured.action;
+            return out;
+          },
+          py::arg("path"), py::arg("name") = "", py::arg("progress") = py::none(), py::arg("allow_expansion") = false)
       .def(
           "evict",
           [](ckpt::Client& c, const std::string& name, bool force, double wait) {

@@ -62,5 +62,32 @@ TEST(MessagesTest, RequestsAreCheckedField_by_Field) {
   EXPECT_EQ(DecodeOp(json{{"v", 99}, {"op", "list"}}).status().code(), StatusCode::kUnsupported);
 }
 
+TEST(MessagesTest, EnsureRoundTripsAndIsChecked) {
+  EnsureRequest request{"/m/a.safetensors", "a", true, true};
+  auto back = DecodeAs<EnsureRequest>(Encode(request));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->path, request.path);
+  EXPECT_EQ(back->name, "a");
+  EXPECT_TRUE(back->progress && back->allow_expansion);
+  EXPECT_EQ(DecodeAs<EnsureRequest>(json{{"name", "a"}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(DecodeAs<EnsureRequest>(json{{"path", "/x"}, {"progress", "yes"}}).status().code(),
+            StatusCode::kInvalidArgument);
+  EnsureResult result;
+  result.checkpoint.name = "a";
+  result.checkpoint.generation = 7;
+  result.checkpoint.source_fingerprint = "0123456789abcdef";
+  result.evicted = {"b", "c"};
+  result.action = "joined";
+  auto decoded = DecodeAs<EnsureResult>(Encode(result));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->action, "joined");
+  EXPECT_EQ(decoded->evicted, result.evicted);
+  EXPECT_EQ(decoded->checkpoint.source_fingerprint, "0123456789abcdef");
+  EXPECT_EQ(Encode(*decoded), Encode(result));
+  // A response without its action is a broken daemon's.
+  EXPECT_EQ(DecodeAs<EnsureResult>(json{{"checkpoint", Encode(result.checkpoint)}}).status().code(),
+            StatusCode::kCorrupt);
+}
+
 }  // namespace
 }  // namespace ckpt::protocol
