@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "ckpt/ckpt.h"
 #include "ckpt/client.h"
 #include "ckpt/writer.h"
 #include "integration/ops_helpers.h"
@@ -94,8 +95,8 @@ class WriteTest : public ::testing::Test {
     return std::move(c).value();
   }
 
-  // Nothing visible and nothing held: no checkpoint, no load in progress, no segment file,
-  // no memory counted.
+  // Nothing visible and nothing held: no checkpoint of that name, no load in progress, no
+  // segment file, no memory counted beyond the published checkpoints'.
   void ExpectNothingLeft(const std::string& name) {
     auto client = Connect();
     auto list = client->ListAll();
@@ -105,7 +106,11 @@ class WriteTest : public ::testing::Test {
         << "segment files of '" << name << "' left";
     EXPECT_TRUE(WaitFor([&] {
       auto st = client->GetStatus();
-      return st.ok() && st->loading == 0 && st->memory_used_bytes == 0;
+      if (!st.ok()) return false;
+      uint64_t published = 0;  // what the checkpoints still there hold
+      for (const auto& c : st->checkpoint_list) published += c.segment_bytes;
+      for (const auto& c : st->retired) published += c.segment_bytes;
+      return st->loading == 0 && st->memory_used_bytes == published;
     }, 5000));
   }
 
@@ -464,6 +469,52 @@ TEST_F(WriteTest, BudgetExceededFailsTheWriteAndLeavesNothing) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
   EXPECT_TRUE(ListSegments(small.shm_prefix()).empty());
+}
+
+TEST_F(WriteTest, TheCApiPublishesInTwoPartsAndReadsBack) {
+  const std::vector<float> top = WRows(0, 32), bottom = WRows(32, 32);
+  const int64_t global[2] = {kRows, kCols};
+  std::vector<ckpt_writer*> writers(2, nullptr);
+  for (int p = 0; p < 2; ++p) {
+    ckpt_writer_options o{"job-c", p, 2, 0, 30};
+    ASSERT_EQ(ckpt_writer_create(daemon_.socket().c_str(), "from-c", &o, &writers[p]), 0) << ckpt_last_error();
+    const int64_t offsets[2] = {p * 32, 0}, shape[2] = {32, kCols};
+    ASSERT_EQ(ckpt_writer_add(writers[p], "w", static_cast<uint32_t>(DType::kF32), 2, global, offsets, shape,
+                              p == 0 ? top.data() : bottom.data()),
+              0)
+        << ckpt_last_error();
+  }
+  ASSERT_EQ(ckpt_writer_side_file(writers[0], "note.txt", "hi", 2), 0);
+  uint64_t generations[2] = {0, 0};
+  int rcs[2] = {-1, -1};
+  std::thread other([&] { rcs[1] = ckpt_writer_commit(writers[1], &generations[1]); });
+  rcs[0] = ckpt_writer_commit(writers[0], &generations[0]);
+  other.join();
+  EXPECT_EQ(rcs[0], 0);
+  EXPECT_EQ(rcs[1], 0);
+  EXPECT_EQ(generations[0], generations[1]);
+  for (ckpt_writer* w : writers) ckpt_writer_free(w);
+  ckpt_client* client = nullptr;
+  ASSERT_EQ(ckpt_connect(daemon_.socket().c_str(), &client), 0);
+  ckpt_checkpoint* c = nullptr;
+  ASSERT_EQ(ckpt_attach(client, "from-c", &c), 0) << ckpt_last_error();
+  ckpt_tensor t;
+  ASSERT_EQ(ckpt_tensor_find(c, "w", &t), 0);
+  EXPECT_EQ(std::memcmp(t.data, top.data(), top.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(static_cast<const char*>(t.data) + top.size() * 4, bottom.data(), bottom.size() * 4), 0);
+  const void* side = nullptr;
+  uint64_t side_size = 0;
+  ASSERT_EQ(ckpt_side_file(c, "note.txt", &side, &side_size), 0);
+  EXPECT_EQ(std::string(static_cast<const char*>(side), side_size), "hi");
+  ckpt_detach(c);
+  // A writer freed without committing publishes nothing; bad arguments are errors.
+  ckpt_writer* dropped = nullptr;
+  ASSERT_EQ(ckpt_writer_create(daemon_.socket().c_str(), "dropped", nullptr, &dropped), 0);
+  EXPECT_NE(ckpt_writer_add(dropped, "w", 999, 2, global, nullptr, nullptr, top.data()), 0);
+  EXPECT_NE(ckpt_writer_add(dropped, "w", static_cast<uint32_t>(DType::kF32), 2, nullptr, nullptr, nullptr, top.data()), 0);
+  ckpt_writer_free(dropped);
+  ckpt_client_free(client);
+  ExpectNothingLeft("dropped");
 }
 
 // ---- a writer speaking the protocol itself ----
