@@ -389,7 +389,9 @@ Result<LoadResult> WriteSession::SealAndWait(int64_t part, const std::function<S
       checked = DeadlineExceeded("the write of '" + name_ + "' was not sealed by all its parts in time");
     }
     lock.lock();
-    if (!checked.ok() && state_ == State::kStreaming && sealed_count_ < parts_) return FailLocked(checked, &lock);
+    // This part sealed: all its bytes are in, so its going away (or the deadline) fails
+    // nothing; only this part stops waiting for the others.
+    if (!checked.ok() && state_ == State::kStreaming) return checked;
   }
 }
 

@@ -105,8 +105,9 @@ class WriteSession {
 
   // Marks part `part` sealed (all its bytes arrived). The last part to seal computes the
   // checksums and publishes; every sealed part then waits (calling `check` about every
-  // 100 ms; a non-OK Status from it before the publish fails the session) and gets the
-  // published summary or the session's failure.
+  // 100 ms) and gets the published summary or the session's failure. A non-OK Status from
+  // `check` (this part hung up) ends this part's wait with it but fails nothing: a sealed
+  // part's bytes are all in. The deadline still fails the parts not yet sealed.
   Result<LoadResult> SealAndWait(int64_t part, const std::function<Status()>& check);
   // Fails the session (the first reason wins; later calls do nothing). Removes the segment
   // (once no copy holds it) and releases the reservation; wakes every waiting part.

@@ -325,6 +325,44 @@ TEST_F(WriteTest, MultiPartWriteWithARankThatNeverComesTimesOut) {
   ExpectNothingLeft("late");
 }
 
+TEST_F(WriteTest, ARankKilledAfterSealingDoesNotFailTheGeneration) {
+  // Part 0 (a child) streams its few bytes and seals, then is killed; part 1 finishes later.
+  pid_t child = ::fork();
+  if (child == 0) {
+    auto w = MakeWriter("sealed-then-killed", 0, 2, "job-sealed");
+    auto rows = std::make_shared<std::vector<float>>(WRows(0, 32));
+    (void)w->AddBox("w", DType::kF32, {kRows, kCols}, {0, 0}, {32, kCols}, FromVector(rows));
+    (void)w->Commit();
+    ::_exit(0);
+  }
+  std::atomic<bool> release{false}, streaming{false};
+  auto w1 = MakeWriter("sealed-then-killed", 1, 2, "job-sealed");
+  auto rows = std::make_shared<std::vector<float>>(WRows(32, 32));
+  ASSERT_TRUE(w1->AddBox("w", DType::kF32, {kRows, kCols}, {32, 0}, {32, kCols},
+                         [&, rows](uint64_t off, void* dst, uint64_t n) {
+                           streaming = true;
+                           while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                           std::memcpy(dst, reinterpret_cast<const std::byte*>(rows->data()) + off, n);
+                           return Status::Ok();
+                         })
+                  .ok());
+  auto f = std::async(std::launch::async, [&] { return w1->Commit(); });
+  ASSERT_TRUE(WaitFor([&] { return streaming.load(); }, 10000));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // part 0's 6 KiB are in and sealed
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  release = true;
+  auto r = f.get();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto ckpt = Connect()->Attach("sealed-then-killed");
+  ASSERT_TRUE(ckpt.ok());
+  auto t = (*ckpt)->Tensor("w");
+  ASSERT_TRUE(t.ok());
+  const std::vector<float> all = WRows(0, kRows);
+  EXPECT_EQ(std::memcmp(t->data, all.data(), all.size() * 4), 0);
+}
+
 struct BadCase {
   const char* what;
   std::function<void(Writer*, int64_t)> add;
