@@ -23,6 +23,8 @@
 #             copy against the pinned limit, one process per rank; COPY_CONFIGS, COPY_REPS)
 #   warmhuge  tools/gpu/warm_huge.sh (issue 14: warm loads at 1..16 threads, 4 KiB vs huge
 #             pages, against cp and read(); a cold load against dd; table + SVG plot in OUT_DIR)
+#   save      tools/gpu/bench_save.py (issue 15: publish from GPU memory vs torch.save and DCP,
+#             restores with the page cache dropped; table in OUT_DIR/bench_save.md)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 # BUILD_TARGETS="ckptd ckptctl _ckpt" builds only those (default: everything); BENCH_PREPARE=1
 # writes benchlm's model folder in the background while the project builds; HF_FAMILIES=a,b
@@ -148,6 +150,11 @@ for step in $steps; do
   warmhuge)
     log "warm loads, 4 KiB vs huge pages, 1..16 threads; cold against dd"
     tools/gpu/warm_huge.sh "$out" > "$out/warmhuge_run.log" 2>&1; log "rc=$?" ;;
+  save)
+    log "save benchmark (publish vs torch.save vs DCP)"
+    python3 -X faulthandler tools/gpu/bench_save.py --ckptd build-gpu/bin/ckptd --workdir /tmp/save \
+      --json "$out/bench_save.jsonl" --markdown "$out/bench_save.md" > "$out/bench_save.log" 2>&1
+    log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
     python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1
