@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ckpt/client.h"
+#include "ctl/persist.h"
 #include "ctl/table.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
@@ -343,6 +344,8 @@ int main(int argc, char** argv) {
   auto* metrics = app.add_subcommand("metrics", "print metrics in the Prometheus text format");
   auto* verify = app.add_subcommand("verify", "re-check a checkpoint's shared memory against its checksums");
   verify->add_option("name", name, "checkpoint name")->required();
+  ckpt::ctl::PersistArgs persist_args;
+  auto* persist = ckpt::ctl::AddPersistCommand(app, &persist_args, &o.json_output);
   for (auto* sub : {load, evict, list, info, status, metrics, verify}) {
     sub->add_flag("--json", o.json_output, "print the daemon's JSON instead of tables");
   }
@@ -360,6 +363,12 @@ int main(int argc, char** argv) {
     if (*status) return Status(o);
     if (*metrics) return Metrics(o);
     if (*verify) return Verify(o, name);
+    if (*persist) {
+      auto bar = std::make_unique<ProgressBar>();
+      return ckpt::ctl::RunPersist(
+          o.socket, o.json_output, persist_args, [&](uint64_t done, uint64_t total) { bar->Update(done, total); },
+          [&] { bar.reset(); });
+    }
   } catch (const std::exception& e) {
     return Fail(ckpt::Internal(std::string("ckptctl failed: ") + e.what()));
   }
