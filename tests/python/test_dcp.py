@@ -1,0 +1,127 @@
+"""ckpt.dcp against the real daemon with Debian's torch 1.13 (torch.distributed._shard.
+checkpoint): one process without a process group, and 2 gloo processes under
+torch.distributed.run saving a ShardedTensor + replicated tensors + a non-tensor as one
+generation, read back by 2, 3 and 1 processes; a rank that fails fails the whole save."""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import torch
+
+import ckpt
+import ckpt.dcp
+from test_ckpt import Daemon
+
+try:
+    import torch.distributed.checkpoint as dist_cp
+    save_state_dict = getattr(dist_cp, "save_state_dict", None) or dist_cp.save
+    load_state_dict = getattr(dist_cp, "load_state_dict", None) or dist_cp.load
+except ImportError:
+    from torch.distributed._shard.checkpoint import save_state_dict, load_state_dict
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class DcpTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.daemon = Daemon(cls.tmp.name)
+        cls.daemon.start()
+        cls.client = ckpt.connect(cls.daemon.socket)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client = None
+        cls.daemon.cleanup()
+        cls.tmp.cleanup()
+
+    def state_dict(self):
+        g = torch.Generator().manual_seed(1)
+        return {"emb": torch.randn(16, 8, generator=g), "norm": torch.randn(8, generator=g).to(torch.bfloat16),
+                "ids": torch.arange(6).reshape(2, 3), "scalar": torch.tensor(2.5),
+                "step": 42, "extra": {"lr": 0.125, "betas": (0.9, 0.95)}}
+
+    def test_single_process_round_trip(self):
+        sd = self.state_dict()
+        writer = ckpt.dcp.StorageWriter("dcp-single", self.client)
+        save_state_dict(sd, writer, no_dist=True)
+        self.assertEqual(writer.summary["name"], "dcp-single")
+        c = self.client.attach("dcp-single")
+        self.assertIn(ckpt.dcp.METADATA_FILE, c.side_files)
+        # Tensors are stored whole under their keys: any ckpt reader can take them.
+        self.assertTrue(torch.equal(c.tensor("emb"), sd["emb"]))
+        self.assertIn(ckpt.dcp.BYTES_PREFIX + "step", c.keys())
+        del c
+        target = {"emb": torch.zeros(16, 8), "norm": torch.zeros(8, dtype=torch.bfloat16),
+                  "ids": torch.zeros(2, 3, dtype=torch.int64), "scalar": torch.tensor(0.0), "step": 0, "extra": None}
+        load_state_dict(target, ckpt.dcp.StorageReader("dcp-single", self.client), no_dist=True)
+        for k in ("emb", "norm", "ids", "scalar"):
+            self.assertTrue(torch.equal(target[k], sd[k]), k)
+        self.assertEqual(target["step"], 42)
+        self.assertEqual(target["extra"], {"lr": 0.125, "betas": (0.9, 0.95)})
+
+    def test_a_taken_name_fails_and_replace_publishes_a_new_generation(self):
+        sd = self.state_dict()
+        save_state_dict(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client), no_dist=True)
+        first = self.client.attach("dcp-gen").generation
+        with self.assertRaises(Exception) as cm:
+            save_state_dict(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client), no_dist=True)
+        self.assertIn("dcp-gen", str(cm.exception))
+        self.assertEqual(self.client.attach("dcp-gen").generation, first)
+        sd["emb"] += 1
+        save_state_dict(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client, replace=True), no_dist=True)
+        c = self.client.attach("dcp-gen")
+        self.assertGreater(c.generation, first)
+        self.assertTrue(torch.equal(c.tensor("emb"), sd["emb"]))
+
+    def test_persist_dir_writes_safetensors_with_the_metadata_beside(self):
+        out = os.path.join(self.tmp.name, "dcp-disk")
+        save_state_dict(self.state_dict(), ckpt.dcp.StorageWriter("dcp-disk", self.client, persist_dir=out),
+                        no_dist=True)
+        self.assertEqual(sorted(os.listdir(out)), [ckpt.dcp.METADATA_FILE, "model.safetensors"])
+
+    def test_a_generation_not_saved_by_dcp_is_a_clear_error(self):
+        path = os.path.join(self.tmp.name, "plain.safetensors")
+        subprocess.run([sys.executable, os.path.join(os.environ["CKPT_TOOLS_DIR"], "make_checkpoint.py"), path,
+                        "--mib", "1", "--layers", "1"], check=True, stdout=subprocess.DEVNULL)
+        self.client.load(path, "plain")
+        with self.assertRaises(ckpt.NotFound):
+            ckpt.dcp.StorageReader("plain", self.client).read_metadata()
+
+    def run_ranks(self, world, mode, name):
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+                            "--nproc_per_node", str(world), os.path.join(HERE, "dcp_worker.py"), mode, name,
+                            self.daemon.socket], env=env, capture_output=True, text=True, timeout=240)
+        return r
+
+    def test_two_gloo_ranks_save_one_generation_any_world_reads_it(self):
+        r = self.run_ranks(2, "save", "dcp-multi")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(sorted(l for l in r.stdout.splitlines() if l.startswith("RANK")), ["RANK 0 OK", "RANK 1 OK"])
+        c = self.client.attach("dcp-multi")
+        self.assertTrue(torch.equal(c.tensor("layer.w"), torch.arange(48, dtype=torch.float32).reshape(12, 4) / 7))
+        del c
+        for world in (2, 3):
+            r = self.run_ranks(world, "load", "dcp-multi")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(len([l for l in r.stdout.splitlines() if l.endswith(" OK")]), world)
+        # One process, no process group, plain tensors as targets.
+        target = {"layer.w": torch.zeros(12, 4), "bias": torch.zeros(5, dtype=torch.bfloat16), "step": 0}
+        load_state_dict(target, ckpt.dcp.StorageReader("dcp-multi", self.client), no_dist=True)
+        self.assertTrue(torch.equal(target["layer.w"], torch.arange(48, dtype=torch.float32).reshape(12, 4) / 7))
+        self.assertEqual(target["step"], 1234)
+
+    def test_a_failing_rank_fails_the_whole_save(self):
+        r = self.run_ranks(2, "fail", "dcp-fail")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(sorted(l.split(" FAILED")[0] for l in r.stdout.splitlines() if " FAILED " in l),
+                         ["RANK 0", "RANK 1"])
+        self.assertNotIn("dcp-fail", [s["name"] for s in self.client.list()])
+
+
+if __name__ == "__main__":
+    unittest.main()
