@@ -18,15 +18,7 @@ import torch.distributed as dist
 import ckpt
 import ckpt.dcp
 
-try:
-    import torch.distributed.checkpoint as dist_cp
-    save_state_dict = getattr(dist_cp, "save_state_dict", None) or dist_cp.save
-    load_state_dict = getattr(dist_cp, "load_state_dict", None) or dist_cp.load
-    from torch.distributed.checkpoint import DefaultSavePlanner
-except ImportError:
-    from torch.distributed._shard import checkpoint as dist_cp
-    from torch.distributed._shard.checkpoint import save_state_dict, load_state_dict
-    from torch.distributed._shard.checkpoint.default_planner import DefaultSavePlanner
+from dcp_compat import DefaultSavePlanner, load, save
 from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
 
 ROWS, COLS = 12, 4
@@ -59,10 +51,10 @@ def main():
               "step": 1234}
         writer = ckpt.dcp.StorageWriter(name, client, timeout=60 if mode == "save" else 10)
         if mode == "save":
-            save_state_dict(sd, writer)
+            save(sd, writer)
         else:
             try:
-                save_state_dict(sd, writer, planner=FailingPlanner())
+                save(sd, writer, planner=FailingPlanner())
             except Exception as e:  # CheckpointException on every rank
                 print("RANK %d FAILED %s" % (rank, type(e).__name__), flush=True)
                 dist.barrier()
@@ -71,7 +63,7 @@ def main():
     else:
         sd = {"layer.w": sharded(rank, world, torch.zeros(ROWS, COLS)), "bias": torch.zeros(5, dtype=torch.bfloat16),
               "step": 0}
-        load_state_dict(sd, ckpt.dcp.StorageReader(name, client))
+        load(sd, ckpt.dcp.StorageReader(name, client))
         per = ROWS // world
         got = sd["layer.w"].local_shards()[0].tensor
         assert torch.equal(got, full()[rank * per:(rank + 1) * per]), (rank, got)

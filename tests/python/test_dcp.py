@@ -14,12 +14,7 @@ import ckpt
 import ckpt.dcp
 from test_ckpt import Daemon
 
-try:
-    import torch.distributed.checkpoint as dist_cp
-    save_state_dict = getattr(dist_cp, "save_state_dict", None) or dist_cp.save
-    load_state_dict = getattr(dist_cp, "load_state_dict", None) or dist_cp.load
-except ImportError:
-    from torch.distributed._shard.checkpoint import save_state_dict, load_state_dict
+from dcp_compat import load, save
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -47,7 +42,7 @@ class DcpTest(unittest.TestCase):
     def test_single_process_round_trip(self):
         sd = self.state_dict()
         writer = ckpt.dcp.StorageWriter("dcp-single", self.client)
-        save_state_dict(sd, writer, no_dist=True)
+        save(sd, writer)
         self.assertEqual(writer.summary["name"], "dcp-single")
         c = self.client.attach("dcp-single")
         self.assertIn(ckpt.dcp.METADATA_FILE, c.side_files)
@@ -56,8 +51,9 @@ class DcpTest(unittest.TestCase):
         self.assertIn(ckpt.dcp.BYTES_PREFIX + "step", c.keys())
         del c
         target = {"emb": torch.zeros(16, 8), "norm": torch.zeros(8, dtype=torch.bfloat16),
-                  "ids": torch.zeros(2, 3, dtype=torch.int64), "scalar": torch.tensor(0.0), "step": 0, "extra": None}
-        load_state_dict(target, ckpt.dcp.StorageReader("dcp-single", self.client), no_dist=True)
+                  "ids": torch.zeros(2, 3, dtype=torch.int64), "scalar": torch.tensor(0.0), "step": 0,
+                  "extra": {"lr": 0.0, "betas": None}}
+        load(target, ckpt.dcp.StorageReader("dcp-single", self.client))
         for k in ("emb", "norm", "ids", "scalar"):
             self.assertTrue(torch.equal(target[k], sd[k]), k)
         self.assertEqual(target["step"], 42)
@@ -65,22 +61,21 @@ class DcpTest(unittest.TestCase):
 
     def test_a_taken_name_fails_and_replace_publishes_a_new_generation(self):
         sd = self.state_dict()
-        save_state_dict(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client), no_dist=True)
+        save(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client))
         first = self.client.attach("dcp-gen").generation
         with self.assertRaises(Exception) as cm:
-            save_state_dict(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client), no_dist=True)
+            save(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client))
         self.assertIn("dcp-gen", str(cm.exception))
         self.assertEqual(self.client.attach("dcp-gen").generation, first)
         sd["emb"] += 1
-        save_state_dict(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client, replace=True), no_dist=True)
+        save(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client, replace=True))
         c = self.client.attach("dcp-gen")
         self.assertGreater(c.generation, first)
         self.assertTrue(torch.equal(c.tensor("emb"), sd["emb"]))
 
     def test_persist_dir_writes_safetensors_with_the_metadata_beside(self):
         out = os.path.join(self.tmp.name, "dcp-disk")
-        save_state_dict(self.state_dict(), ckpt.dcp.StorageWriter("dcp-disk", self.client, persist_dir=out),
-                        no_dist=True)
+        save(self.state_dict(), ckpt.dcp.StorageWriter("dcp-disk", self.client, persist_dir=out))
         self.assertEqual(sorted(os.listdir(out)), [ckpt.dcp.METADATA_FILE, "model.safetensors"])
 
     def test_a_generation_not_saved_by_dcp_is_a_clear_error(self):
@@ -111,7 +106,7 @@ class DcpTest(unittest.TestCase):
             self.assertEqual(len([l for l in r.stdout.splitlines() if l.endswith(" OK")]), world)
         # One process, no process group, plain tensors as targets.
         target = {"layer.w": torch.zeros(12, 4), "bias": torch.zeros(5, dtype=torch.bfloat16), "step": 0}
-        load_state_dict(target, ckpt.dcp.StorageReader("dcp-multi", self.client), no_dist=True)
+        load(target, ckpt.dcp.StorageReader("dcp-multi", self.client))
         self.assertTrue(torch.equal(target["layer.w"], torch.arange(48, dtype=torch.float32).reshape(12, 4) / 7))
         self.assertEqual(target["step"], 1234)
 
