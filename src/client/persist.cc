@@ -240,7 +240,12 @@ Result<std::string> Header(const std::vector<TensorInfo>& tensors, const std::ve
     header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
-  std::string text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  std::string text;
+  try {
+    text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+  } catch (const nlohmann::json::exception& e) {
+    return Corrupt(std::string("a tensor name or metadata value is not valid UTF-8: ") + e.what());
+  }
   while (text.size() % 8) text += ' ';
   *data_bytes = offset;
   return text;
@@ -350,6 +355,9 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   uint64_t data_total = 0;
   for (const TensorInfo& t : tensors) {
     if (__builtin_add_overflow(data_total, t.nbytes, &data_total)) return InvalidArgument("tensor sizes overflow 64 bits");
+    if (t.name == "__metadata__") {
+      return Corrupt("'" + checkpoint.name() + "' has a tensor named '__metadata__', which safetensors reserves");
+    }
   }
   const std::vector<std::vector<size_t>> groups = PlanFiles(tensors, options.max_shard_bytes);
   const bool sharded = groups.size() > 1;
@@ -379,7 +387,11 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
     for (const auto& [k, v] : metadata) md[k] = v;
     md["total_size"] = data_total;
     nlohmann::ordered_json doc = {{"metadata", md}, {"weight_map", weight_map}};
-    index = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::strict) + "\n";
+    try {
+      index = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::strict) + "\n";
+    } catch (const nlohmann::json::exception& e) {
+      return Corrupt(std::string("a tensor name or metadata value is not valid UTF-8: ") + e.what());
+    }
     total += index.size();
   }
   std::set<std::string> taken;

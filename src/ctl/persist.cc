@@ -79,10 +79,12 @@ int RunPersist(const std::string& socket, bool json_output, const PersistArgs& a
   }
   char secs[32];
   std::snprintf(secs, sizeof(secs), "%.2f s", r.seconds);
-  std::printf("persisted '%s' (generation %llu) to %s: %llu tensors, %s in %zu file%s%s in %s (%s/s)\n",
+  const bool indexed = r.files.size() > 1;
+  const size_t tensor_files = indexed ? r.files.size() - 1 : r.files.size();
+  std::printf("persisted '%s' (generation %llu) to %s: %llu tensors, %s in %zu file%s%s%s in %s (%s/s)\n",
               Printable(r.name).c_str(), static_cast<unsigned long long>(r.generation), Printable(r.dir).c_str(),
               static_cast<unsigned long long>(r.tensor_count), HumanBytes(r.data_bytes).c_str(),
-              r.files.size(), r.files.size() == 1 ? "" : "s",
+              tensor_files, tensor_files == 1 ? "" : "s", indexed ? " + index" : "",
               r.side_files.empty() ? "" : (" + " + std::to_string(r.side_files.size()) + " side files").c_str(), secs,
               HumanBytes(static_cast<uint64_t>(r.bytes_written / std::max(r.seconds, 1e-9))).c_str());
   return 0;
