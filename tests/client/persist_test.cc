@@ -5,6 +5,7 @@
 // name that is not loaded, a folder in the way; readers, an eviction and a cancel during
 // the write.
 #include <dirent.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
@@ -408,6 +409,27 @@ TEST_F(PersistTest, CancelOrAnExceptionLeavesTheOldFolderAndNoDebris) {
   options.expected_generation = 999;
   r = Persist(*client_, "big", files_.File("g"), options);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status().ToString();
+}
+
+TEST_F(PersistTest, CtrlCDuringCkptctlPersistCancelsWithNothingLeft) {
+  WriteFile(files_.File("big.safetensors"), PatternFile(64, 2 << 20));  // 512 MiB: a second or more to write
+  ASSERT_NO_FATAL_FAILURE(Load(files_.File("big.safetensors"), "big"));
+  ::unlink(files_.File("big.safetensors").c_str());
+  const std::string out = files_.File("out");
+  testing::ChildProcess ctl({CKPTCTL_BIN, "--socket", daemon_.socket(), "persist", "big", out});
+  // Wait until the temporary folder exists: the persist is writing.
+  bool writing = false;
+  for (int i = 0; i < 2000 && !writing; ++i) {
+    for (const std::string& n : ListDir(files_.path())) writing = writing || n.find(".out.persist-") == 0;
+    if (!writing) ::usleep(1000);
+  }
+  ASSERT_TRUE(writing);
+  ::kill(ctl.pid(), SIGINT);
+  CommandResult r = ctl.Wait();
+  EXPECT_EQ(r.exit_code, 130) << r.err;
+  EXPECT_NE(r.err.find("persist cancelled"), std::string::npos) << r.err;
+  EXPECT_TRUE(ListDir(files_.path()).empty()) << "no folder and no temporary folder";
+  EXPECT_TRUE(client_->List().ok());
 }
 
 TEST(ParseByteSizeTest, TransformersUnits) {
