@@ -25,14 +25,59 @@ dtypes/layouts/sizes, plain containers), not with pickle.load; bytes items are h
 the planner as DCP's own FileSystemReader does (the default planner torch.load()s them).
 """
 import dataclasses
+import importlib.abc
+import importlib.util
 import io
 import pickle
+import sys
 import uuid
 from typing import Any, List, Optional
 
 import torch
 
 import ckpt
+
+
+class _ShardedTensorMetadataFix(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """torch 1.13 does not import on Python >= 3.11 (Debian 12's python3-torch):
+    torch/distributed/_shard/sharded_tensor/metadata.py declares
+    `tensor_properties: TensorProperties = field(default=TensorProperties())`, a mutable
+    dataclass default that Python 3.11 refuses (ValueError at import), and DCP imports it.
+    This loads that one module with the line torch 2.0 has instead
+    (`field(default_factory=TensorProperties)`); nothing else changes, and nothing at all
+    when the bug is not there."""
+
+    NAME = "torch.distributed._shard.sharded_tensor.metadata"
+    BUGGY = "field(default=TensorProperties())"
+    FIXED = "field(default_factory=TensorProperties)"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.NAME:
+            return None
+        sys.meta_path.remove(self)  # find the real file once, without this finder
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or not spec.origin:
+            return None
+        with open(spec.origin, encoding="utf-8") as f:
+            source = f.read()
+        if self.BUGGY not in source:
+            return None
+        self._source, self._origin = source.replace(self.BUGGY, self.FIXED), spec.origin
+        return importlib.util.spec_from_file_location(fullname, spec.origin, loader=self)
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        exec(compile(self._source, self._origin, "exec"), module.__dict__)
+
+
+if sys.version_info >= (3, 11) and torch.__version__.startswith("1.") and \
+        _ShardedTensorMetadataFix.NAME not in sys.modules:
+    sys.meta_path.insert(0, _ShardedTensorMetadataFix())
 
 try:  # torch >= 2.0
     from torch.distributed import checkpoint as _dcp
@@ -212,6 +257,14 @@ class StorageWriter(_BASE_WRITER):
                                           "published; generation '%s' holds the earlier metadata" % self.name)
 
 
+def _enum_member(cls, name):
+    """getattr for the unpickler, limited to a member of an Enum class it allowed."""
+    import enum
+    if not (isinstance(cls, type) and issubclass(cls, enum.Enum)) or name.startswith("_"):
+        raise pickle.UnpicklingError("ckpt.dcp: the metadata asks for attribute %r of %r" % (name, cls))
+    return cls[name]
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """Loads DCP metadata: torch.distributed dataclasses, torch dtypes/layouts/memory
     formats/Size, and plain containers; anything else is refused."""
@@ -225,8 +278,12 @@ class _MetadataUnpickler(pickle.Unpickler):
             obj = getattr(torch, name, None)
             if name == "Size" or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
                 return obj
+        if module == "torch.serialization" and name == "_get_layout":  # how torch.layout pickles
+            return super().find_class(module, name)
         if module == "builtins" and name in self._BUILTINS:
             return super().find_class(module, name)
+        if module == "builtins" and name == "getattr":  # how enum members pickle (Python >= 3.11)
+            return _enum_member
         if module == "copyreg" and name == "_reconstructor":
             return super().find_class(module, name)
         raise pickle.UnpicklingError("ckpt.dcp: the metadata refers to %s.%s, which is not allowed" % (module, name))

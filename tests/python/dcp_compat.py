@@ -3,6 +3,8 @@ torch.distributed._shard.checkpoint.save_state_dict/load_state_dict and torch 2.
 torch.distributed.checkpoint.save/load (no process group: one process)."""
 import torch.distributed as dist
 
+import ckpt.dcp  # noqa: F401  (first: on torch 1.13 + Python 3.11 it makes DCP importable)
+
 try:  # torch >= 2.2
     import torch.distributed.checkpoint as _dcp
     from torch.distributed.checkpoint import DefaultSavePlanner

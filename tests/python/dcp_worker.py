@@ -1,5 +1,5 @@
-"""One rank of the DCP tests (tests/python/test_dcp.py), started by torch.distributed.run
-with gloo on the CPU (torch 1.13's torch.distributed._shard.checkpoint; 2.x's
+"""One rank of the DCP tests (tests/python/test_dcp.py), started with torchrun's environment
+(RANK, WORLD_SIZE, MASTER_ADDR/PORT), gloo on the CPU (torch 1.13's torch.distributed._shard.checkpoint; 2.x's
 torch.distributed.checkpoint works the same through ckpt.dcp).
 
   dcp_worker.py save NAME SOCKET    every rank holds rows of a ShardedTensor "layer.w"

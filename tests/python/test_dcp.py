@@ -1,8 +1,9 @@
 """ckpt.dcp against the real daemon with Debian's torch 1.13 (torch.distributed._shard.
-checkpoint): one process without a process group, and 2 gloo processes under
-torch.distributed.run saving a ShardedTensor + replicated tensors + a non-tensor as one
+checkpoint): one process without a process group, and 2 gloo processes (with
+torchrun's environment) saving a ShardedTensor + replicated tensors + a non-tensor as one
 generation, read back by 2, 3 and 1 processes; a rank that fails fails the whole save."""
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -87,11 +88,22 @@ class DcpTest(unittest.TestCase):
             ckpt.dcp.StorageReader("plain", self.client).read_metadata()
 
     def run_ranks(self, world, mode, name):
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-                            "--nproc_per_node", str(world), os.path.join(HERE, "dcp_worker.py"), mode, name,
-                            self.daemon.socket], env=env, capture_output=True, text=True, timeout=240)
-        return r
+        """Starts `world` ranks of dcp_worker.py with the environment torchrun gives them
+        (torch.distributed.run itself does not start under Debian's torch 1.13 on Python
+        3.11: its elastic agent fails in to_map), gloo over 127.0.0.1."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in range(world):
+            env = dict(os.environ, OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dcp_worker.py"), mode, name,
+                                           self.daemon.socket], env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        outs = [p.communicate(timeout=240) for p in procs]
+        return subprocess.CompletedProcess([], max(p.returncode for p in procs), "".join(o for o, _ in outs),
+                                           "".join(e for _, e in outs))
 
     def test_two_gloo_ranks_save_one_generation_any_world_reads_it(self):
         r = self.run_ranks(2, "save", "dcp-multi")
