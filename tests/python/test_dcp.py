@@ -87,6 +87,33 @@ class DcpTest(unittest.TestCase):
         with self.assertRaises(ckpt.NotFound):
             ckpt.dcp.StorageReader("plain", self.client).read_metadata()
 
+    def test_the_metadata_unpickler_refuses_anything_but_metadata(self):
+        import io
+        import pickle
+
+        class Evil:
+            def __init__(self, *call):
+                self.call = call
+
+            def __reduce__(self):
+                return self.call
+
+        marker = os.path.join(self.tmp.name, "pwned")
+        for evil in (Evil(os.system, ("touch " + marker,)),
+                     Evil(getattr, (torch.Size, "__class__")),        # getattr only for enum members
+                     Evil(subprocess.call, (["touch", marker],))):
+            with self.assertRaises(pickle.UnpicklingError):
+                ckpt.dcp._MetadataUnpickler(io.BytesIO(pickle.dumps(evil))).load()
+        self.assertFalse(os.path.exists(marker))
+        # What DCP itself writes goes through.
+        try:
+            from torch.distributed.checkpoint.default_planner import _create_default_local_metadata
+        except ImportError:
+            from torch.distributed._shard.checkpoint.default_planner import _create_default_local_metadata
+        md = _create_default_local_metadata({"w": torch.zeros(2, 3, dtype=torch.bfloat16), "step": 1})
+        back = ckpt.dcp._MetadataUnpickler(io.BytesIO(pickle.dumps(md))).load()
+        self.assertEqual(back.state_dict_metadata, md.state_dict_metadata)
+
     def run_ranks(self, world, mode, name):
         """Starts `world` ranks of dcp_worker.py with the environment torchrun gives them
         (torch.distributed.run itself does not start under Debian's torch 1.13 on Python
