@@ -191,6 +191,8 @@ class Client {
   // Unavailable if no daemon listens at `socket_path`; PermissionDenied if the daemon
   // refused this user at connect (no role); ResourceExhausted if it has no slot free.
   static Result<std::unique_ptr<Client>> Connect(const std::string& socket_path = DefaultSocketPath());
+  // The socket this client connects to (e.g. for a Writer, include/ckpt/writer.h).
+  const std::string& socket_path() const { return socket_path_; }
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

@@ -450,3 +450,30 @@ def _partition_coords(rank: int, world: int, group_size: Optional[int]) -> Tuple
 from . import plans  # noqa: E402  (the plan engine, C++; imported last: it needs _ckpt only)
 from .modules import FillReport, Launch, fill_module, launcher_env  # noqa: E402  (needs the names above)
 __all__ += ["fill_module", "FillReport", "launcher_env", "Launch"]
+
+from . import writer as _writer  # noqa: E402  (the write path; needs the names above)
+Writer = _writer.Writer
+
+
+def _client_publish(self, name: str, state_dict, *, replace: bool = False, side_files=None,
+                    timeout: float = 600.0) -> dict:
+    """Publishes `state_dict` ({name: tensor}, CPU or CUDA, contiguous or not) as checkpoint
+    `name` from this one process and returns its summary (as load() does). Needs the writer
+    role (the daemon's writer group, or admin). Nothing is visible until it returns; then no
+    process, this one included, can change a byte of it. `replace` publishes a new
+    generation of an existing name; `side_files` ({file name: bytes}) are stored with it.
+    Raises AlreadyExists (name in use), ResourceExhausted (budget), PermissionDenied, ..."""
+    return _writer.publish(self, name, state_dict, replace=replace, side_files=side_files, timeout=timeout)
+
+
+def _client_writer(self, name: str, *, part=None, parts=None, job=None, replace: bool = False,
+                   timeout: float = 600.0) -> "Writer":
+    """A Writer for this rank's part of generation `name` (see ckpt.writer). part/parts
+    default to the launcher's local rank/world (ckptd is per node); job, shared by every
+    part, defaults to one derived from the name and the launcher's rendezvous variables."""
+    return Writer(self._c.socket_path, name, part=part, parts=parts, job=job, replace=replace, timeout=timeout)
+
+
+Client.publish = _client_publish
+Client.writer = _client_writer
+__all__ += ["Writer"]

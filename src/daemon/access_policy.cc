@@ -29,10 +29,12 @@ Result<std::optional<gid_t>> ResolveGroup(const std::string& name) {
 }
 
 Result<std::unique_ptr<AccessPolicy>> AccessPolicy::Create(const std::string& admin_group,
-                                                           const std::string& reader_group) {
+                                                           const std::string& reader_group,
+                                                           const std::string& writer_group) {
   std::unique_ptr<AccessPolicy> policy(new AccessPolicy());
   CKPT_ASSIGN_OR_RETURN(policy->admin_gid_, ResolveGroup(admin_group));
   CKPT_ASSIGN_OR_RETURN(policy->reader_gid_, ResolveGroup(reader_group));
+  CKPT_ASSIGN_OR_RETURN(policy->writer_gid_, ResolveGroup(writer_group));
   return policy;
 }
 
@@ -57,6 +59,7 @@ bool AccessPolicy::InGroup(const PeerCredentials& peer, gid_t group) const {
 Role AccessPolicy::RoleOf(const PeerCredentials& peer) const {
   if (peer.uid == 0 || peer.uid == ::geteuid()) return Role::kAdmin;
   if (admin_gid_ && InGroup(peer, *admin_gid_)) return Role::kAdmin;
+  if (writer_gid_ && InGroup(peer, *writer_gid_)) return Role::kWriter;
   if (!reader_gid_ || InGroup(peer, *reader_gid_)) return Role::kReader;
   return Role::kNone;
 }
@@ -65,6 +68,8 @@ const char* RoleName(Role role) {
   switch (role) {
     case Role::kAdmin:
       return "admin";
+    case Role::kWriter:
+      return "writer";
     case Role::kReader:
       return "reader";
     default:

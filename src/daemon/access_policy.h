@@ -2,6 +2,8 @@
 //
 //   admin  (load, evict, and everything a reader may do): root, the daemon's own user,
 //          and members of the admin group;
+//   writer (write: publish generations from processes, and everything a reader may do):
+//          admins and members of the writer group (none when it is not configured);
 //   reader (attach, list, info, status, metrics): admins and members of the reader
 //          group; when no reader group is configured, every user who can connect to the
 //          socket (its permission bits are then the only gate).
@@ -27,7 +29,8 @@ struct PeerCredentials {
   uint32_t gid = 0;
 };
 
-enum class Role { kNone = 0, kReader = 1, kAdmin = 2 };
+// Ordered: each role may do what the ones below it may.
+enum class Role { kNone = 0, kReader = 1, kWriter = 2, kAdmin = 3 };
 
 // The peer of connected socket `fd` (SO_PEERCRED). IoError if the kernel refuses.
 Result<PeerCredentials> PeerOf(int fd);
@@ -40,19 +43,22 @@ class AccessPolicy {
  public:
   // Resolves group names (empty: not configured). NotFound for a group that does not exist.
   static Result<std::unique_ptr<AccessPolicy>> Create(const std::string& admin_group,
-                                                      const std::string& reader_group);
+                                                      const std::string& reader_group,
+                                                      const std::string& writer_group = "");
   // The role of `peer`. Thread-safe (reads the group database).
   Role RoleOf(const PeerCredentials& peer) const;
   std::optional<gid_t> reader_gid() const { return reader_gid_; }
   std::optional<gid_t> admin_gid() const { return admin_gid_; }
+  std::optional<gid_t> writer_gid() const { return writer_gid_; }
 
  private:
   AccessPolicy() = default;
   bool InGroup(const PeerCredentials& peer, gid_t group) const;
   std::optional<gid_t> admin_gid_, reader_gid_;
+  std::optional<gid_t> writer_gid_;
 };
 
-// "admin", "reader" or "none".
+// "admin", "writer", "reader" or "none".
 const char* RoleName(Role role);
 
 }  // namespace ckpt::daemon

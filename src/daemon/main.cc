@@ -89,6 +89,8 @@ int main(int argc, char** argv) {
                  "(and 64 MiB beyond it) unless the request allows it (ckptctl load --allow-expansion); 0: no limit")
       ->capture_default_str();
   app.add_option("--admin-group", options.admin_group, "group allowed to load and evict (besides root)");
+  app.add_option("--writer-group", options.writer_group,
+                 "group allowed to publish checkpoints from processes (write; besides root and the admin group)");
   app.add_option("--reader-group", options.reader_group,
                  "group allowed to attach, list, info, status (default: anyone who can connect)");
   app.add_option("--metrics-file", options.metrics_file,

@@ -4,6 +4,7 @@
 //   ops_verify.cc      verify
 //   ops_rendezvous.cc  rendezvous
 //   metrics.cc         metrics (a table of series)
+//   ops_write.cc       write (one part of a generation written by processes; write_sessions.h)
 // Each takes the decoded request (protocol/messages.h) and returns the typed response;
 // roles were checked by the caller (RequestHandler, see daemon/policy.h).
 #pragma once
@@ -28,6 +29,7 @@
 namespace ckpt::daemon {
 
 class ConnectionLimits;
+class WriteSessions;
 
 // What every op may use: the daemon's state. Pointers owned by the Server.
 struct DaemonContext {
@@ -41,6 +43,7 @@ struct DaemonContext {
   DaemonCounters* counters;
   RendezvousTable* rendezvous;
   const shm::SegmentDirectory* segments;  // where loads create their segments
+  WriteSessions* writes;                  // generations being written by processes
 };
 
 // The connection an op runs for.
@@ -80,5 +83,14 @@ Result<VerifyResult> Verify(const DaemonContext& ctx, const protocol::NameReques
 // to timeout_s for it, in the caller uid's own namespace (see RendezvousTable).
 Result<protocol::RendezvousResponse> Rendezvous(const DaemonContext& ctx, const Caller& caller,
                                                 const protocol::RendezvousRequest& request);
+
+// Runs one part of a write (see protocol::WriteRequest and docs/write-path.md) on the
+// caller's connection, from its declaration to the publish: `ring_fd` is the ring passed
+// with the request. Returns what was published, or the error that failed the whole
+// generation (nothing published). Errors after the declaration are answered on the
+// connection by the op itself, which then sets watch->drop_connection (the part may still
+// be streaming frames that must not be read as requests).
+Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const protocol::WriteRequest& request,
+                         UniqueFd ring_fd, LoadWatch* watch);
 
 }  // namespace ckpt::daemon

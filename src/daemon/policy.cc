@@ -63,6 +63,7 @@ std::string DefaultCheckpointName(const std::string& path) {
 }
 
 Role RequiredRole(const std::string& op) {
+  if (op == "write") return Role::kWriter;
   return (op == "load" || op == "evict" || op == "verify") ? Role::kAdmin : Role::kReader;
 }
 
@@ -71,8 +72,11 @@ Status CheckRole(Role role, const PeerCredentials& peer, const std::string& op) 
   if (static_cast<int>(role) >= static_cast<int>(needed)) return Status::Ok();
   return PermissionDenied("'" + op.substr(0, 64) + "' needs the " + RoleName(needed) + " role; uid " +
                           std::to_string(peer.uid) + " is " +
-                          (role == Role::kNone ? "in neither the reader nor the admin group"
-                                               : "only a reader (not root, not in the admin group)"));
+                          (role == Role::kNone     ? "in neither the reader nor the admin group"
+                           : role == Role::kWriter ? "only a writer (not root, not in the admin group)"
+                           : needed == Role::kWriter
+                               ? "only a reader (not root, not in the writer group or the admin group)"
+                               : "only a reader (not root, not in the admin group)"));
 }
 
 Status NoRoleRefusal(const PeerCredentials& peer) {

@@ -24,7 +24,8 @@ inline constexpr size_t kMaxRendezvousHexChars = 8192;
 std::string DefaultCheckpointName(const std::string& path);
 
 // The role `op` needs: admin for load, evict and verify (verify costs the daemon a full
-// read), reader for everything else (unknown ops are refused later as unknown).
+// read), writer for write, reader for everything else (unknown ops are refused later as
+// unknown).
 Role RequiredRole(const std::string& op);
 // OK if `role` may run `op`; else PermissionDenied naming the role needed and the
 // caller's uid.

@@ -33,6 +33,7 @@ json RequestHandler::Handle(const json& request) {
   } catch (const std::exception& e) {
     response = Internal(std::string("request failed: ") + e.what());
   }
+  request_fd_.reset();
   ++ctx_.counters->requests;
   if (!response.ok()) {
     ++ctx_.counters->request_errors;
@@ -87,6 +88,17 @@ Result<json> RequestHandler::Dispatch(const json& request) {
     CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::RendezvousRequest>(request));
     CKPT_ASSIGN_OR_RETURN(auto value, Rendezvous(ctx_, caller_, r));
     return Encode(value);
+  }
+  if (op == protocol::WriteRequest::kOp) {
+    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::WriteRequest>(request));
+    LoadWatch watch;
+    auto written = Write(ctx_, caller_, r, std::move(request_fd_), &watch);
+    drop_connection_ = watch.drop_connection;
+    CKPT_ASSIGN_OR_RETURN(auto result, std::move(written));
+    return Encode(result);
+  }
+  if (op == protocol::WriteChunkRequest::kOp || op == protocol::WriteSealRequest::kOp) {
+    return FailedPrecondition("'" + op + "' outside a write (the write it belonged to has ended)");
   }
   // A cancel that arrived after its load had already answered: nothing to cancel.
   if (op == protocol::CancelRequest::kOp) return Encode(protocol::CancelResponse{false});

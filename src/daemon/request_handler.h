@@ -32,6 +32,9 @@ class RequestHandler {
   // The descriptor to pass with the response Handle() just returned (an attach's
   // read-only segment), or an invalid one.
   UniqueFd TakeResponseFd() { return std::move(response_fd_); }
+  // A descriptor that came with the next request (a write's ring); Handle() consumes it
+  // (closed if that request takes none).
+  void SetRequestFd(UniqueFd fd) { request_fd_ = std::move(fd); }
   // True when the last request found the connection unusable (the client hung up, or
   // sent a request during a load): send nothing more, close it.
   bool drop_connection() const { return drop_connection_; }
@@ -44,6 +47,7 @@ class RequestHandler {
   DaemonContext ctx_;
   Caller caller_;
   UniqueFd response_fd_;
+  UniqueFd request_fd_;
   bool drop_connection_ = false;
   std::vector<std::pair<std::string, uint64_t>> attachments_;  // (name, generation)
 };

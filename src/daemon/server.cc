@@ -66,17 +66,20 @@ Server::Server(ServerOptions options, std::unique_ptr<shm::SegmentDirectory> seg
       generations_(std::move(generations)),
       catalog_(options_.memory_budget_bytes, segments_.get(), generations_.get()),
       rendezvous_(RendezvousOptionsOf(options_)),
+      writes_(std::make_unique<WriteSessions>(WriteSession::Environment{
+          &catalog_, segments_.get(), options_.shm_mode, options_.load_threads})),
       limits_(std::make_unique<ConnectionLimits>(ConnectionLimits::Options{
           options_.max_connections, options_.max_connections_per_uid, options_.admin_reserved_connections})) {}
 
 DaemonContext Server::Context() {
   return DaemonContext{&options_,     &catalog_,    &stopping_, started_unix_s_, limits_.get(),
-                       access_.get(), roots_.get(), &counters_, &rendezvous_,    segments_.get()};
+                       access_.get(), roots_.get(), &counters_, &rendezvous_,    segments_.get(),
+                       writes_.get()};
 }
 
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateOptions(options));
-  CKPT_ASSIGN_OR_RETURN(auto access, AccessPolicy::Create(options.admin_group, options.reader_group));
+  CKPT_ASSIGN_OR_RETURN(auto access, AccessPolicy::Create(options.admin_group, options.reader_group, options.writer_group));
   std::string fixed;
   CKPT_ASSIGN_OR_RETURN(auto segments, shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(options.shm_prefix),
                                                                    {access->reader_gid(), true}, &fixed));
@@ -121,6 +124,7 @@ Server::~Server() {
 void Server::Stop() {
   stopping_.store(true);
   rendezvous_.Shutdown();  // waiting ranks get Unavailable now
+  if (writes_) writes_->FailAll(Unavailable("ckptd is stopping"));
   if (wake_fd_.valid()) {
     uint64_t one = 1;
     (void)!::write(wake_fd_.get(), &one, sizeof(one));
@@ -299,7 +303,8 @@ void Server::Serve(Connection* connection) {
         }
         continue;
       }
-      auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes, nullptr,
+      UniqueFd request_fd;  // a write's ring comes with its request
+      auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes, &request_fd,
                                          protocol::DeadlineIn(options_.frame_timeout_s));
       if (!request.ok()) {
         // A malformed or late frame loses the framing: answer once, then drop the connection.
@@ -315,6 +320,7 @@ void Server::Serve(Connection* connection) {
         }
         break;
       }
+      handler.SetRequestFd(std::move(request_fd));
       nlohmann::json response = handler.Handle(*request);
       if (handler.drop_connection()) break;
       UniqueFd pass = handler.TakeResponseFd();

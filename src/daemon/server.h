@@ -20,6 +20,7 @@
 #include "daemon/generation_store.h"
 #include "daemon/model_roots.h"
 #include "daemon/rendezvous_table.h"
+#include "daemon/write_sessions.h"
 #include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
@@ -45,6 +46,7 @@ struct ServerOptions {
   double max_expansion = 16.0;
   std::string admin_group;               // may load and evict (besides root)
   std::string reader_group;              // may attach, list, ...; empty: anyone connecting
+  std::string writer_group;              // may write (publish) generations, and read; empty: admins only
   std::string metrics_file;              // Prometheus text written here periodically (if set)
   int metrics_interval_s = 15;
   uint32_t metrics_file_mode = 0644;     // readable by a node-exporter textfile collector
@@ -119,6 +121,7 @@ class Server {
   std::unique_ptr<GenerationStore> generations_;
   Catalog catalog_;
   RendezvousTable rendezvous_;  // blobs ranks of a job exchange (NCCL unique ids)
+  std::unique_ptr<WriteSessions> writes_;  // generations being written by processes
   std::unique_ptr<ConnectionLimits> limits_;
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<ModelRoots> roots_;

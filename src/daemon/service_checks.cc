@@ -175,6 +175,7 @@ Status CheckServiceConfig(const ServerOptions& options) {
   for (const std::string& root : options.model_roots) CKPT_RETURN_IF_ERROR(CheckModelRoot(root));
   CKPT_RETURN_IF_ERROR(CheckGroup("admin-group", options.admin_group));
   CKPT_RETURN_IF_ERROR(CheckGroup("reader-group", options.reader_group));
+  CKPT_RETURN_IF_ERROR(CheckGroup("writer-group", options.writer_group));
   CKPT_RETURN_IF_ERROR(CheckGroup("metrics-file-group", options.metrics_file_group));
   CKPT_RETURN_IF_ERROR(CheckSocket(options));
   return CheckMetricsFile(options);

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "protocol/wire.h"
+#include "common/hex.h"
 
 namespace ckpt::protocol {
 
@@ -463,6 +464,177 @@ json Encode(const ClosingEvent& m) {
 Status Decode(const json& j, ClosingEvent* m) {
   Fields f(j, "closing", false);
   f.Optional("reason", &m->reason);
+  return f.status();
+}
+
+// ---- the write path ----
+
+namespace {
+constexpr size_t kMaxWritePieces = 1u << 20;
+constexpr size_t kMaxChunkItems = 1u << 16;
+
+json EncodePiece(const WritePiece& p) {
+  json j{{"key", p.key}, {"dtype", DTypeName(p.dtype)}, {"global_shape", p.global_shape}};
+  if (p.flat) {
+    j["flat"] = true;
+    j["start"] = p.start;
+    j["numel"] = p.numel;
+  } else {
+    j["offsets"] = p.offsets;
+    j["shape"] = p.shape;
+  }
+  return j;
+}
+
+Status DecodePiece(const json& j, size_t index, WritePiece* p) {
+  const std::string what = "pieces[" + std::to_string(index) + "]";
+  if (!j.is_object()) return InvalidArgument("'" + what + "' must be an object");
+  Fields f(j, "write", true);
+  std::string dtype;
+  f.Required("key", &p->key);
+  f.Required("dtype", &dtype);
+  f.Required("global_shape", &p->global_shape);
+  f.Optional("flat", &p->flat);
+  if (p->flat) {
+    f.Required("start", &p->start);
+    f.Required("numel", &p->numel);
+  } else {
+    f.Optional("offsets", &p->offsets);
+    f.Optional("shape", &p->shape);
+  }
+  if (!f.status().ok()) return InvalidArgument(what + ": " + f.status().message());
+  auto parsed = DTypeFromName(dtype);
+  if (!parsed) return InvalidArgument(what + " ('" + p->key + "'): unknown dtype '" + dtype.substr(0, 32) + "'");
+  p->dtype = *parsed;
+  if (p->key.empty() || p->key.size() > 1024) return InvalidArgument(what + ": a key must be 1 to 1024 bytes");
+  if (p->global_shape.size() > 8) return InvalidArgument(what + " ('" + p->key + "'): more than 8 dims");
+  for (int64_t d : p->global_shape) {
+    if (d < 0) return InvalidArgument(what + " ('" + p->key + "'): a negative dimension");
+  }
+  if (!p->flat) {
+    // A box defaults to the whole tensor.
+    if (p->offsets.empty()) p->offsets.assign(p->global_shape.size(), 0);
+    if (p->shape.empty() && !j.contains("shape")) p->shape = p->global_shape;
+    if (p->offsets.size() != p->global_shape.size() || p->shape.size() != p->global_shape.size()) {
+      return InvalidArgument(what + " ('" + p->key + "'): offsets and shape must have one entry per dim of " +
+                             "global_shape");
+    }
+    for (size_t d = 0; d < p->shape.size(); ++d) {
+      if (p->offsets[d] < 0 || p->shape[d] < 0 || p->offsets[d] > p->global_shape[d] ||
+          p->shape[d] > p->global_shape[d] - p->offsets[d]) {
+        return InvalidArgument(what + " ('" + p->key + "'): the box leaves the global shape in dim " +
+                               std::to_string(d));
+      }
+    }
+  }
+  return Status::Ok();
+}
+}  // namespace
+
+json Encode(const WriteRequest& m) {
+  json pieces = json::array();
+  for (const WritePiece& p : m.pieces) pieces.push_back(EncodePiece(p));
+  json sides = json::array();
+  for (const auto& [name, bytes] : m.side_files) {
+    sides.push_back(json{{"name", name}, {"data", HexEncode(bytes)}});
+  }
+  json j{{"name", m.name},      {"part", m.part},           {"parts", m.parts},
+         {"timeout_s", m.timeout_s}, {"ring_bytes", m.ring_bytes}, {"pieces", std::move(pieces)}};
+  if (!m.job.empty()) j["job"] = m.job;
+  if (m.replace) j["replace"] = true;
+  if (!m.side_files.empty()) j["side_files"] = std::move(sides);
+  return j;
+}
+
+Status Decode(const json& j, WriteRequest* m) {
+  Fields f(j, "write", true);
+  f.Required("name", &m->name);
+  f.Optional("job", &m->job);
+  f.Optional("part", &m->part);
+  f.Optional("parts", &m->parts);
+  f.Optional("replace", &m->replace);
+  f.Optional("timeout_s", &m->timeout_s);
+  f.Optional("ring_bytes", &m->ring_bytes);
+  if (!f.status().ok()) return f.status();
+  if (m->parts < 1 || m->parts > kMaxWriteParts) {
+    return InvalidArgument("'parts' must be 1 to " + std::to_string(kMaxWriteParts) + ", not " +
+                           std::to_string(m->parts));
+  }
+  if (m->part < 0 || m->part >= m->parts) {
+    return InvalidArgument("'part' must be in [0, parts): part " + std::to_string(m->part) + ", parts " +
+                           std::to_string(m->parts));
+  }
+  if (!(m->timeout_s >= 0 && m->timeout_s <= 86400)) {
+    return InvalidArgument("'timeout_s' must be a number of seconds from 0 to 86400");
+  }
+  auto pieces = j.find("pieces");
+  if (pieces == j.end() || !pieces->is_array()) return InvalidArgument("'pieces' must be an array");
+  if (pieces->size() > kMaxWritePieces) return InvalidArgument("too many pieces in one part");
+  m->pieces.resize(pieces->size());
+  for (size_t i = 0; i < pieces->size(); ++i) CKPT_RETURN_IF_ERROR(DecodePiece((*pieces)[i], i, &m->pieces[i]));
+  if (auto sides = j.find("side_files"); sides != j.end()) {
+    if (!sides->is_array()) return InvalidArgument("'side_files' must be an array");
+    for (const json& s : *sides) {
+      Fields sf(s, "write", true);
+      std::string name, hex;
+      sf.Required("name", &name);
+      sf.Required("data", &hex);
+      if (!sf.status().ok()) return InvalidArgument("side_files: " + sf.status().message());
+      auto bytes = HexDecode(hex);
+      if (!bytes.ok()) return InvalidArgument("side file '" + name.substr(0, 255) + "': " + bytes.status().message());
+      m->side_files.emplace_back(std::move(name), std::move(bytes).value());
+    }
+  }
+  return Status::Ok();
+}
+
+json Encode(const WriteChunkRequest& m) {
+  json items = json::array();
+  for (const WriteChunkItem& i : m.items) items.push_back(json::array({i.piece, i.offset, i.ring_offset, i.bytes}));
+  return json{{"slot", m.slot}, {"items", std::move(items)}};
+}
+
+Status Decode(const json& j, WriteChunkRequest* m) {
+  Fields f(j, "write_chunk", true);
+  f.Required("slot", &m->slot);
+  if (!f.status().ok()) return f.status();
+  auto items = j.find("items");
+  if (items == j.end() || !items->is_array() || items->size() > kMaxChunkItems) {
+    return InvalidArgument("'items' must be an array of at most " + std::to_string(kMaxChunkItems) + " items");
+  }
+  m->items.clear();
+  m->items.reserve(items->size());
+  for (const json& item : *items) {
+    if (!item.is_array() || item.size() != 4) {
+      return InvalidArgument("each of 'items' must be [piece, offset, ring_offset, bytes]");
+    }
+    uint64_t v[4];
+    for (size_t k = 0; k < 4; ++k) {
+      if (!item[k].is_number_unsigned()) {
+        return InvalidArgument("each of 'items' must be 4 non-negative integers [piece, offset, ring_offset, bytes]");
+      }
+      v[k] = item[k].get<uint64_t>();
+    }
+    m->items.push_back(WriteChunkItem{v[0], v[1], v[2], v[3]});
+  }
+  return Status::Ok();
+}
+
+json Encode(const WriteReadyEvent& m) {
+  return json{{"v", kProtocolVersion}, {"event", kWriteReadyEvent}, {"generation", m.generation}};
+}
+
+Status Decode(const json& j, WriteReadyEvent* m) {
+  Fields f(j, "write_ready", false);
+  f.Required("generation", &m->generation);
+  return f.status();
+}
+
+json Encode(const WriteAckEvent& m) { return json{{"v", kProtocolVersion}, {"event", kWriteAckEvent}, {"slot", m.slot}}; }
+
+Status Decode(const json& j, WriteAckEvent* m) {
+  Fields f(j, "write_ack", false);
+  f.Required("slot", &m->slot);
   return f.status();
 }
 

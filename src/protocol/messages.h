@@ -153,4 +153,79 @@ Result<T> DecodeAs(const nlohmann::json& j) {
   return m;
 }
 
+// ---- the write path (issue 15; docs/write-path.md) ----
+// A part (rank) of a write connects, sends one WriteRequest with its staging ring (a
+// sealed memfd, SCM_RIGHTS), and keeps that connection for the whole write: the daemon
+// answers with a WriteReadyEvent once every part declared and the segment exists, then
+// the part sends WriteChunkRequests (each answered by a WriteAckEvent once its ring bytes
+// were copied) and finally one WriteSealRequest (or a CancelRequest: abort). The request's
+// one response (a LoadResult, or the error that failed the whole generation) comes after
+// the seal, when every part sealed and the generation is published.
+
+// One piece of a global tensor that a part writes: a box (offsets, shape) or, with `flat`,
+// the elements [start, start + numel) of the flattened tensor (a ZeRO partition).
+struct WritePiece {
+  std::string key;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> global_shape;
+  bool flat = false;
+  std::vector<int64_t> offsets;  // box: the piece's first index in each dim
+  std::vector<int64_t> shape;    // box: its extent in each dim
+  uint64_t start = 0;            // flat
+  uint64_t numel = 0;            // flat
+};
+
+struct WriteRequest {
+  static constexpr const char* kOp = "write";
+  std::string name;
+  std::string job;         // shared by every part; empty only when parts == 1
+  int64_t part = 0;
+  int64_t parts = 1;       // 1 to kMaxWriteParts
+  bool replace = false;
+  double timeout_s = 600;  // the whole write, from its first part's request (0 to 86400)
+  uint64_t ring_bytes = 0; // size of the ring passed with the request (0: no ring, no bytes)
+  std::vector<WritePiece> pieces;
+  std::vector<std::pair<std::string, std::string>> side_files;  // (name, bytes); hex on the wire
+};
+inline constexpr int64_t kMaxWriteParts = 65536;
+
+// Ring bytes [ring_offset, ring_offset + bytes) are the next `bytes` bytes of piece
+// `piece` (an index into the part's pieces), starting at byte `offset` of the piece's
+// row-major bytes (a box) or of its flat range.
+struct WriteChunkItem {
+  uint64_t piece = 0;
+  uint64_t offset = 0;
+  uint64_t ring_offset = 0;
+  uint64_t bytes = 0;
+};
+struct WriteChunkRequest {
+  static constexpr const char* kOp = "write_chunk";
+  uint64_t slot = 0;  // echoed by the ack: the ring region the client may reuse then
+  std::vector<WriteChunkItem> items;
+};
+struct WriteSealRequest {
+  static constexpr const char* kOp = "write_seal";
+};
+
+struct WriteReadyEvent {
+  uint64_t generation = 0;
+};
+struct WriteAckEvent {
+  uint64_t slot = 0;
+};
+inline constexpr const char* kWriteReadyEvent = "write_ready";
+inline constexpr const char* kWriteAckEvent = "write_ack";
+
+nlohmann::json Encode(const WriteRequest& m);
+nlohmann::json Encode(const WriteChunkRequest& m);
+nlohmann::json Encode(const WriteReadyEvent& m);
+nlohmann::json Encode(const WriteAckEvent& m);
+// Requests: InvalidArgument naming the bad field (pieces' dtypes and dims are checked here;
+// their coverage is the daemon's, see daemon/write_sessions.h).
+Status Decode(const nlohmann::json& j, WriteRequest* m);
+Status Decode(const nlohmann::json& j, WriteChunkRequest* m);
+// Events: Corrupt on a bad field.
+Status Decode(const nlohmann::json& j, WriteReadyEvent* m);
+Status Decode(const nlohmann::json& j, WriteAckEvent* m);
+
 }  // namespace ckpt::protocol

@@ -16,6 +16,7 @@
 #include "ckpt/persist.h"
 #include "client/persist_json.h"
 #include "ckpt/tp_plan.h"
+#include "ckpt/writer.h"
 #include "protocol/messages.h"
 
 namespace py = pybind11;
@@ -223,6 +224,52 @@ std::vector<ckpt::TensorInfo> SourceInfos(const ckpt::Checkpoint& c, const ckpt:
   return infos;
 }
 
+// One part of a write driven from Python (ckpt/writer.py): pieces are filled by Python
+// callables fill(offset, ring_offset, size) that copy into the ring (a buffer Python
+// wraps once, from on_ring(address, nbytes)); the first exception a callable raises fails
+// the write and is re-raised by commit().
+struct PyWriter {
+  std::unique_ptr<ckpt::Writer> writer;
+  std::shared_ptr<std::byte*> ring_base = std::make_shared<std::byte*>(nullptr);
+  std::shared_ptr<py::object> error = std::make_shared<py::object>();  // a pending exception (its value)
+  std::shared_ptr<bool> failed = std::make_shared<bool>(false);
+  std::vector<py::object> keep;  // the callables
+
+  ckpt::PieceSource Source(py::function fill) {
+    keep.push_back(fill);
+    auto base = ring_base;
+    auto err = error;
+    auto flag = failed;
+    PyObject* f = fill.ptr();
+    return [base, err, flag, f](uint64_t offset, void* dst, uint64_t size) -> ckpt::Status {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {
+        *flag = true;
+        *err = py::reinterpret_steal<py::object>(PyErr_GetRaisedExceptionCompat());
+        return ckpt::Cancelled("interrupted");
+      }
+      try {
+        py::handle{f}(offset, static_cast<uint64_t>(static_cast<std::byte*>(dst) - *base), size);
+      } catch (py::error_already_set& e) {
+        *flag = true;
+        *err = e.value();
+        return ckpt::Cancelled(std::string("a tensor could not be staged: ") + e.what());
+      }
+      return ckpt::Status::Ok();
+    };
+  }
+
+  static PyObject* PyErr_GetRaisedExceptionCompat() {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+  }
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_ckpt, m) {
@@ -404,6 +451,7 @@ PYBIND11_MODULE(_ckpt, m) {
              return out;
            })
       .def("status", [](ckpt::Client& c) { return MessageDict(Unwrap(c.GetStatus())); })
+      .def_property_readonly("socket_path", &ckpt::Client::socket_path)
       .def("attach", [](ckpt::Client& c, const std::string& name) {
         return CheckpointPtr(Unwrap(c.Attach(name)));
       })
@@ -639,4 +687,80 @@ PYBIND11_MODULE(_ckpt, m) {
       py::arg("client"), py::arg("name"), py::arg("dir"), py::arg("max_shard_bytes"), py::arg("replace"),
       py::arg("generation"), py::arg("progress"));
   m.def("parse_byte_size", [](const std::string& text) { return Unwrap(ckpt::ParseByteSize(text)); });
+  // The write path (include/ckpt/writer.h; the Python API is ckpt/writer.py).
+  py::class_<PyWriter>(m, "Writer")
+      .def_static(
+          "create",
+          [](const std::string& socket, const std::string& name, const std::string& job, int64_t part, int64_t parts,
+             bool replace, double timeout, uint64_t slots, uint64_t slot_bytes, py::object on_ring,
+             py::object off_ring) {
+            auto w = std::make_unique<PyWriter>();
+            ckpt::WriterOptions o;
+            o.job = job;
+            o.part = part;
+            o.parts = parts;
+            o.replace = replace;
+            o.timeout_s = timeout;
+            o.ring_slots = slots;
+            o.slot_bytes = slot_bytes;
+            auto base = w->ring_base;
+            w->keep.push_back(on_ring);
+            w->keep.push_back(off_ring);
+            PyObject* on = on_ring.ptr();
+            PyObject* off = off_ring.ptr();
+            o.on_ring_mapped = [base, on](void* data, uint64_t bytes) {
+              *base = static_cast<std::byte*>(data);
+              py::gil_scoped_acquire gil;
+              py::handle{on}(reinterpret_cast<uintptr_t>(data), bytes);
+            };
+            o.on_ring_unmapping = [off](void* data, uint64_t bytes) {
+              py::gil_scoped_acquire gil;
+              try {
+                py::handle{off}(reinterpret_cast<uintptr_t>(data), bytes);
+              } catch (py::error_already_set& e) {
+                e.discard_as_unraisable("ckpt: releasing the write ring");
+              }
+            };
+            w->writer = Unwrap(ckpt::Writer::Create(socket.empty() ? ckpt::Client::DefaultSocketPath() : socket,
+                                                    name, o));
+            return w;
+          },
+          py::arg("socket"), py::arg("name"), py::arg("job"), py::arg("part"), py::arg("parts"), py::arg("replace"),
+          py::arg("timeout"), py::arg("slots"), py::arg("slot_bytes"), py::arg("on_ring"), py::arg("off_ring"))
+      .def(
+          "add_box",
+          [](PyWriter& w, const std::string& key, const std::string& dtype, const std::vector<int64_t>& global_shape,
+             const std::vector<int64_t>& offsets, const std::vector<int64_t>& shape, py::function fill) {
+            auto dt = ckpt::DTypeFromName(dtype);
+            if (!dt) Raise(ckpt::InvalidArgument("unknown dtype '" + dtype + "' for tensor '" + key + "'"));
+            Check(w.writer->AddBox(key, *dt, global_shape, offsets, shape, w.Source(std::move(fill))));
+          })
+      .def(
+          "add_flat",
+          [](PyWriter& w, const std::string& key, const std::string& dtype, const std::vector<int64_t>& global_shape,
+             uint64_t start, uint64_t numel, py::function fill) {
+            auto dt = ckpt::DTypeFromName(dtype);
+            if (!dt) Raise(ckpt::InvalidArgument("unknown dtype '" + dtype + "' for tensor '" + key + "'"));
+            Check(w.writer->AddFlat(key, *dt, global_shape, start, numel, w.Source(std::move(fill))));
+          })
+      .def("side_file",
+           [](PyWriter& w, const std::string& name, const py::bytes& data) {
+             Check(w.writer->AddSideFile(name, std::string(data)));
+           })
+      .def("commit",
+           [](PyWriter& w) {
+             ckpt::Result<ckpt::LoadResult> r = ckpt::Internal("unreached");
+             {
+               py::gil_scoped_release release;
+               r = w.writer->Commit();
+             }
+             if (*w.failed && w.error->ptr() != nullptr) {
+               PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(w.error->ptr())), w.error->ptr());
+               throw py::error_already_set();
+             }
+             return MessageDict(Unwrap(std::move(r)).checkpoint);
+           })
+      .def("abort", [](PyWriter& w) { w.writer->Abort(); })
+      .def_property_readonly("nbytes", [](const PyWriter& w) { return w.writer->declared_bytes(); })
+      .def_property_readonly("pieces", [](const PyWriter& w) { return w.writer->piece_count(); });
 }

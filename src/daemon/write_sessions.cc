@@ -1,0 +1,517 @@
+#include "daemon/write_sessions.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "common/checked_math.h"
+#include "daemon/ops.h"
+#include "loader/worker_group.h"
+#include "shm/segment_name.h"
+#include "shm/segment_reader.h"
+
+namespace ckpt::daemon {
+
+namespace {
+
+using protocol::WritePiece;
+
+// Box pieces of one tensor are checked pairwise; more than this many pair tests in one
+// layout are refused rather than spent.
+constexpr uint64_t kMaxBoxPairTests = 50'000'000;
+
+struct KeyPieces {
+  size_t tensor;
+  std::vector<std::pair<int64_t, size_t>> pieces;  // (part, piece index)
+};
+
+std::string PieceName(int64_t part, size_t piece) {
+  return "part " + std::to_string(part) + " piece " + std::to_string(piece);
+}
+
+bool BoxesOverlap(const WritePiece& a, const WritePiece& b) {
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    const int64_t a0 = a.offsets[d], a1 = a0 + a.shape[d], b0 = b.offsets[d], b1 = b0 + b.shape[d];
+    if (a1 <= b0 || b1 <= a0) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& parts) {
+  WriteLayout layout;
+  layout.targets.resize(parts.size());
+  std::unordered_map<std::string, KeyPieces> keys;
+  std::vector<const std::string*> order;
+  for (size_t part = 0; part < parts.size(); ++part) {
+    for (size_t i = 0; i < parts[part].size(); ++i) {
+      const WritePiece& p = parts[part][i];
+      if (DTypeSize(p.dtype) == 0) {
+        return Unsupported("tensor '" + p.key + "': " + DTypeName(p.dtype) + " (a sub-byte dtype) cannot be written");
+      }
+      auto [it, inserted] = keys.try_emplace(p.key, KeyPieces{layout.tensors.size(), {}});
+      if (inserted) {
+        TensorInfo t;
+        t.name = p.key;
+        t.dtype = p.dtype;
+        t.shape = p.global_shape;
+        uint64_t numel = 1;
+        for (int64_t d : p.global_shape) {
+          auto m = CheckedMul(numel, static_cast<uint64_t>(d));
+          if (!m) return InvalidArgument("tensor '" + p.key + "': its global shape overflows 64 bits");
+          numel = *m;
+        }
+        auto bytes = TensorBytes(p.dtype, numel);
+        if (!bytes) return InvalidArgument("tensor '" + p.key + "': its size overflows 64 bits");
+        t.nbytes = *bytes;
+        layout.tensors.push_back(std::move(t));
+        order.push_back(&it->first);
+      }
+      const TensorInfo& t = layout.tensors[it->second.tensor];
+      if (p.dtype != t.dtype || p.global_shape != t.shape) {
+        return InvalidArgument("tensor '" + p.key + "': " + PieceName(static_cast<int64_t>(part), i) +
+                               " declares it as " + DTypeName(p.dtype) + " of another dtype or global shape than " +
+                               PieceName(it->second.pieces.front().first, it->second.pieces.front().second) +
+                               " (" + DTypeName(t.dtype) + "); every piece of a tensor must agree");
+      }
+      it->second.pieces.emplace_back(static_cast<int64_t>(part), i);
+    }
+  }
+
+  // Coverage, per tensor, and the targets.
+  uint64_t pair_tests = 0;
+  CheckedSum data_bytes;
+  for (const std::string* key : order) {
+    const KeyPieces& kp = keys.at(*key);
+    const TensorInfo& t = layout.tensors[kp.tensor];
+    data_bytes.Add(t.nbytes);
+    const uint64_t elem = DTypeSize(t.dtype);
+    const uint64_t numel = elem == 0 ? 0 : t.nbytes / elem;
+    const auto& first = parts[kp.pieces.front().first][kp.pieces.front().second];
+    bool flat = first.flat;
+    for (const auto& [part, i] : kp.pieces) {
+      if (parts[part][i].flat != flat) {
+        return InvalidArgument("tensor '" + *key + "': some pieces are boxes and some flat ranges (" +
+                               PieceName(part, i) + "); a tensor is written one way");
+      }
+    }
+    // Row-major strides of the global tensor, in elements.
+    const size_t ndim = t.shape.size();
+    std::vector<uint64_t> stride(ndim, 1);
+    for (size_t d = ndim; d-- > 1;) stride[d - 1] = stride[d] * static_cast<uint64_t>(t.shape[d]);
+    if (flat) {
+      std::vector<std::pair<uint64_t, std::pair<int64_t, size_t>>> ranges;
+      for (const auto& [part, i] : kp.pieces) {
+        const WritePiece& p = parts[part][i];
+        auto end = CheckedAdd(p.start, p.numel);
+        if (!end || *end > numel) {
+          return InvalidArgument("tensor '" + *key + "': " + PieceName(part, i) + " (elements " +
+                                 std::to_string(p.start) + " + " + std::to_string(p.numel) +
+                                 ") leaves the tensor of " + std::to_string(numel) + " elements");
+        }
+        ranges.push_back({p.start, {part, i}});
+      }
+      std::sort(ranges.begin(), ranges.end());
+      uint64_t covered = 0;
+      for (const auto& [start, who] : ranges) {
+        const WritePiece& p = parts[who.first][who.second];
+        if (p.numel == 0) continue;
+        if (start < covered) {
+          return InvalidArgument("tensor '" + *key + "': " + PieceName(who.first, who.second) +
+                                 " overlaps another piece at element " + std::to_string(start));
+        }
+        if (start > covered) {
+          return InvalidArgument("tensor '" + *key + "': no part writes elements " + std::to_string(covered) +
+                                 " to " + std::to_string(start));
+        }
+        covered = start + p.numel;
+      }
+      if (covered != numel) {
+        return InvalidArgument("tensor '" + *key + "': no part writes elements " + std::to_string(covered) + " to " +
+                               std::to_string(numel));
+      }
+      for (const auto& [part, i] : kp.pieces) {
+        const WritePiece& p = parts[part][i];
+        PieceTarget target;
+        target.tensor = kp.tensor;
+        target.bytes = p.numel * elem;
+        target.base = p.start * elem;
+        target.run_bytes = target.bytes;
+        layout.targets[part].resize(parts[part].size());
+        layout.targets[part][i] = std::move(target);
+      }
+      continue;
+    }
+    // Boxes: each inside the tensor (checked at decode), pairwise disjoint, volumes summing
+    // to the tensor's: then they cover it exactly.
+    const uint64_t n = kp.pieces.size();
+    pair_tests += n * (n - 1) / 2;
+    if (pair_tests > kMaxBoxPairTests) {
+      return InvalidArgument("tensor '" + *key + "': too many box pieces to check (" + std::to_string(n) + ")");
+    }
+    uint64_t volume = 0;
+    for (size_t a = 0; a < kp.pieces.size(); ++a) {
+      const WritePiece& pa = parts[kp.pieces[a].first][kp.pieces[a].second];
+      uint64_t v = 1;
+      for (int64_t d : pa.shape) v *= static_cast<uint64_t>(d);  // <= numel: inside the tensor
+      auto sum = CheckedAdd(volume, v);
+      volume = sum ? *sum : numel + 1;
+      if (v == 0) continue;
+      for (size_t b = a + 1; b < kp.pieces.size(); ++b) {
+        const WritePiece& pb = parts[kp.pieces[b].first][kp.pieces[b].second];
+        if (BoxesOverlap(pa, pb)) {
+          return InvalidArgument("tensor '" + *key + "': " + PieceName(kp.pieces[a].first, kp.pieces[a].second) +
+                                 " and " + PieceName(kp.pieces[b].first, kp.pieces[b].second) + " overlap");
+        }
+      }
+      if (volume > numel) break;  // reported below
+    }
+    if (volume != numel) {
+      return InvalidArgument("tensor '" + *key + "': the pieces hold " + std::to_string(volume) + " of its " +
+                             std::to_string(numel) + " elements (a hole, or pieces missing)");
+    }
+    for (const auto& [part, i] : kp.pieces) {
+      const WritePiece& p = parts[part][i];
+      PieceTarget target;
+      target.tensor = kp.tensor;
+      uint64_t v = 1;
+      for (int64_t d : p.shape) v *= static_cast<uint64_t>(d);
+      target.bytes = v * elem;
+      // The run: the innermost dims the box spans whole, plus the first one it does not.
+      size_t k = ndim;  // dims [k, ndim) are in the run
+      uint64_t run = 1;
+      while (k > 0) {
+        --k;
+        run *= static_cast<uint64_t>(p.shape[k]);
+        if (p.shape[k] != t.shape[k]) break;
+      }
+      if (ndim == 0) k = 0;
+      target.run_bytes = run * elem;
+      uint64_t base = 0;
+      for (size_t d = 0; d < ndim; ++d) base += static_cast<uint64_t>(p.offsets[d]) * stride[d];
+      target.base = base * elem;
+      for (size_t d = 0; d < k; ++d) {
+        target.outer_shape.push_back(static_cast<uint64_t>(p.shape[d]));
+        target.outer_stride.push_back(stride[d] * elem);
+      }
+      layout.targets[part].resize(parts[part].size());
+      layout.targets[part][i] = std::move(target);
+    }
+  }
+  CKPT_ASSIGN_OR_RETURN(layout.data_bytes, data_bytes.Get("the checkpoint's size"));
+  return layout;
+}
+
+void ForEachRun(const PieceTarget& target, uint64_t offset, uint64_t size,
+                const std::function<void(uint64_t, uint64_t, uint64_t)>& emit) {
+  if (size == 0 || target.run_bytes == 0) return;
+  uint64_t run = offset / target.run_bytes;
+  uint64_t within = offset % target.run_bytes;
+  const size_t outer = target.outer_shape.size();
+  while (size > 0) {
+    uint64_t dst = target.base, r = run;
+    for (size_t d = outer; d-- > 0;) {
+      dst += (r % target.outer_shape[d]) * target.outer_stride[d];
+      r /= target.outer_shape[d];
+    }
+    const uint64_t n = std::min(size, target.run_bytes - within);
+    emit(dst + within, offset, n);
+    offset += n;
+    size -= n;
+    within = 0;
+    ++run;
+  }
+}
+
+// ---- WriteSession ----
+
+WriteSession::WriteSession(Environment env, std::string key, uint32_t uid, const protocol::WriteRequest& first)
+    : env_(env),
+      key_(std::move(key)),
+      uid_(uid),
+      name_(first.name),
+      parts_(first.parts),
+      replace_(first.replace),
+      job_(first.job),
+      started_(std::chrono::steady_clock::now()),
+      deadline_(started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(first.timeout_s))),
+      declared_(static_cast<size_t>(first.parts)),
+      sealed_(static_cast<size_t>(first.parts), false) {}
+
+WriteSession::~WriteSession() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ != State::kPublished && state_ != State::kFailed) {
+    (void)FailLocked(Internal("write session abandoned"), &lock);
+  }
+}
+
+std::string WriteSession::Progress() const {
+  return std::to_string(declared_count_) + " of " + std::to_string(parts_) + " parts declared, " +
+         std::to_string(sealed_count_) + " sealed";
+}
+
+Status WriteSession::Declare(const protocol::WriteRequest& request) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ == State::kFailed) return failure_;
+  if (request.name != name_ || request.parts != parts_ || request.replace != replace_) {
+    return FailLocked(InvalidArgument("part " + std::to_string(request.part) + " of job '" + job_ +
+                                      "' disagrees with the job's first part on the name, the part count or "
+                                      "replace ('" + request.name + "', " + std::to_string(request.parts) +
+                                      " parts; the job writes '" + name_ + "' in " + std::to_string(parts_) +
+                                      " parts)"),
+                      &lock);
+  }
+  auto& slot = declared_[static_cast<size_t>(request.part)];
+  if (slot.has_value() || state_ != State::kDeclaring) {
+    return AlreadyExists("part " + std::to_string(request.part) + " of the write of '" + name_ +
+                         "' has already joined (" + Progress() + ")");
+  }
+  for (const auto& side : request.side_files) {
+    for (const auto& have : side_files_) {
+      if (have.first == side.first) {
+        return FailLocked(InvalidArgument("side file '" + side.first + "' is given by more than one part"), &lock);
+      }
+    }
+    side_files_.push_back(side);
+  }
+  slot = request.pieces;
+  ++declared_count_;
+  if (declared_count_ < parts_) return Status::Ok();
+  state_ = State::kCreating;
+  lock.unlock();
+  Status created = Create();
+  lock.lock();
+  if (!created.ok()) return FailLocked(created, &lock);
+  if (state_ == State::kFailed) return failure_;  // failed meanwhile (a part hung up)
+  state_ = State::kStreaming;
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status WriteSession::Create() {
+  // Only this thread touches declared_ and layout_ in kCreating.
+  std::vector<std::vector<protocol::WritePiece>> parts;
+  parts.reserve(declared_.size());
+  for (auto& d : declared_) parts.push_back(std::move(*d));
+  CKPT_ASSIGN_OR_RETURN(WriteLayout layout, PlanWriteLayout(parts));
+  CheckedSum estimate_sum(layout.data_bytes);
+  estimate_sum.AddProduct(layout.tensors.size() + 2, 4096).Add(1u << 20);
+  for (const auto& side : side_files_) estimate_sum.Add(side.second.size());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
+  std::vector<std::string> evicted;
+  CKPT_ASSIGN_OR_RETURN(uint64_t generation, env_.catalog->BeginLoad(name_, replace_, estimate, &evicted));
+  for (const std::string& e : evicted) spdlog::info("evicted '{}' to make room for the write of '{}'", e, name_);
+  shm::SegmentSpec spec;
+  spec.directory = env_.segments;
+  spec.checkpoint_name = name_;
+  spec.source_path = "write:" + (job_.empty() ? std::string("(one process)") : job_) + " uid " + std::to_string(uid_);
+  spec.generation = generation;
+  spec.mode = env_.shm_mode;
+  spec.tensors = layout.tensors;
+  spec.side_files = side_files_;
+  auto segment = shm::SegmentWriter::Create(spec);
+  if (!segment.ok()) {
+    env_.catalog->AbortLoad(name_);
+    return segment.status();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ == State::kFailed) {
+    // A part failed the session meanwhile: undo (the segment file goes with `segment`).
+    env_.catalog->AbortLoad(name_);
+    return failure_;
+  }
+  reserved_ = true;
+  generation_ = generation;
+  layout_ = std::move(layout);
+  segment_ = std::shared_ptr<shm::SegmentWriter>(std::move(segment).value());
+  spdlog::info("writing '{}' generation {}: {} tensors, {} bytes, {} parts (job '{}', uid {})", name_, generation,
+               layout_.tensors.size(), layout_.data_bytes, parts_, job_, uid_);
+  return Status::Ok();
+}
+
+Status WriteSession::WaitReady(const std::function<Status()>& check) {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (state_ == State::kFailed) return failure_;
+    if (state_ == State::kStreaming || state_ == State::kPublished) return Status::Ok();
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (state_ == State::kFailed || state_ == State::kStreaming) continue;
+    lock.unlock();
+    Status checked = check();
+    if (checked.ok() && std::chrono::steady_clock::now() > deadline_) {
+      checked = DeadlineExceeded("the write of '" + name_ + "' did not get all its parts in time");
+    }
+    lock.lock();
+    // (A session failed while its segment is created is cleaned up by the creating thread.)
+    if (!checked.ok()) return FailLocked(checked, &lock);
+  }
+}
+
+uint64_t WriteSession::generation() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return generation_;
+}
+
+Result<std::shared_ptr<shm::SegmentWriter>> WriteSession::Segment() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ == State::kFailed) return failure_;
+  if (!segment_) return FailedPrecondition("the write of '" + name_ + "' has no segment now");
+  return segment_;
+}
+
+Result<LoadResult> WriteSession::SealAndWait(int64_t part, const std::function<Status()>& check) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_ == State::kFailed) return failure_;
+  if (!sealed_[static_cast<size_t>(part)]) {
+    sealed_[static_cast<size_t>(part)] = true;
+    ++sealed_count_;
+  }
+  if (sealed_count_ == parts_ && state_ == State::kStreaming) {
+    lock.unlock();
+    auto published = Publish();
+    lock.lock();
+    if (!published.ok()) return FailLocked(published.status(), &lock);
+    if (state_ == State::kFailed) return failure_;
+    cv_.notify_all();
+    return *result_;
+  }
+  for (;;) {
+    if (state_ == State::kFailed) return failure_;
+    if (state_ == State::kPublished) return *result_;
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    if (state_ == State::kFailed || state_ == State::kPublished) continue;
+    lock.unlock();
+    Status checked = check();
+    if (checked.ok() && std::chrono::steady_clock::now() > deadline_) {
+      checked = DeadlineExceeded("the write of '" + name_ + "' was not sealed by all its parts in time");
+    }
+    lock.lock();
+    if (!checked.ok() && state_ == State::kStreaming && sealed_count_ < parts_) return FailLocked(checked, &lock);
+  }
+}
+
+Result<LoadResult> WriteSession::Publish() {
+  std::shared_ptr<shm::SegmentWriter> segment;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kFailed) return failure_;
+    segment = segment_;
+  }
+  // Checksums of the bytes as they are in the segment, which only the daemon can write.
+  const size_t count = layout_.tensors.size();
+  std::vector<uint64_t> checksums(count, 0);
+  std::atomic<size_t> next{0};
+  Status hashed = loader::RunWorkers(
+      std::max(1, std::min<int>(env_.threads, static_cast<int>(std::max<size_t>(count, 1)))),
+      [&](int, const std::atomic<bool>& stop) {
+        for (size_t i = next++; i < count && !stop.load(); i = next++) {
+          checksums[i] = shm::Checksum(segment->tensor_data(i), layout_.tensors[i].nbytes);
+        }
+        return Status::Ok();
+      },
+      nullptr);
+  CKPT_RETURN_IF_ERROR(hashed);
+  const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kFailed) return failure_;
+  }
+  CKPT_RETURN_IF_ERROR(segment->Publish(checksums, static_cast<uint64_t>(nanos.count())));
+  CatalogEntry entry;
+  entry.name = name_;
+  entry.generation = generation_;
+  entry.shm_name = segment->file_name();
+  entry.segment_id = shm::SegmentIdHex(segment->segment_id());
+  entry.source_path = "write:" + (job_.empty() ? std::string("(one process)") : job_) + " uid " + std::to_string(uid_);
+  entry.format = "published";
+  entry.segment_bytes = segment->segment_bytes();
+  entry.data_bytes = layout_.data_bytes;
+  entry.load_seconds = nanos.count() / 1e9;
+  entry.loaded_unix_s = NowUnixSeconds();
+  std::vector<TensorInfo> tensors = layout_.tensors;
+  for (size_t i = 0; i < count; ++i) tensors[i].checksum = checksums[i];
+  entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(tensors));
+  entry.fd = std::make_shared<const UniqueFd>(segment->TakeReadOnlyFd());
+  LoadResult result{SummaryOf(entry), {}};
+  std::lock_guard<std::mutex> lock(mu_);
+  env_.catalog->Publish(std::move(entry));
+  reserved_ = false;
+  state_ = State::kPublished;
+  segment_.reset();  // the daemon's writable mapping goes once no copy holds it
+  result_ = result;
+  spdlog::info("published '{}' generation {} written by {} part(s): {} tensors, {} bytes in {:.3f} s", name_,
+               generation_, parts_, count, layout_.data_bytes, nanos.count() / 1e9);
+  return result;
+}
+
+void WriteSession::Fail(const Status& why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  (void)FailLocked(why, &lock);
+}
+
+Status WriteSession::FailLocked(const Status& why, std::unique_lock<std::mutex>* lock) {
+  if (state_ == State::kFailed || state_ == State::kPublished) return state_ == State::kFailed ? failure_ : why;
+  state_ = State::kFailed;
+  failure_ = Status(why.code(), "the write of '" + name_ + "' failed and nothing was published: " + why.message());
+  std::shared_ptr<shm::SegmentWriter> segment = std::move(segment_);
+  const bool reserved = reserved_;
+  reserved_ = false;
+  cv_.notify_all();
+  lock->unlock();
+  spdlog::warn("{}", failure_.message());
+  segment.reset();  // removes the file unless a copy still holds it (then when that ends)
+  if (reserved) env_.catalog->AbortLoad(name_);
+  lock->lock();
+  return failure_;
+}
+
+bool WriteSession::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kPublished || state_ == State::kFailed;
+}
+
+Status WriteSession::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+// ---- WriteSessions ----
+
+Result<std::shared_ptr<WriteSession>> WriteSessions::Join(uint32_t uid, const protocol::WriteRequest& request) {
+  if (request.job.empty() && request.parts != 1) {
+    return InvalidArgument("a write in " + std::to_string(request.parts) + " parts needs a job id that all parts share");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string key = request.job;
+  if (key.empty()) key = "\x01one-process-" + std::to_string(++anonymous_);  // no job name has \x01
+  auto& slot = sessions_[{uid, key}];
+  if (!slot || slot->finished()) slot = std::make_shared<WriteSession>(env_, key, uid, request);
+  return slot;
+}
+
+void WriteSessions::Release(const std::shared_ptr<WriteSession>& session) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sessions_.find({session->uid(), session->key()});
+  if (it != sessions_.end() && it->second == session && session->finished()) sessions_.erase(it);
+}
+
+void WriteSessions::FailAll(const Status& why) {
+  std::vector<std::shared_ptr<WriteSession>> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [key, s] : sessions_) live.push_back(s);
+  }
+  for (auto& s : live) s->Fail(why);
+}
+
+size_t WriteSessions::active() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, s] : sessions_) n += s->finished() ? 0 : 1;
+  return n;
+}
+
+}  // namespace ckpt::daemon
