@@ -158,11 +158,11 @@ def get_or_build(client: "ckpt.Client", source: str, build: Callable[..., Mappin
     return CacheEntry(name, False, c, _views(c, device), key)
 
 
-def evict_stale(client: "ckpt.Client", prefix: str = "cache", *, force: bool = False) -> List[str]:
+def evict_stale(client: "ckpt.Client", prefix: str = "cache", *, force: bool = False, wait: float = 0.0) -> List[str]:
     """Evicts cache entries (names starting with `prefix` + "-" that carry a key) whose
     source checkpoint is no longer loaded, or whose current generation or content no
     longer matches the key. Attached entries are skipped unless `force` (their users keep
-    their mapping). Returns the names evicted."""
+    their mapping) or they detach within `wait` seconds. Returns the names evicted."""
     evicted = []
     for summary in client.list():
         name = summary["name"]
@@ -188,7 +188,7 @@ def evict_stale(client: "ckpt.Client", prefix: str = "cache", *, force: bool = F
             stale = True
         if stale:
             try:
-                client.evict(name, force=force)
+                client.evict(name, force=force, wait=wait)
                 evicted.append(name)
             except (ckpt.FailedPrecondition, ckpt.NotFound):
                 pass

@@ -7,10 +7,11 @@ import ckpt.dcp  # noqa: F401  (first: on torch 1.13 + Python 3.11 it makes DCP 
 
 try:  # torch >= 2.2
     import torch.distributed.checkpoint as _dcp
-    from torch.distributed.checkpoint import DefaultSavePlanner
+    from torch.distributed.checkpoint import CheckpointException, DefaultSavePlanner
     _NEW = hasattr(_dcp, "save")
 except ImportError:  # torch 1.13
     from torch.distributed._shard import checkpoint as _dcp
+    from torch.distributed._shard.checkpoint import CheckpointException  # a BaseException
     from torch.distributed._shard.checkpoint.default_planner import DefaultSavePlanner
     _NEW = False
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 import ckpt
 import ckpt.dcp
 
-from dcp_compat import DefaultSavePlanner, load, save
+from dcp_compat import CheckpointException, DefaultSavePlanner, load, save
 from torch.distributed._shard.sharded_tensor import Shard, init_from_local_shards
 
 ROWS, COLS = 12, 4
@@ -55,7 +55,7 @@ def main():
         else:
             try:
                 save(sd, writer, planner=FailingPlanner())
-            except Exception as e:  # CheckpointException on every rank
+            except CheckpointException as e:  # on every rank
                 print("RANK %d FAILED %s" % (rank, type(e).__name__), flush=True)
                 dist.barrier()
                 return

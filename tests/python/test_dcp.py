@@ -15,7 +15,7 @@ import ckpt
 import ckpt.dcp
 from test_ckpt import Daemon
 
-from dcp_compat import load, save
+from dcp_compat import CheckpointException, load, save
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -64,7 +64,7 @@ class DcpTest(unittest.TestCase):
         sd = self.state_dict()
         save(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client))
         first = self.client.attach("dcp-gen").generation
-        with self.assertRaises(Exception) as cm:
+        with self.assertRaises(CheckpointException) as cm:  # DCP wraps each rank's error
             save(sd, ckpt.dcp.StorageWriter("dcp-gen", self.client))
         self.assertIn("dcp-gen", str(cm.exception))
         self.assertEqual(self.client.attach("dcp-gen").generation, first)

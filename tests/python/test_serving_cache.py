@@ -100,14 +100,14 @@ class ServingCacheTest(unittest.TestCase):
         self.assertNotEqual(fresh.name, loose.name)
         a_name, loose_name = a.name, loose.name
         del a, loose
-        evicted = sc.evict_stale(self.client)
+        evicted = sc.evict_stale(self.client, wait=10)  # a detach reaches the daemon when the lease closes
         self.assertIn(a_name, evicted)
         self.assertIn(loose_name, evicted)
         left = [s["name"] for s in self.client.list()]
         self.assertIn(fresh.name, left)  # current (and attached): kept
         self.assertNotIn(a_name, left)
         # The source gone: its entries are stale too (the attached one only with force).
-        self.client.evict("src")
+        self.client.evict("src", wait=10)
         self.assertEqual(sc.evict_stale(self.client), [])
         self.assertIn(fresh.name, sc.evict_stale(self.client, force=True))
 
