@@ -81,6 +81,38 @@ int ckpt_metadata_at(const ckpt_checkpoint* checkpoint, size_t index, const char
 /* *value: the value of `key` (valid until detach); kNotFound if absent. */
 int ckpt_metadata_get(const ckpt_checkpoint* checkpoint, const char* key, const char** value);
 
+/* ---- publishing (include/ckpt/writer.h; docs/write-path.md) ----
+ * One writer per part (rank) of a generation. Pieces are declared with the address of
+ * their contiguous row-major host bytes, read during ckpt_writer_commit (keep them valid
+ * until it returns). Nothing is published unless every part commits. */
+typedef struct ckpt_writer ckpt_writer;
+
+typedef struct {
+  const char* job;   /* shared by every part; NULL or "" only for one part */
+  int64_t part;      /* in [0, parts) */
+  int64_t parts;     /* 0 or 1: one part */
+  int replace;       /* publish a new generation of an existing name */
+  double timeout_s;  /* the whole write; 0: 600 s */
+} ckpt_writer_options;
+
+/* socket_path NULL: $CKPTD_SOCKET or the default path; options NULL: one part. */
+int ckpt_writer_create(const char* socket_path, const char* name, const ckpt_writer_options* options,
+                       ckpt_writer** out);
+/* Frees the writer; one not committed is aborted (nothing is published). */
+void ckpt_writer_free(ckpt_writer* writer);
+/* A box of global tensor `key` (ndim dims of global_shape): `shape` elements from
+ * `offsets` (either NULL: the whole tensor from 0), its bytes at `data`. */
+int ckpt_writer_add(ckpt_writer* writer, const char* key, uint32_t dtype, uint32_t ndim, const int64_t* global_shape,
+                    const int64_t* offsets, const int64_t* shape, const void* data);
+/* Elements [start, start + numel) of the flattened global tensor `key` (a ZeRO partition). */
+int ckpt_writer_add_flat(ckpt_writer* writer, const char* key, uint32_t dtype, uint32_t ndim,
+                         const int64_t* global_shape, uint64_t start, uint64_t numel, const void* data);
+/* A file stored with the generation (ckpt_side_file). */
+int ckpt_writer_side_file(ckpt_writer* writer, const char* name, const void* data, uint64_t size);
+/* Streams this part and waits until the generation is published (its generation in
+ * *generation, if not NULL) or failed as a whole (the error; nothing published). */
+int ckpt_writer_commit(ckpt_writer* writer, uint64_t* generation);
+
 #ifdef __cplusplus
 }
 #endif

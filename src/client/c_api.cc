@@ -4,6 +4,7 @@
 #include <string>
 
 #include "ckpt/client.h"
+#include "ckpt/writer.h"
 
 struct ckpt_client {
   std::unique_ptr<ckpt::Client> client;
@@ -174,4 +175,88 @@ int ckpt_metadata_get(const ckpt_checkpoint* c, const char* key, const char** va
   *value = it->second.c_str();
   return 0;
 }
+}  // extern "C"
+
+struct ckpt_writer {
+  std::unique_ptr<ckpt::Writer> writer;
+};
+
+namespace {
+ckpt::Result<std::vector<int64_t>> Dims(uint32_t ndim, const int64_t* dims, const char* what) {
+  if (ndim > CKPT_MAX_DIMS) return ckpt::InvalidArgument(std::string(what) + ": more than 8 dims");
+  if (ndim > 0 && dims == nullptr) return ckpt::InvalidArgument(std::string(what) + " is NULL");
+  return std::vector<int64_t>(dims, dims + ndim);
+}
+ckpt::PieceSource FromHost(const void* data) {
+  const auto* base = static_cast<const std::byte*>(data);
+  return [base](uint64_t offset, void* dst, uint64_t size) {
+    std::memcpy(dst, base + offset, size);
+    return ckpt::Status::Ok();
+  };
+}
+}  // namespace
+
+extern "C" {
+
+int ckpt_writer_create(const char* socket_path, const char* name, const ckpt_writer_options* options,
+                       ckpt_writer** out) {
+  if (out == nullptr || name == nullptr) return Fail(ckpt::InvalidArgument("name or out is NULL"));
+  ckpt::WriterOptions o;
+  if (options != nullptr) {
+    o.job = options->job ? options->job : "";
+    o.part = options->part;
+    o.parts = options->parts <= 0 ? 1 : options->parts;
+    o.replace = options->replace != 0;
+    o.timeout_s = options->timeout_s > 0 ? options->timeout_s : 600;
+  }
+  auto w = ckpt::Writer::Create(socket_path ? socket_path : ckpt::Client::DefaultSocketPath(), name, o);
+  if (!w.ok()) return Fail(w.status());
+  *out = new ckpt_writer{std::move(w).value()};
+  return 0;
+}
+
+void ckpt_writer_free(ckpt_writer* writer) { delete writer; }
+
+int ckpt_writer_add(ckpt_writer* writer, const char* key, uint32_t dtype, uint32_t ndim, const int64_t* global_shape,
+                    const int64_t* offsets, const int64_t* shape, const void* data) {
+  if (writer == nullptr || key == nullptr) return Fail(ckpt::InvalidArgument("writer or key is NULL"));
+  if (!ckpt::IsValidDType(dtype)) return Fail(ckpt::InvalidArgument("unknown dtype value"));
+  auto global = Dims(ndim, global_shape, "global_shape");
+  if (!global.ok()) return Fail(global.status());
+  std::vector<int64_t> offs, box = *global;
+  if (offsets != nullptr) offs.assign(offsets, offsets + ndim);
+  if (shape != nullptr) box.assign(shape, shape + ndim);
+  if (data == nullptr) {
+    uint64_t n = 1;
+    for (int64_t d : box) n *= d < 0 ? 0 : static_cast<uint64_t>(d);
+    if (n != 0) return Fail(ckpt::InvalidArgument("data is NULL"));
+  }
+  return Report(writer->writer->AddBox(key, static_cast<ckpt::DType>(dtype), *global, offs, box, FromHost(data)));
+}
+
+int ckpt_writer_add_flat(ckpt_writer* writer, const char* key, uint32_t dtype, uint32_t ndim,
+                         const int64_t* global_shape, uint64_t start, uint64_t numel, const void* data) {
+  if (writer == nullptr || key == nullptr) return Fail(ckpt::InvalidArgument("writer or key is NULL"));
+  if (!ckpt::IsValidDType(dtype)) return Fail(ckpt::InvalidArgument("unknown dtype value"));
+  if (data == nullptr && numel != 0) return Fail(ckpt::InvalidArgument("data is NULL"));
+  auto global = Dims(ndim, global_shape, "global_shape");
+  if (!global.ok()) return Fail(global.status());
+  return Report(writer->writer->AddFlat(key, static_cast<ckpt::DType>(dtype), *global, start, numel, FromHost(data)));
+}
+
+int ckpt_writer_side_file(ckpt_writer* writer, const char* name, const void* data, uint64_t size) {
+  if (writer == nullptr || name == nullptr || (data == nullptr && size != 0)) {
+    return Fail(ckpt::InvalidArgument("writer, name or data is NULL"));
+  }
+  return Report(writer->writer->AddSideFile(name, std::string(static_cast<const char*>(data), size)));
+}
+
+int ckpt_writer_commit(ckpt_writer* writer, uint64_t* generation) {
+  if (writer == nullptr) return Fail(ckpt::InvalidArgument("writer is NULL"));
+  auto r = writer->writer->Commit();
+  if (!r.ok()) return Fail(r.status());
+  if (generation != nullptr) *generation = r->checkpoint.generation;
+  return 0;
+}
+
 }  // extern "C"

@@ -15,6 +15,9 @@
 #             logits against transformers; table in OUT_DIR/hf_families.md; HF_WORLDS="2 4")
 #   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
 #             from_pretrained; table in OUT_DIR/bench_load_model.md)
+#   save      tools/gpu/bench_save.py (issue 15: publish from GPU memory vs torch.save and DCP,
+#             restores with the page cache dropped; table in OUT_DIR/bench_save.md)
+#   BUILD_TARGETS="ckptd _ckpt" builds only those targets (a short call).
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,7 +39,7 @@ if [ ! -f build-gpu/build.ninja ] || [ "${REBUILD:-1}" = 1 ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release $CMAKE_ARGS -DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON \
     -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc -DPython3_EXECUTABLE="$(command -v python3)" \
     -DCKPT_TORCH_PYTHON="$(command -v python3)" -DNCCL_ROOT="$nccl_root" > "$out/build.log" 2>&1 &&
-    cmake --build build-gpu -j "$(nproc)" >> "$out/build.log" 2>&1 || { log "build failed"; tail -40 "$out/build.log"; exit 1; }
+    cmake --build build-gpu -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$out/build.log" 2>&1 || { log "build failed"; tail -40 "$out/build.log"; exit 1; }
   log "built"
 fi
 export PYTHONPATH=$root/build-gpu/python
@@ -93,6 +96,11 @@ for step in $steps; do
     python3 -X faulthandler tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo \
       --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
       > "$out/bench_load_model.log" 2>&1
+    log "rc=$?" ;;
+  save)
+    log "save benchmark (publish vs torch.save vs DCP)"
+    python3 -X faulthandler tools/gpu/bench_save.py --ckptd build-gpu/bin/ckptd --workdir /tmp/save \
+      --json "$out/bench_save.jsonl" --markdown "$out/bench_save.md" > "$out/bench_save.log" 2>&1
     log "rc=$?" ;;
   dcp)
     log "DCP (torch.distributed.checkpoint) to and from ckptd, persist, serving cache (issue 15)"
