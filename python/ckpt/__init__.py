@@ -477,3 +477,21 @@ def _client_writer(self, name: str, *, part=None, parts=None, job=None, replace:
 Client.publish = _client_publish
 Client.writer = _client_writer
 __all__ += ["Writer"]
+
+_publish_in_memory = Client.publish
+
+
+def _client_publish_and_persist(self, name: str, state_dict, *, persist_dir: Optional[str] = None,
+                                persist_max_shard_size: Union[int, str] = "5GB", **kwargs) -> dict:
+    """Client.publish (above) with one more option: `persist_dir`, a folder the published
+    generation is then written to as safetensors (Client.persist with replace=True, pinned to
+    the generation just published: FailedPrecondition if another replaced it meanwhile).
+    The generation stays published if the persist fails; the persist's error is raised."""
+    summary = _publish_in_memory(self, name, state_dict, **kwargs)
+    if persist_dir is not None:
+        self.persist(name, persist_dir, max_shard_size=persist_max_shard_size, replace=True,
+                     generation=int(summary["generation"]))
+    return summary
+
+
+Client.publish = _client_publish_and_persist

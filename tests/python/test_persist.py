@@ -89,6 +89,21 @@ class PersistTest(unittest.TestCase):
             self.assertTrue(torch.equal(back.tensor(k), t), k)
         del back
 
+    def test_publish_with_persist_dir_writes_the_published_generation(self):
+        out = os.path.join(self.tmp.name, "published")
+        sd = {"a": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.ones(2, dtype=torch.bfloat16)}
+        summary = self.client.publish("pub", sd, side_files={"config.json": b'{"model_type": "x"}'},
+                                      persist_dir=out, persist_max_shard_size="5GB")
+        self.assertEqual(sorted(os.listdir(out)), ["config.json", "model.safetensors"])
+        md, tensors = read_safetensors(os.path.join(out, "model.safetensors"))
+        for k, t in sd.items():
+            self.assertEqual(tensors[k][2], t.view(torch.uint8).numpy().tobytes(), k)
+        self.assertEqual(read(os.path.join(out, "config.json")), b'{"model_type": "x"}')
+        # A persist pinned to a generation that was replaced meanwhile is refused.
+        self.client.publish("pub", sd, replace=True)
+        with self.assertRaises(ckpt.FailedPrecondition):
+            self.client.persist("pub", out, replace=True, generation=int(summary["generation"]))
+
     def test_an_exception_from_progress_cancels_and_leaves_the_old_folder(self):
         out = os.path.join(self.tmp.name, "out")
         self.client.persist("m", out)
