@@ -81,14 +81,14 @@ if sys.version_info >= (3, 11) and torch.__version__.startswith("1.") and \
 
 try:  # torch >= 2.0
     from torch.distributed import checkpoint as _dcp
-    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata, MetadataIndex,
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, Metadata,
                                                        TensorStorageMetadata)
     from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
     from torch.distributed.checkpoint.storage import WriteResult
     _BASE_WRITER, _BASE_READER = _dcp.StorageWriter, _dcp.StorageReader
 except ImportError:  # torch 1.13
     from torch.distributed._shard import checkpoint as _dcp
-    from torch.distributed._shard.checkpoint.metadata import (BytesStorageMetadata, Metadata, MetadataIndex,
+    from torch.distributed._shard.checkpoint.metadata import (BytesStorageMetadata, Metadata,
                                                               TensorStorageMetadata)
     from torch.distributed._shard.checkpoint.planner import LoadItemType, WriteItemType
     from torch.distributed._shard.checkpoint.storage import WriteResult

@@ -109,7 +109,10 @@ class DcpTest(unittest.TestCase):
         try:
             from torch.distributed.checkpoint.default_planner import _create_default_local_metadata
         except ImportError:
-            from torch.distributed._shard.checkpoint.default_planner import _create_default_local_metadata
+            try:
+                from torch.distributed._shard.checkpoint.default_planner import _create_default_local_metadata
+            except ImportError:
+                self.skipTest("this torch has no _create_default_local_metadata")
         md = _create_default_local_metadata({"w": torch.zeros(2, 3, dtype=torch.bfloat16), "step": 1})
         back = ckpt.dcp._MetadataUnpickler(io.BytesIO(pickle.dumps(md))).load()
         self.assertEqual(back.state_dict_metadata, md.state_dict_metadata)

@@ -143,7 +143,7 @@ def main():
         if args.markdown:
             with open(args.markdown, "w") as f:
                 f.write("\n".join(lines) + "\n")
-        del sd, target
+        sd = target = None  # free the GPU memory before the CI tests
         client = None
 
         # 3. The CI tests under this torch.
