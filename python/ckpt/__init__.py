@@ -450,6 +450,22 @@ class Client:
         `job` must be unique to the run (e.g. include a launch id)."""
         return self._c.rendezvous(job, rank, world, bytes(value), float(timeout))
 
+    def persist(self, name: str, dir: str, *, max_shard_size: Union[int, str] = "5GB", replace: bool = False,
+                generation: int = 0, progress: Optional[Callable[[int, int], None]] = None) -> dict:
+        """Writes the current generation of `name` (or exactly `generation`) to folder `dir` as
+        safetensors, from this process with its own file permissions: one model.safetensors,
+        or model-0000K-of-0000N.safetensors + model.safetensors.index.json above
+        `max_shard_size` (bytes, or "5GB" / "500MiB" like transformers), the side files
+        (config.json ...) beside them. Atomic: written into a temporary folder beside `dir`,
+        fsync'ed, renamed into place; on any error (full disk, Ctrl-C, an exception from
+        `progress(done, total)`) nothing is left behind and an existing `dir` is as it was.
+        A non-empty `dir` is replaced only with replace=True (and only if it holds just
+        files). Returns {"name", "generation", "dir", "files", "side_files", "tensor_count",
+        "data_bytes", "bytes_written", "seconds"}."""
+        if isinstance(max_shard_size, str):
+            max_shard_size = _ckpt.parse_byte_size(max_shard_size)
+        return _ckpt.persist(self._c, name, str(dir), int(max_shard_size), bool(replace), int(generation), progress)
+
     def nccl_group(self, job: str, rank: int, size: int, device: Union[str, torch.device, int],
                    timeout: float = 300.0) -> "NcclGroup":
         """An NcclGroup of `size` ranks of this node with the NCCL unique id handed out by the
@@ -556,3 +572,21 @@ def _client_writer(self, name: str, *, part=None, parts=None, job=None, replace:
 Client.publish = _client_publish
 Client.writer = _client_writer
 __all__ += ["Writer"]
+
+_publish_in_memory = Client.publish
+
+
+def _client_publish_and_persist(self, name: str, state_dict, *, persist_dir: Optional[str] = None,
+                                persist_max_shard_size: Union[int, str] = "5GB", **kwargs) -> dict:
+    """Client.publish (above) with one more option: `persist_dir`, a folder the published
+    generation is then written to as safetensors (Client.persist with replace=True, pinned to
+    the generation just published: FailedPrecondition if another replaced it meanwhile).
+    The generation stays published if the persist fails; the persist's error is raised."""
+    summary = _publish_in_memory(self, name, state_dict, **kwargs)
+    if persist_dir is not None:
+        self.persist(name, persist_dir, max_shard_size=persist_max_shard_size, replace=True,
+                     generation=int(summary["generation"]))
+    return summary
+
+
+Client.publish = _client_publish_and_persist

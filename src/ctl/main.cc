@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ckpt/client.h"
+#include "ctl/persist.h"
 #include "ctl/progress_bar.h"
 #include "ctl/suggest.h"
 #include "ctl/table.h"
@@ -422,12 +423,14 @@ int main(int argc, char** argv) {
   auto* metrics = app.add_subcommand("metrics", "print metrics in the Prometheus text format");
   auto* verify = app.add_subcommand("verify", "re-check a checkpoint's shared memory against its checksums");
   verify->add_option("name", name, "checkpoint name")->required();
+  ckpt::ctl::PersistArgs persist_args;
+  auto* persist = ckpt::ctl::AddPersistCommand(app, &persist_args);
 
   // An unknown subcommand gets the known ones closest to it (CLI11 would only say that
   // an argument was not expected).
   if (const std::string word = SubcommandWord(argc, argv); !word.empty()) {
     std::vector<std::string> known;
-    for (const CLI::App* sub : {load, ensure, evict, list, info, status, metrics, verify}) {
+    for (const CLI::App* sub : {load, ensure, evict, list, info, status, metrics, verify, persist}) {
       known.push_back(sub->get_name());
     }
     if (std::find(known.begin(), known.end(), word) == known.end()) {
@@ -451,6 +454,16 @@ int main(int argc, char** argv) {
     if (*status) return Status(o);
     if (*metrics) return Metrics(o);
     if (*verify) return Verify(o, name);
+    if (*persist) {
+      auto bar = std::make_unique<ckpt::ctl::ProgressBar>(STDERR_FILENO, ::isatty(STDERR_FILENO) != 0);
+      return ckpt::ctl::RunPersist(
+          o.socket, o.json_output, persist_args, [&](uint64_t done, uint64_t total) { bar->Update(done, total); },
+          [&] {
+            if (bar) bar->Finish();
+            bar.reset();
+          },
+          [](const ckpt::Status& s) { return Fail(s); });
+    }
   } catch (const std::exception& e) {
     return Fail(ckpt::Internal(std::string("ckptctl failed: ") + e.what()));
   }

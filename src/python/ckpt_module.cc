@@ -14,6 +14,8 @@
 #include "ckpt/collective.h"
 #include "ckpt/gpu.h"
 #include "ckpt/launcher.h"
+#include "ckpt/persist.h"
+#include "client/persist_json.h"
 #include "ckpt/tp_plan.h"
 #include "ckpt/writer.h"
 #include "protocol/messages.h"
@@ -706,6 +708,47 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           py::arg("name"), py::arg("dst"), py::arg("dst_size"), py::arg("kind") = "replicate", py::arg("dim") = 0,
           py::arg("rank") = 0, py::arg("world") = 1, py::arg("fused_chunks") = 1, py::arg("allow_uneven") = false);
+
+  // Client.persist (python/ckpt/__init__.py): ckpt::Persist with the GIL released; progress
+  // ticks take the GIL, run signal handlers (Ctrl-C) and call `progress`; an exception from
+  // either cancels (nothing is left behind) and is raised.
+  m.def(
+      "persist",
+      [](ckpt::Client& c, const std::string& name, const std::string& dir, uint64_t max_shard_bytes, bool replace,
+         uint64_t generation, py::object progress) {
+        ckpt::PersistOptions options;
+        options.max_shard_bytes = max_shard_bytes;
+        options.replace = replace;
+        options.expected_generation = generation;
+        bool raised = false;
+        options.progress = [&](uint64_t done, uint64_t total) {
+          py::gil_scoped_acquire gil;
+          if (PyErr_CheckSignals() != 0) {
+            raised = true;
+            return false;
+          }
+          if (progress.is_none()) return true;
+          try {
+            progress(done, total);
+          } catch (py::error_already_set& e) {
+            e.restore();
+            raised = true;
+            return false;
+          }
+          return true;
+        };
+        ckpt::Result<ckpt::PersistResult> r = ckpt::Internal("unreached");
+        {
+          py::gil_scoped_release release;
+          r = ckpt::Persist(c, name, dir, options);
+        }
+        if (raised) throw py::error_already_set();
+        const ckpt::PersistResult result = Unwrap(std::move(r));
+        return py::module_::import("json").attr("loads")(ckpt::EncodePersistResult(result).dump());
+      },
+      py::arg("client"), py::arg("name"), py::arg("dir"), py::arg("max_shard_bytes"), py::arg("replace"),
+      py::arg("generation"), py::arg("progress"));
+  m.def("parse_byte_size", [](const std::string& text) { return Unwrap(ckpt::ParseByteSize(text)); });
   // The write path (include/ckpt/writer.h; the Python API is ckpt/writer.py).
   py::class_<PyWriter>(m, "Writer")
       .def_static(

@@ -4,6 +4,7 @@
 # wheel), then runs, each step's log going to OUT_DIR as soon as it ends:
 #   gpu       ctest -L gpu (copy engine, collective loads)
 #   coll      tools/bench_collective.sh (issue 7)
+#   dcp       tools/gpu/check_dcp.py: DCP save/load/async_save on CUDA + timings vs files (issue 15; DCP_MIB)
 #   neo       tools/gpu/check_gpt_neo.py, small shape (issue 5; a crash is re-run under cuda-gdb)
 #   warm      ckpt-bench-load --mode warm on the 9.88 GiB file (issue 3: page cache vs one thread)
 #   repro     tools/repro_host_memory.py, 1..10 ranks (issues 4 and 5)
@@ -154,6 +155,11 @@ for step in $steps; do
     log "save benchmark (publish vs torch.save vs DCP)"
     python3 -X faulthandler tools/gpu/bench_save.py --ckptd build-gpu/bin/ckptd --workdir /tmp/save \
       --json "$out/bench_save.jsonl" --markdown "$out/bench_save.md" > "$out/bench_save.log" 2>&1
+    log "rc=$?" ;;
+  dcp)
+    log "DCP (torch.distributed.checkpoint) to and from ckptd, persist, serving cache (issue 15)"
+    python3 -X faulthandler tools/gpu/check_dcp.py --ckptd build-gpu/bin/ckptd --workdir /tmp/dcp \
+      --mib "${DCP_MIB:-1024}" --markdown "$out/dcp.md" > "$out/dcp.log" 2>&1
     log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
