@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <memory>
 
 #include "ckpt/client.h"
@@ -275,6 +276,40 @@ struct PyWriter {
   }
 };
 
+
+// The progress callback of a C++ call made with the GIL released (load, ensure, persist):
+// each tick takes the GIL, runs pending signal handlers (Ctrl-C raises KeyboardInterrupt
+// there) and calls `progress` (None: not called); an exception from either cancels the
+// call (the callback returns false) and stays pending in this thread: raised() tells, and
+// the caller re-raises it (throw py::error_already_set()). Must outlive the call.
+class PyProgress {
+ public:
+  explicit PyProgress(py::object progress) : progress_(std::move(progress)) {}
+  std::function<bool(uint64_t, uint64_t)> Callback() {
+    return [this](uint64_t done, uint64_t total) {
+      py::gil_scoped_acquire gil;
+      if (PyErr_CheckSignals() != 0) {
+        raised_ = true;  // the handler's exception is set
+        return false;
+      }
+      if (progress_.is_none()) return true;
+      try {
+        progress_(done, total);
+      } catch (py::error_already_set& e) {
+        e.restore();
+        raised_ = true;
+        return false;
+      }
+      return true;
+    };
+  }
+  bool raised() const { return raised_; }
+
+ private:
+  py::object progress_;
+  bool raised_ = false;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_ckpt, m) {
@@ -395,29 +430,14 @@ PYBIND11_MODULE(_ckpt, m) {
             options.name = name;
             options.replace = replace;
             options.allow_expansion = allow_expansion;
-            bool raised = false;  // a Python exception is pending (restored in this thread)
-            options.progress = [&](uint64_t done, uint64_t total) {
-              py::gil_scoped_acquire gil;
-              if (PyErr_CheckSignals() != 0) {
-                raised = true;  // the handler's exception (KeyboardInterrupt) is set
-                return false;
-              }
-              if (progress.is_none()) return true;
-              try {
-                progress(done, total);
-              } catch (py::error_already_set& e) {
-                e.restore();
-                raised = true;
-                return false;
-              }
-              return true;
-            };
+            PyProgress ticks(progress);
+            options.progress = ticks.Callback();
             ckpt::Result<ckpt::LoadResult> r = ckpt::Internal("unreached");
             {
               py::gil_scoped_release release;
               r = c.Load(path, options);
             }
-            if (raised) {
+            if (ticks.raised()) {
               if (r.ok()) {
                 // Published before the cancel reached the daemon: say so with the exception.
                 PyErr_WarnEx(PyExc_RuntimeWarning,
@@ -443,29 +463,14 @@ PYBIND11_MODULE(_ckpt, m) {
             ckpt::EnsureOptions options;
             options.name = name;
             options.allow_expansion = allow_expansion;
-            bool raised = false;
-            options.progress = [&](uint64_t done, uint64_t total) {
-              py::gil_scoped_acquire gil;
-              if (PyErr_CheckSignals() != 0) {
-                raised = true;
-                return false;
-              }
-              if (progress.is_none()) return true;
-              try {
-                progress(done, total);
-              } catch (py::error_already_set& e) {
-                e.restore();
-                raised = true;
-                return false;
-              }
-              return true;
-            };
+            PyProgress ticks(progress);
+            options.progress = ticks.Callback();
             ckpt::Result<ckpt::EnsureResult> r = ckpt::Internal("unreached");
             {
               py::gil_scoped_release release;
               r = c.Ensure(path, options);
             }
-            if (raised) throw py::error_already_set();
+            if (ticks.raised()) throw py::error_already_set();
             ckpt::EnsureResult ensured = Unwrap(std::move(r));
             py::object out = MessageDict(ensured.checkpoint);
             out["evicted"] = py::cast(ensured.evicted);
@@ -720,29 +725,14 @@ PYBIND11_MODULE(_ckpt, m) {
         options.max_shard_bytes = max_shard_bytes;
         options.replace = replace;
         options.expected_generation = generation;
-        bool raised = false;
-        options.progress = [&](uint64_t done, uint64_t total) {
-          py::gil_scoped_acquire gil;
-          if (PyErr_CheckSignals() != 0) {
-            raised = true;
-            return false;
-          }
-          if (progress.is_none()) return true;
-          try {
-            progress(done, total);
-          } catch (py::error_already_set& e) {
-            e.restore();
-            raised = true;
-            return false;
-          }
-          return true;
-        };
+        PyProgress ticks(progress);
+        options.progress = ticks.Callback();
         ckpt::Result<ckpt::PersistResult> r = ckpt::Internal("unreached");
         {
           py::gil_scoped_release release;
           r = ckpt::Persist(c, name, dir, options);
         }
-        if (raised) throw py::error_already_set();
+        if (ticks.raised()) throw py::error_already_set();
         const ckpt::PersistResult result = Unwrap(std::move(r));
         return py::module_::import("json").attr("loads")(ckpt::EncodePersistResult(result).dump());
       },
