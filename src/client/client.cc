@@ -39,6 +39,23 @@ Result<std::unique_ptr<Client>> Client::Connect(const std::string& socket_path) 
   return std::unique_ptr<Client>(new Client(socket_path, std::move(connection)));
 }
 
+namespace {
+
+// The event handler of a call that reports progress: each progress event goes to
+// `progress` (whose false cancels); other events and malformed ones (not worth a cancel)
+// are passed over. Empty when `progress` is.
+DaemonConnection::EventHandler ProgressEvents(const CancellableProgress& progress) {
+  if (!progress) return {};
+  return [&progress](const json& frame) {
+    if (protocol::EventName(frame) != protocol::kProgressEvent) return true;
+    protocol::ProgressEvent event;
+    if (!protocol::Decode(frame, &event).ok()) return true;
+    return progress(event.done, event.total);
+  };
+}
+
+}  // namespace
+
 Result<LoadResult> Client::Load(const std::string& path, const LoadOptions& options) {
   protocol::LoadRequest request;
   CKPT_ASSIGN_OR_RETURN(request.path, Absolute(path));
@@ -46,17 +63,8 @@ Result<LoadResult> Client::Load(const std::string& path, const LoadOptions& opti
   request.replace = options.replace;
   request.allow_expansion = options.allow_expansion;
   request.progress = static_cast<bool>(options.progress);
-  DaemonConnection::EventHandler on_event;
-  if (options.progress) {
-    on_event = [&](const json& frame) {
-      if (protocol::EventName(frame) != protocol::kProgressEvent) return true;
-      protocol::ProgressEvent event;
-      if (!protocol::Decode(frame, &event).ok()) return true;  // a malformed event is not worth a cancel
-      return options.progress(event.done, event.total);
-    };
-  }
-  CKPT_ASSIGN_OR_RETURN(json response,
-                        connection_->Call(protocol::LoadRequest::kOp, protocol::Encode(request), on_event));
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->Call(protocol::LoadRequest::kOp, protocol::Encode(request),
+                                                         ProgressEvents(options.progress)));
   return protocol::DecodeAs<LoadResult>(response);
 }
 
@@ -66,19 +74,10 @@ Result<EnsureResult> Client::Ensure(const std::string& path, const EnsureOptions
   request.name = options.name;
   request.allow_expansion = options.allow_expansion;
   request.progress = static_cast<bool>(options.progress);
-  DaemonConnection::EventHandler on_event;
-  if (options.progress) {
-    on_event = [&](const json& frame) {
-      if (protocol::EventName(frame) != protocol::kProgressEvent) return true;
-      protocol::ProgressEvent event;
-      if (!protocol::Decode(frame, &event).ok()) return true;
-      return options.progress(event.done, event.total);
-    };
-  }
   // Not retried on a broken connection: the caller decides (a repeat is safe: it finds
   // the generation published, or joins the load still in progress).
-  CKPT_ASSIGN_OR_RETURN(json response,
-                        connection_->Call(protocol::EnsureRequest::kOp, protocol::Encode(request), on_event));
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->Call(protocol::EnsureRequest::kOp, protocol::Encode(request),
+                                                         ProgressEvents(options.progress)));
   return protocol::DecodeAs<EnsureResult>(response);
 }
 
