@@ -42,8 +42,8 @@ struct PersistOptions {
   // Persist only this generation (0: whatever is current when attached).
   // FailedPrecondition if the attached generation differs.
   uint64_t expected_generation = 0;
-  // Called about every 100 ms and at the end with (bytes written, bytes to write), on the
-  // calling thread. Returning false (or throwing, rethrown after the clean-up) cancels:
+  // Called about every 100 ms, after each tensor file is written and at the end with
+  // (bytes written, bytes to write), on the calling thread. Returning false (or throwing, rethrown after the clean-up) cancels:
   // Persist returns Cancelled, nothing is left behind, DIR is untouched. May be empty.
   CancellableProgress progress;
 };

@@ -442,6 +442,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
     }
     CKPT_RETURN_IF_ERROR(FinishFile(std::move(fd), f.name, written, size));
     result.files.push_back(f.name);
+    if (!progress->Report(true)) return Cancelled("persist cancelled");  // each file done, whatever the clock
   }
   if (sharded) {
     CKPT_RETURN_IF_ERROR(WriteSmallFile(staging->fd(), kIndexFile, index, progress));
