@@ -154,11 +154,11 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& p
                                   SharedLoad* shared = nullptr) {
   // The segment adds a header, an aligned index and the side files to the tensor bytes.
   CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
-  CheckedSum estimate_sum(stored);
-  estimate_sum.AddProduct(plan.tensors.size() + 2, 4096).Add(1u << 20);
-  estimate_sum.Add(ctx.segments->pages().segment_alignment());  // the size is rounded up to a (huge) page
-  for (const auto& side : plan.side_files) estimate_sum.Add(side.bytes.size());
-  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
+  CheckedSum side_sum;
+  for (const auto& side : plan.side_files) side_sum.Add(side.bytes.size());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t side_bytes, side_sum.Get("the side files' size"));
+  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate,
+                        shm::EstimateSegmentBytes(*ctx.segments, stored, plan.tensors.size(), side_bytes));
   std::vector<std::string> evicted;
   CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, replace, estimate, &evicted));
   struct Reservation {

@@ -297,10 +297,11 @@ Status WriteSession::Create() {
   parts.reserve(declared_.size());
   for (auto& d : declared_) parts.push_back(std::move(*d));
   CKPT_ASSIGN_OR_RETURN(WriteLayout layout, PlanWriteLayout(parts));
-  CheckedSum estimate_sum(layout.data_bytes);
-  estimate_sum.AddProduct(layout.tensors.size() + 2, 4096).Add(1u << 20);
-  for (const auto& side : side_files_) estimate_sum.Add(side.second.size());
-  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, estimate_sum.Get("the checkpoint's size"));
+  CheckedSum side_sum;
+  for (const auto& side : side_files_) side_sum.Add(side.second.size());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t side_bytes, side_sum.Get("the side files' size"));
+  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate,
+                        shm::EstimateSegmentBytes(*env_.segments, layout.data_bytes, layout.tensors.size(), side_bytes));
   std::vector<std::string> evicted;
   CKPT_ASSIGN_OR_RETURN(uint64_t generation, env_.catalog->BeginLoad(name_, replace_, estimate, &evicted));
   for (const std::string& e : evicted) spdlog::info("evicted '{}' to make room for the write of '{}'", e, name_);

@@ -15,6 +15,14 @@
 #include "shm/segment_reader.h"
 
 namespace ckpt::shm {
+
+Result<uint64_t> EstimateSegmentBytes(const SegmentDirectory& directory, uint64_t data_bytes, uint64_t tensor_count,
+                                      uint64_t side_bytes) {
+  CheckedSum sum(data_bytes);
+  sum.AddProduct(tensor_count + 2, 4096).Add(1u << 20).Add(side_bytes);
+  sum.Add(directory.pages().segment_alignment());  // the size is rounded up to a (huge) page
+  return sum.Get("the checkpoint's size");
+}
 namespace {
 
 SegmentHeader* HeaderOf(std::byte* base) { return reinterpret_cast<SegmentHeader*>(base); }

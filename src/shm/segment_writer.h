@@ -32,6 +32,13 @@ enum class PagePopulate {
                // Populate() before Publish(), which refuses a segment not populated
 };
 
+// What a segment for `tensor_count` tensors of `data_bytes` and side files of `side_bytes`
+// may take in `directory` at most (header, aligned index, side files, rounding to the
+// directory's page size): the budget a load or a write reserves before the segment
+// exists. OutOfRange if it overflows.
+Result<uint64_t> EstimateSegmentBytes(const SegmentDirectory& directory, uint64_t data_bytes, uint64_t tensor_count,
+                                      uint64_t side_bytes);
+
 struct SegmentSpec {
   const SegmentDirectory* directory = nullptr;  // where the segment is created; not owned
   std::string checkpoint_name;  // < 128 bytes, a plain file name component
