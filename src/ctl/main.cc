@@ -125,33 +125,48 @@ void OnInterrupt(int) {
   if (++g_interrupts > 1) _exit(130);
 }
 
+// While it lives, the first SIGINT asks the running operation to cancel (cancelled()
+// turns true) and a second ends ckptctl at once (exit status 130); the previous handler
+// is put back when it ends.
+class CancelOnSigint {
+ public:
+  CancelOnSigint() {
+    struct sigaction action {};
+    action.sa_handler = OnInterrupt;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGINT, &action, &previous_);
+  }
+  ~CancelOnSigint() { ::sigaction(SIGINT, &previous_, nullptr); }
+  CancelOnSigint(const CancelOnSigint&) = delete;
+  CancelOnSigint& operator=(const CancelOnSigint&) = delete;
+  bool cancelled() const { return g_interrupts > 0; }
+
+ private:
+  struct sigaction previous_ {};
+};
+
 int Load(const Options& o, const std::string& path, const std::string& name, bool replace, bool allow_expansion) {
   auto client = Connect(o);
   if (!client.ok()) return Fail(client.status());
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   const bool show_progress = !o.json_output;  // a bar on a terminal, plain lines otherwise
-  struct sigaction action {};
-  action.sa_handler = OnInterrupt;
-  sigemptyset(&action.sa_mask);
-  struct sigaction previous {};
-  ::sigaction(SIGINT, &action, &previous);
   ckpt::LoadOptions options;
   options.name = name;
   options.replace = replace;
   options.allow_expansion = allow_expansion;
   ckpt::Result<ckpt::LoadResult> result = ckpt::Internal("unreached");
   {
+    CancelOnSigint sigint;
     ckpt::ctl::ProgressBar bar(STDERR_FILENO, tty);
     // Progress events come about every 100 ms whether or not a bar is drawn: each is a
     // chance to cancel.
     options.progress = [&](uint64_t done, uint64_t total) {
-      if (g_interrupts > 0) return false;
+      if (sigint.cancelled()) return false;
       if (show_progress) bar.Update(done, total);
       return true;
     };
     result = (*client)->Load(path, options);
   }
-  ::sigaction(SIGINT, &previous, nullptr);
   if (!result.ok()) {
     if (result.status().code() == ckpt::StatusCode::kCancelled) {
       return Fail(ckpt::Cancelled("load cancelled; nothing was published"), {}, 130);
@@ -176,25 +191,20 @@ int Load(const Options& o, const std::string& path, const std::string& name, boo
 int Ensure(const Options& o, const std::string& path, const std::string& name, bool allow_expansion) {
   auto client = Connect(o);
   if (!client.ok()) return Fail(client.status());
-  struct sigaction action {};
-  action.sa_handler = OnInterrupt;
-  sigemptyset(&action.sa_mask);
-  struct sigaction previous {};
-  ::sigaction(SIGINT, &action, &previous);
   ckpt::EnsureOptions options;
   options.name = name;
   options.allow_expansion = allow_expansion;
   ckpt::Result<ckpt::EnsureResult> result = ckpt::Internal("unreached");
   {
+    CancelOnSigint sigint;
     ckpt::ctl::ProgressBar bar(STDERR_FILENO, ::isatty(STDERR_FILENO) != 0);
     options.progress = [&](uint64_t done, uint64_t total) {
-      if (g_interrupts > 0) return false;
+      if (sigint.cancelled()) return false;
       if (!o.json_output) bar.Update(done, total);
       return true;
     };
     result = (*client)->Ensure(path, options);
   }
-  ::sigaction(SIGINT, &previous, nullptr);
   if (!result.ok()) {
     if (result.status().code() == ckpt::StatusCode::kCancelled) {
       return Fail(ckpt::Cancelled("ensure cancelled (a load other callers wait for goes on for them)"), {}, 130);
@@ -456,13 +466,15 @@ int main(int argc, char** argv) {
     if (*verify) return Verify(o, name);
     if (*persist) {
       auto bar = std::make_unique<ckpt::ctl::ProgressBar>(STDERR_FILENO, ::isatty(STDERR_FILENO) != 0);
+      auto sigint = std::make_unique<CancelOnSigint>();
       return ckpt::ctl::RunPersist(
           o.socket, o.json_output, persist_args, [&](uint64_t done, uint64_t total) { bar->Update(done, total); },
           [&] {
             if (bar) bar->Finish();
             bar.reset();
+            sigint.reset();  // the persist is over: Ctrl-C is plain again
           },
-          [](const ckpt::Status& s) { return Fail(s); });
+          [](const ckpt::Status& s) { return Fail(s); }, [&] { return sigint && sigint->cancelled(); });
     }
   } catch (const std::exception& e) {
     return Fail(ckpt::Internal(std::string("ckptctl failed: ") + e.what()));

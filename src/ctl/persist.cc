@@ -1,6 +1,5 @@
 #include "ctl/persist.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,11 +12,6 @@
 
 namespace ckpt::ctl {
 namespace {
-
-volatile sig_atomic_t g_persist_interrupts = 0;
-void OnPersistInterrupt(int) {
-  if (++g_persist_interrupts > 1) _exit(130);
-}
 
 }  // namespace
 
@@ -37,28 +31,22 @@ CLI::App* AddPersistCommand(CLI::App& app, PersistArgs* args) {
 
 int RunPersist(const std::string& socket, bool json_output, const PersistArgs& args,
                const std::function<void(uint64_t, uint64_t)>& draw, const std::function<void()>& end_progress,
-               const std::function<int(const Status&)>& fail) {
+               const std::function<int(const Status&)>& fail, const std::function<bool()>& interrupted) {
   auto max_shard = ParseByteSize(args.max_shard_size);
   if (!max_shard.ok()) return fail(max_shard.status());
   auto client = Client::Connect(socket);
   if (!client.ok()) return fail(client.status());
   const bool show_progress = draw && !json_output && ::isatty(STDERR_FILENO);
-  struct sigaction action {};
-  action.sa_handler = OnPersistInterrupt;
-  sigemptyset(&action.sa_mask);
-  struct sigaction previous {};
-  ::sigaction(SIGINT, &action, &previous);
   PersistOptions options;
   options.max_shard_bytes = *max_shard;
   options.replace = args.replace;
   options.expected_generation = args.generation;
   options.progress = [&](uint64_t done, uint64_t total) {
-    if (g_persist_interrupts > 0) return false;
+    if (interrupted()) return false;
     if (show_progress) draw(done, total);
     return true;
   };
   Result<PersistResult> result = Persist(**client, args.name, args.dir, options);
-  ::sigaction(SIGINT, &previous, nullptr);
   if (end_progress) end_progress();
   if (!result.ok()) {
     if (result.status().code() == StatusCode::kCancelled) {

@@ -24,12 +24,12 @@ CLI::App* AddPersistCommand(CLI::App& app, PersistArgs* args);
 
 // Runs it against the daemon at `socket`. `draw(done, total)` draws progress (may be empty;
 // called only when stderr is a terminal and not --json); `end_progress` (may be empty)
-// ends the drawn line before the result is printed. The first SIGINT cancels (nothing
-// is left behind), a second ends ckptctl at once. Errors are reported through `fail`
+// ends the drawn line before the result is printed. `interrupted()` true (ckptctl's
+// Ctrl-C) cancels at the next tick: nothing is left behind. Errors are reported through `fail`
 // (ckptctl's text or JSON error, returning the exit status). Returns the exit status: 0
 // written, what `fail` returns on an error, 130 cancelled.
 int RunPersist(const std::string& socket, bool json_output, const PersistArgs& args,
                const std::function<void(uint64_t, uint64_t)>& draw, const std::function<void()>& end_progress,
-               const std::function<int(const Status&)>& fail);
+               const std::function<int(const Status&)>& fail, const std::function<bool()>& interrupted);
 
 }  // namespace ckpt::ctl

@@ -21,6 +21,15 @@ namespace ckpt::daemon {
 
 namespace {
 
+// The name a load or ensure of `path` publishes under (`name`, else the file's), once
+// `path` is absolute and the name valid; InvalidArgument otherwise.
+Result<std::string> NameOfLoad(const std::string& path, const std::string& name) {
+  if (path.empty() || path[0] != '/') return InvalidArgument("path must be absolute: '" + path.substr(0, 4096) + "'");
+  std::string chosen = name.empty() ? DefaultCheckpointName(path) : name;
+  CKPT_RETURN_IF_ERROR(ValidateCheckpointName(chosen));
+  return chosen;
+}
+
 // Watches a load's connection from the loader's progress ticks: sends progress events
 // (if asked) and reads what the client sends meanwhile. A cancel frame, a hang-up, a
 // frame that is not a cancel, or a stopping daemon set `cancel`. With a SharedLoad (an
@@ -240,11 +249,7 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& p
 
 Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const protocol::LoadRequest& request,
                         LoadWatch* watch) {
-  if (request.path.empty() || request.path[0] != '/') {
-    return InvalidArgument("path must be absolute: '" + request.path.substr(0, 4096) + "'");
-  }
-  const std::string name = request.name.empty() ? DefaultCheckpointName(request.path) : request.name;
-  CKPT_RETURN_IF_ERROR(ValidateCheckpointName(name));
+  CKPT_ASSIGN_OR_RETURN(const std::string name, NameOfLoad(request.path, request.name));
   ConnectionWatch connection(ctx, caller, request.progress, watch);
   auto plan = OpenAndPlan(ctx, request.path, name, request.allow_expansion);
   if (!plan.ok()) return plan.status();
@@ -320,11 +325,7 @@ Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& c
 
 Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
                             LoadWatch* watch) {
-  if (request.path.empty() || request.path[0] != '/') {
-    return InvalidArgument("path must be absolute: '" + request.path.substr(0, 4096) + "'");
-  }
-  const std::string name = request.name.empty() ? DefaultCheckpointName(request.path) : request.name;
-  CKPT_RETURN_IF_ERROR(ValidateCheckpointName(name));
+  CKPT_ASSIGN_OR_RETURN(const std::string name, NameOfLoad(request.path, request.name));
   // A load this call could not join (it was ending) is over within moments; then the
   // decision is taken again. The bound only guards against a livelock.
   for (int attempt = 0; attempt < 100; ++attempt) {
