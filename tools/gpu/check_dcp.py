@@ -76,6 +76,7 @@ def main():
     ap.add_argument("--mib", type=float, default=1024)
     ap.add_argument("--markdown")
     args = ap.parse_args()
+    args.ckptd = os.path.abspath(args.ckptd)  # the unit tests below run from tests/python
     os.makedirs(args.workdir, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="dcpd", dir="/tmp")
     sock = os.path.join(tmp, "ckptd.sock")
