@@ -38,6 +38,13 @@ cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint6
 
 constexpr int kMaxBuffers = 8;
 
+// CKPT_COPY_LOCK=whole (an experiment knob): the bounce slab page-locked in one
+// cudaHostRegister before any worker is ready, instead of each worker's part on its own.
+bool LockWholeSlab() {
+  const char* v = std::getenv("CKPT_COPY_LOCK");
+  return v && std::strcmp(v, "whole") == 0;
+}
+
 // One worker's resources, kept across runs. The stream is declared last, so destroyed
 // (after synchronising) first.
 struct WorkerRes {
@@ -56,6 +63,7 @@ class CopyResources {
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
         nbuf_(BounceBuffers()),
+        lock_whole_(LockWholeSlab()),
         workers_(static_cast<size_t>(nworkers_)) {}
   ~CopyResources() {
     if (prep_.joinable()) prep_.join();
@@ -154,13 +162,14 @@ class CopyResources {
                                " x " + std::to_string(n) + " workers are too large");
       stride = (per + kPage - 1) / kPage * kPage;
       CKPT_ASSIGN_OR_RETURN(slab_, PinnedBuffer::Map(n * stride, nworkers_));
+      if (lock_whole_) CKPT_RETURN_IF_ERROR(slab_.Lock(0, n * stride));
     }
     for (size_t i = 0; i < n; ++i) {
       WorkerRes& w = workers_[i];
       CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
       w.flag = flags() + i;
       if (bounce_) {
-        CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride, stride));
+        if (!lock_whole_) CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride, stride));
         for (size_t k = 0; k < static_cast<size_t>(nbuf_); ++k) {
           w.pinned[k] = slab_.get() + i * stride + k * chunk_;
           CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
@@ -178,6 +187,7 @@ class CopyResources {
   const int nworkers_;
   const uint64_t chunk_;
   const int nbuf_;
+  const bool lock_whole_;  // CKPT_COPY_LOCK=whole: the slab page-locked in one call, not per worker
   std::thread prep_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -13,6 +13,11 @@
 #     copyold    the same with the binaries in build-old/ (an earlier engine, built and carried
 #                the same way): before and after in one run
 #     copy       tools/bench_gpu.sh ALONE=1 "1 2 4" (COPY_CONFIGS, COPY_REPS): the figures
+#     copyvar    the same for each of COPY_VARIANTS="NAME/CONFIG/WORLDS/VAR=VAL,VAR=VAL ..." (the
+#                engine's experiment knobs, e.g. CKPT_COPY_ORDER=address; WORLDS like 1+4;
+#                VAR_REPS repetitions): A/B in one run, output in var-NAME/
+#     cold       tools/gpu/warm_huge.sh COLD_ONLY=1: cold loads (page cache dropped) against
+#                dd iflag=direct, 4 KiB and huge pages (COLD_RUNS, COLD_CONFIGS; needs root)
 # Logs go to a scratch directory, packed into OUT_DIR/results.tgz after every step (a
 # command stopped at its time limit still returns what finished); OUT_DIR/summary.txt
 # holds the step lines and each step's headline.
@@ -64,6 +69,23 @@ for step in "$@"; do
     SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${COPY_REPS:-3} FP16=0 \
       TRACE=1 BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:12:0:1 bounce:16:1:1}" tools/bench_gpu.sh "$work/copy" "1 2 4" > "$work/copy.log" 2>&1
     log "rc=$?"; grep -E '^\||pinned' "$work/copy.log" >> "$out/summary.txt" ;;
+  copyvar)
+    for v in ${COPY_VARIANTS:-}; do
+      IFS=/ read -r name cfg worlds envs <<< "$v"
+      log "variant $name: $cfg TP ${worlds//+/ } ${envs:-(defaults)}"
+      (
+        IFS=, read -r -a kv <<< "${envs:-}"
+        for e in "${kv[@]}"; do export "$e"; done
+        SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${VAR_REPS:-2} FP16=0 \
+          TRACE=1 BASELINES="" CONFIGS="$cfg" tools/bench_gpu.sh "$work/var-$name" "${worlds//+/ }"
+      ) > "$work/var-$name.log" 2>&1
+      log "rc=$?"; grep -E '^\||pinned' "$work/var-$name.log" >> "$out/summary.txt"
+      pack
+    done ;;
+  cold)
+    log "cold loads against dd iflag=direct, 4 KiB and huge pages"
+    COLD_ONLY=1 BENCH=$root/build/bin/ckpt-bench-load DATA=$data tools/gpu/warm_huge.sh "$work/cold" > "$work/cold.log" 2>&1
+    log "rc=$?"; grep -E '^== |dd bs|x dd' "$work/cold.log" >> "$out/summary.txt" ;;
   copyhuge)
     log "bench_gpu.sh ALONE=1, segment on huge pages (/dev/shm huge=always)"
     if mount -o remount,huge=always /dev/shm; then
