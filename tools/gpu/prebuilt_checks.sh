@@ -84,7 +84,8 @@ for step in "$@"; do
     done ;;
   cold)
     log "cold loads against dd iflag=direct, 4 KiB and huge pages"
-    COLD_ONLY=1 BENCH=$root/build/bin/ckpt-bench-load DATA=$data tools/gpu/warm_huge.sh "$work/cold" > "$work/cold.log" 2>&1
+    COLD_ONLY=1 BENCH=$root/build/bin/ckpt-bench-load DATA=$data timeout ${COLD_TIMEOUT_S:-600} tools/gpu/warm_huge.sh "$work/cold" \
+      > "$work/cold.log" 2>&1
     log "rc=$?"; grep -E '^== |dd bs|x dd' "$work/cold.log" >> "$out/summary.txt" ;;
   copyhuge)
     log "bench_gpu.sh ALONE=1, segment on huge pages (/dev/shm huge=always)"
