@@ -468,10 +468,12 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   // workers have started (below), so that their first gathers overlap the allocation.
   // (Where the device has not got that much free, the allocation comes first and fails
   // before any source byte is read.)
-  size_t free_b = 0, total_b = 0;
-  const bool early = !dest_.base && CopyEarlyStart() && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess &&
-                     free_b >= dest_.bytes;
-  cudaGetLastError();
+  bool early = false;
+  if (!dest_.base && CopyEarlyStart()) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) early = free_b >= dest_.bytes;
+    else cudaGetLastError();
+  }
   if (dest_.base) {
     base_ = dest_.base;
   } else if (!early) {
