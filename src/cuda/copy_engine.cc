@@ -454,20 +454,11 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
   if (!dest_.base && !dest_.allocate) return Internal("a copy run without device memory for its outputs");
-  tasks_ = CutIntoTasks(jobs_, chunk_);
-  order_ = TaskOrder(tasks_, CopyTaskMix());
-  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || j.transpose || j.from != j.to;
-  const bool do_register = options_.path == HostPath::kRegister;
-  if (do_register) {
-    groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
-    for (const Group& g : groups_) bounds_.push_back(g.begin);
-    group_done_.assign(groups_.size(), 0);
-  }
-  const double planned_s = Since(t0_);
-  // The outputs' device memory: given, or allocated now (CKPT_COPY_EARLY=0), or once the
-  // workers have started (below), so that their first gathers overlap the allocation.
-  // (Where the device has not got that much free, the allocation comes first and fails
-  // before any source byte is read.)
+  // The outputs' device memory: given, or allocated now, before the tasks are cut (so that
+  // an allocation that cannot succeed fails before any work: a 1 PiB output is not cut
+  // into 2 MiB tasks first), or, where the device has that much free and
+  // CKPT_COPY_EARLY is not 0, once the workers have started (below), so that their first
+  // gathers overlap the allocation.
   bool early = false;
   if (!dest_.base && CopyEarlyStart()) {
     size_t free_b = 0, total_b = 0;
@@ -481,6 +472,16 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     base_ = b;
     base_at_ = Since(t0_);
   }
+  tasks_ = CutIntoTasks(jobs_, chunk_);
+  order_ = TaskOrder(tasks_, CopyTaskMix());
+  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || j.transpose || j.from != j.to;
+  const bool do_register = options_.path == HostPath::kRegister;
+  if (do_register) {
+    groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
+    for (const Group& g : groups_) bounds_.push_back(g.begin);
+    group_done_.assign(groups_.size(), 0);
+  }
+  const double planned_s = Since(t0_);
 
   // Resources, ready before any worker starts (an early return frees nothing a copy
   // still uses): prepared in the background since the loader was created, or now.
@@ -605,7 +606,7 @@ int BounceBuffers() {
 
 TaskMix CopyTaskMix() {
   const char* v = std::getenv("CKPT_COPY_ORDER");
-  return v && std::strcmp(v, "address") == 0 ? TaskMix::kAddress : TaskMix::kSpread;
+  return v && std::strcmp(v, "spread") == 0 ? TaskMix::kSpread : TaskMix::kAddress;
 }
 
 bool CopyEarlyStart() {

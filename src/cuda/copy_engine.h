@@ -74,7 +74,7 @@ int BounceBuffers();
 
 // Experiment knobs of the benchmark (not an interface), read at every run:
 // CKPT_COPY_ORDER=address|spread (TaskMix of the tasks that are not whole-job tasks;
-// default: spread) and CKPT_COPY_EARLY=0|1 (1, the default: workers start gathering
+// default: address, spread measured no faster) and CKPT_COPY_EARLY=0|1 (1, the default: workers start gathering
 // before the device memory exists, CopyDestination::allocate; 0: it is allocated first).
 TaskMix CopyTaskMix();
 bool CopyEarlyStart();

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -41,6 +43,11 @@ namespace {
 // Faults [p, p + bytes) in for writing with up to `threads` threads, each a share of whole
 // `unit`s; false where the kernel refused (out of memory). Without MADV_POPULATE_WRITE
 // (older kernels: EINVAL) the pages are left for cudaHostRegister to fault in.
+// Every thread is started before any of them populates: a populate holds the mapping's
+// lock for reading while it faults its share in, and starting a thread maps its stack
+// (the same lock, for writing), so threads started one after another while the earlier
+// ones populate run one at a time (measured: 48 MiB took 6-8 ms before the first worker
+// of a loader was ready on the 1 x H200 host, docs/benchmarks.md).
 bool Populate(std::byte* p, size_t bytes, size_t unit, int threads) {
 #ifdef MADV_POPULATE_WRITE
   const size_t units = (bytes + unit - 1) / unit;
@@ -52,15 +59,31 @@ bool Populate(std::byte* p, size_t bytes, size_t unit, int threads) {
     if (b >= bytes) return;
     if (madvise(p + b, std::min(per, bytes - b), MADV_POPULATE_WRITE) != 0 && errno != EINVAL) ok = false;
   };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
   std::vector<std::thread> pool;
+  std::vector<size_t> mine;  // parts no thread could be started for: this one does them
   for (size_t k = 1; k < n; ++k) {
     try {
-      pool.emplace_back(part, k);
+      pool.emplace_back([&, k] {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return go; });
+        }
+        part(k);
+      });
     } catch (const std::system_error&) {
-      part(k);  // no thread: this one does it
+      mine.push_back(k);
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+  }
+  cv.notify_all();
   part(0);
+  for (size_t k : mine) part(k);
   for (auto& t : pool) t.join();
   return ok;
 #else
