@@ -43,21 +43,24 @@ namespace {
 // Faults [p, p + bytes) in for writing with up to `threads` threads, each a share of whole
 // `unit`s; false where the kernel refused (out of memory). Without MADV_POPULATE_WRITE
 // (older kernels: EINVAL) the pages are left for cudaHostRegister to fault in.
-// Every thread is started before any of them populates: a populate holds the mapping's
-// lock for reading while it faults its share in, and starting a thread maps its stack
-// (the same lock, for writing), so threads started one after another while the earlier
-// ones populate run one at a time (measured: 48 MiB took 6-8 ms before the first worker
-// of a loader was ready on the 1 x H200 host, docs/benchmarks.md).
+// Every thread is started before any of them populates: a populate holds the process's
+// mapping lock for reading while it faults its range in, and starting a thread maps its
+// stack (the same lock, for writing), so threads started one after another while the
+// earlier ones populate ran one at a time (the first worker of a loader was ready only
+// 6-8 ms after its creation on the 1 x H200 host, docs/benchmarks.md).
 bool Populate(std::byte* p, size_t bytes, size_t unit, int threads) {
 #ifdef MADV_POPULATE_WRITE
   const size_t units = (bytes + unit - 1) / unit;
   const size_t n = std::max<size_t>(1, std::min<size_t>(units, static_cast<size_t>(std::max(1, threads))));
   const size_t per = (units + n - 1) / n * unit;
   std::atomic<bool> ok{true};
+  // One `unit` per call: the lock is held for one unit at a time, so that the other
+  // threads of the process (a Load planning, starting its workers) are not held up.
   auto part = [&](size_t k) {
-    const size_t b = k * per;
-    if (b >= bytes) return;
-    if (madvise(p + b, std::min(per, bytes - b), MADV_POPULATE_WRITE) != 0 && errno != EINVAL) ok = false;
+    const size_t end = std::min(bytes, (k + 1) * per);
+    for (size_t b = k * per; b < end && ok; b += unit) {
+      if (madvise(p + b, std::min(unit, end - b), MADV_POPULATE_WRITE) != 0 && errno != EINVAL) ok = false;
+    }
   };
   std::mutex mu;
   std::condition_variable cv;
