@@ -26,7 +26,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$1; built_at=$2; shift 2
-work=$(mktemp -d)
+work=${WORK_DIR:-$(mktemp -d)}; mkdir -p "$work"
 mkdir -p "$out" "$(dirname "$built_at")"
 [ -e "$built_at" ] || ln -s "$root" "$built_at"
 cd "$root"
