@@ -15,8 +15,10 @@
 // (allocated on 2 MiB-aligned transparent huge pages, faulted in by several threads at
 // once, each worker's part then page-locked on its own) are CopyResources. A loader
 // starts preparing them on a background thread when it is created, worker by worker, so
-// that the preparation overlaps the caller's planning and device allocation and a run
-// starts with the workers ready so far; it keeps them for every later Load.
+// that the preparation overlaps the caller's planning and a run starts with the workers
+// ready so far; it keeps them for every later Load. The outputs' device memory is
+// allocated by the run once its workers have started (CopyDestination), so that the
+// allocation overlaps their first gathers.
 #pragma once
 
 #include <cstdint>
@@ -74,8 +76,9 @@ int BounceBuffers();
 
 // Experiment knobs of the benchmark (not an interface), read at every run:
 // CKPT_COPY_ORDER=address|spread (TaskMix of the tasks that are not whole-job tasks;
-// default: address, spread measured no faster) and CKPT_COPY_EARLY=0|1 (1, the default: workers start gathering
-// before the device memory exists, CopyDestination::allocate; 0: it is allocated first).
+// default address: spread measured no faster, docs/benchmarks.md) and CKPT_COPY_EARLY=0|1
+// (1, the default: workers start gathering before the device memory exists, see
+// CopyDestination; 0: it is allocated first).
 TaskMix CopyTaskMix();
 bool CopyEarlyStart();
 
@@ -94,12 +97,12 @@ class CopyResources;
 // joins the thread when destroyed, then frees everything (synchronising its streams).
 std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptions& options);
 
-// Runs every job on `device` (the calling thread's device is left as it was); adds its
-// setup time to stats->setup_seconds and fills the register/unregister times and the
-// registered/copied bytes of `stats`. `resources`, if not null, must come from
+// Runs every job on `device` into `dest` (the calling thread's device is left as it was);
+// adds the time until its first copy was issued to stats->setup_seconds and fills the
+// register/unregister times and the registered/copied bytes of `stats`. `resources`, if not null, must come from
 // StartCopyResources with the same device and options; the run uses its workers as
 // each becomes ready, and leaves them ready for the next (else resources are made for
-// this run and freed before return). dest.allocate's error is returned as it is. Errors: those of
+// this run and freed before return). Errors: dest.allocate's, as it returned it; those of
 // the driver (ResourceExhausted for device or pinned memory, Internal). On return, with
 // or without error, nothing is in flight and every registration is undone.
 Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, const CopyDestination& dest, int device,
