@@ -38,6 +38,13 @@ cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint6
 
 constexpr int kMaxBuffers = 8;
 
+// CKPT_COPY_LOCK=whole (an experiment knob): the bounce slab page-locked in one
+// cudaHostRegister before any worker is ready, instead of each worker's part on its own.
+bool LockWholeSlab() {
+  const char* v = std::getenv("CKPT_COPY_LOCK");
+  return v && std::strcmp(v, "whole") == 0;
+}
+
 // One worker's resources, kept across runs. The stream is declared last, so destroyed
 // (after synchronising) first.
 struct WorkerRes {
@@ -56,6 +63,7 @@ class CopyResources {
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
         nbuf_(BounceBuffers()),
+        lock_whole_(LockWholeSlab()),
         workers_(static_cast<size_t>(nworkers_)) {}
   ~CopyResources() {
     if (prep_.joinable()) prep_.join();
@@ -154,13 +162,14 @@ class CopyResources {
                                " x " + std::to_string(n) + " workers are too large");
       stride = (per + kPage - 1) / kPage * kPage;
       CKPT_ASSIGN_OR_RETURN(slab_, PinnedBuffer::Map(n * stride, nworkers_));
+      if (lock_whole_) CKPT_RETURN_IF_ERROR(slab_.Lock(0, n * stride));
     }
     for (size_t i = 0; i < n; ++i) {
       WorkerRes& w = workers_[i];
       CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
       w.flag = flags() + i;
       if (bounce_) {
-        CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride, stride));
+        if (!lock_whole_) CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride, stride));
         for (size_t k = 0; k < static_cast<size_t>(nbuf_); ++k) {
           w.pinned[k] = slab_.get() + i * stride + k * chunk_;
           CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
@@ -178,6 +187,7 @@ class CopyResources {
   const int nworkers_;
   const uint64_t chunk_;
   const int nbuf_;
+  const bool lock_whole_;  // CKPT_COPY_LOCK=whole: the slab page-locked in one call, not per worker
   std::thread prep_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -195,8 +205,8 @@ namespace {
 // The state every worker of one RunCopyJobs shares.
 class CopyRun {
  public:
-  CopyRun(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options)
-      : jobs_(jobs), device_(device), options_(options), chunk_(ChunkBytes(options)) {}
+  CopyRun(const std::vector<CopyJob>& jobs, const CopyDestination& dest, int device, const GpuLoadOptions& options)
+      : jobs_(jobs), dest_(dest), device_(device), options_(options), chunk_(ChunkBytes(options)) {}
 
   Result<CopyResult> Go(GpuLoadStats* stats, CopyResources* resources);
 
@@ -208,16 +218,24 @@ class CopyRun {
     bool active = false;     // the worker was ready before the tasks ran out
     int which = 0;
     double first_issue = -1, end = 0;  // seconds since the run started (trace)
+    double ready = 0;                  // when its resources were ready, since the run started
+    // Seconds spent (trace): copying into bounce buffers (gather tasks / packed ones),
+    // waiting for a buffer's last copy to be read, issuing copies.
+    double gather_s = 0, packed_s = 0, wait_s = 0, issue_s = 0;
+    uint64_t gather_bytes = 0;
   };
   void Fail(Status s);
+  static Status Aborted();
   void WorkerLoop(Lane& w);
   Status RunTask(Lane& w, const Task& t);
   Status CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const Rect& x);
   Status NeedScratch(Lane& w, uint64_t bytes);
   bool WaitRegistered(const Task& t);
+  bool WaitBase();
   void RegisterLoop();
 
   const std::vector<CopyJob>& jobs_;
+  const CopyDestination& dest_;
   const int device_;
   const GpuLoadOptions& options_;
   const uint64_t chunk_;
@@ -234,6 +252,9 @@ class CopyRun {
   std::condition_variable cv_;
   std::atomic<bool> abort_{false};
   Status first_error_;  // guarded by mu_
+  // The outputs' device memory: set before any copy reaches the device.
+  std::atomic<std::byte*> base_{nullptr};
+  double base_at_ = 0;  // when it was set, since the run started (trace)
 
   // kRegister only. bounds_: group begins (sorted), where copies must be split.
   std::vector<Group> groups_;
@@ -243,6 +264,10 @@ class CopyRun {
   std::atomic<size_t> next_group_{0};
   std::atomic<uint64_t> registered_bytes_{0};
 };
+
+// What a worker returns when it stops because another part of the run failed (Fail keeps
+// the first error, so this is never the run's).
+Status CopyRun::Aborted() { return Internal("the copy run was stopped by an earlier error"); }
 
 void CopyRun::Fail(Status s) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -279,6 +304,14 @@ bool CopyRun::WaitRegistered(const Task& t) {
   return !abort_;
 }
 
+// Waits until the outputs' device memory exists; false if the run was aborted.
+bool CopyRun::WaitBase() {
+  if (base_.load(std::memory_order_acquire)) return true;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return abort_ || base_.load(std::memory_order_acquire) != nullptr; });
+  return !abort_;
+}
+
 Status CopyRun::NeedScratch(Lane& w, uint64_t bytes) {
   DeviceBuffer& scratch = w.r->scratch;
   if (scratch.size() >= bytes) return Status::Ok();
@@ -290,7 +323,8 @@ Status CopyRun::NeedScratch(Lane& w, uint64_t bytes) {
 
 // Copies rectangle x of region r of job j: straight to the output, or (conversion) to
 // scratch and converted from there into the output, or (transpose) to its place in
-// scratch, which holds the whole piece.
+// scratch, which holds the whole piece. On the bounce path the rectangle is gathered
+// into the buffer before the outputs' device memory is waited for (CopyDestination).
 Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const Rect& x) {
   const uint64_t esize = DTypeSize(j.from);
   const bool direct = !j.transpose && j.from == j.to;
@@ -298,33 +332,50 @@ Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const R
   const std::byte* src = j.src + r.src_offset + x.r0 * r.src_pitch + x.c0;
   const uint64_t dst_rel = r.dst_offset + x.r0 * r.dst_pitch + x.c0;  // in the piece, source dtype bytes
   cudaStream_t stream = w.r->stream.get();
-  std::byte* dst;
-  uint64_t dpitch;
-  if (direct) {
-    dst = j.out + j.piece_first_elem * esize + dst_rel;
-    dpitch = r.dst_pitch;
-  } else if (j.transpose) {
-    dst = static_cast<std::byte*>(w.r->scratch.get()) + dst_rel;
-    dpitch = r.dst_pitch;
-  } else {
-    dst = static_cast<std::byte*>(w.r->scratch.get());
-    dpitch = w_bytes;
-  }
+  // Where the copy lands; the output's address only once WaitBase returned true.
+  auto destination = [&](uint64_t* dpitch) -> std::byte* {
+    if (direct) {
+      *dpitch = r.dst_pitch;
+      return base_.load(std::memory_order_acquire) + j.out_offset + j.piece_first_elem * esize + dst_rel;
+    }
+    if (j.transpose) {
+      *dpitch = r.dst_pitch;
+      return static_cast<std::byte*>(w.r->scratch.get()) + dst_rel;
+    }
+    *dpitch = w_bytes;
+    return static_cast<std::byte*>(w.r->scratch.get());
+  };
+  uint64_t dpitch = 0;
   cudaError_t err;
   if (options_.path == HostPath::kBounce) {
     // The oldest of the worker's buffers: wait until its last copy has been read.
     Event& done = w.r->done[w.which];
+    const auto c0 = Clock::now();
     CKPT_CUDA_RETURN("cudaEventSynchronize", cudaEventSynchronize(done.get()));
+    const auto c1 = Clock::now();
     std::byte* buf = w.r->pinned[w.which];
-    if (h == 1 || w_bytes == r.src_pitch) {
+    const bool gather = h > 1 && w_bytes != r.src_pitch;
+    if (!gather) {
       std::memcpy(buf, src, w_bytes * h);
     } else {
       for (uint64_t row = 0; row < h; ++row) std::memcpy(buf + row * w_bytes, src + row * r.src_pitch, w_bytes);
     }
+    const auto c2 = Clock::now();
+    if (!WaitBase()) return Aborted();
+    const auto c3 = Clock::now();
+    std::byte* dst = destination(&dpitch);
     err = CopyH2D(buf, w_bytes, dst, dpitch, w_bytes, h, stream);
     if (err == cudaSuccess) err = cudaEventRecord(done.get(), stream);
     w.which = (w.which + 1) % nbuf_;
+    const auto c4 = Clock::now();
+    auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    w.wait_s += secs(c1 - c0);
+    (gather ? w.gather_s : w.packed_s) += secs(c2 - c1);
+    if (gather) w.gather_bytes += w_bytes * h;
+    w.issue_s += secs(c4 - c3);
   } else {
+    if (!WaitBase()) return Aborted();
+    std::byte* dst = destination(&dpitch);
     // The driver refuses a copy whose source spans two registrations: split at bounds_.
     err = static_cast<cudaError_t>(SplitAtBounds(
         reinterpret_cast<uint64_t>(src), r.src_pitch, w_bytes, h, bounds_,
@@ -337,7 +388,8 @@ Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const R
   if (w.first_issue < 0) w.first_issue = Since(t0_);
   copied_ += w_bytes * h;
   if (!direct && !j.transpose) {
-    return LaunchConvertRows(j.from, j.to, w.r->scratch.get(), w_bytes / esize, h, j.out,
+    return LaunchConvertRows(j.from, j.to, w.r->scratch.get(), w_bytes / esize, h,
+                             base_.load(std::memory_order_acquire) + j.out_offset,
                              j.piece_first_elem + dst_rel / esize, r.dst_pitch / esize, w.r->flag, j.tag, stream);
   }
   return Status::Ok();
@@ -363,7 +415,9 @@ Status CopyRun::RunTask(Lane& w, const Task& t) {
   const auto& shape = j.layout->shape;
   const uint64_t rows = shape[0], cols = j.layout->nbytes / esize / std::max<uint64_t>(rows, 1);
   const uint64_t row0 = j.piece_first_elem / std::max<uint64_t>(cols, 1);
-  return LaunchTranspose(j.from, j.to, w.r->scratch.get(), rows, cols, j.out, j.out_rows, row0, w.r->flag, j.tag,
+  if (!WaitBase()) return Aborted();
+  return LaunchTranspose(j.from, j.to, w.r->scratch.get(), rows, cols,
+                         base_.load(std::memory_order_acquire) + j.out_offset, j.out_rows, row0, w.r->flag, j.tag,
                          w.r->stream.get());
 }
 
@@ -375,6 +429,7 @@ void CopyRun::WorkerLoop(Lane& w) {
   if (!ready.ok()) return Fail(ready);
   if (gave_up) return;
   w.active = true;
+  w.ready = Since(t0_);
   w.r = &res_->worker(w.index);
   cudaStream_t stream = w.r->stream.get();
   if (needs_flags_) {
@@ -398,8 +453,27 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   t0_ = Clock::now();
   CurrentDeviceGuard keep_callers_device;
   CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
+  if (!dest_.base && !dest_.allocate) return Internal("a copy run without device memory for its outputs");
+  // The outputs' device memory: given, or allocated now, before the tasks are cut (so that
+  // an allocation that cannot succeed fails before any work: a 1 PiB output is not cut
+  // into 2 MiB tasks first), or, where the device has that much free and
+  // CKPT_COPY_EARLY is not 0, once the workers have started (below), so that their first
+  // gathers overlap the allocation.
+  bool early = false;
+  if (!dest_.base && CopyEarlyStart()) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) early = free_b >= dest_.bytes;
+    else cudaGetLastError();
+  }
+  if (dest_.base) {
+    base_ = dest_.base;
+  } else if (!early) {
+    CKPT_ASSIGN_OR_RETURN(std::byte* b, dest_.allocate());
+    base_ = b;
+    base_at_ = Since(t0_);
+  }
   tasks_ = CutIntoTasks(jobs_, chunk_);
-  order_ = TaskOrder(tasks_);
+  order_ = TaskOrder(tasks_, CopyTaskMix());
   for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || j.transpose || j.from != j.to;
   const bool do_register = options_.path == HostPath::kRegister;
   if (do_register) {
@@ -426,7 +500,6 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   std::vector<Lane> lanes(n);
   for (size_t i = 0; i < n; ++i) lanes[i].index = i;
 
-  stats->setup_seconds += Since(t0_);
   const double started_s = Since(t0_);
   const auto r0 = Clock::now();
   std::vector<std::thread> registrars, threads;
@@ -438,6 +511,19 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     for (Lane& w : lanes) threads.emplace_back([this, &w] { WorkerLoop(w); });
   } catch (const std::system_error& e) {  // no thread: stop the ones started, report it
     Fail(ResourceExhausted(std::string("starting a copy thread: ") + e.what()));
+  }
+  if (early) {
+    // Every worker waits for this before its first copy to the device (WaitBase).
+    Result<std::byte*> b = dest_.allocate();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (b.ok()) {
+      base_.store(*b, std::memory_order_release);
+      base_at_ = Since(t0_);
+    } else {
+      if (first_error_.ok()) first_error_ = b.status();
+      abort_ = true;
+    }
+    cv_.notify_all();
   }
   for (auto& t : threads) t.join();  // a failed worker set abort_, which stops the registrars
   for (auto& t : registrars) t.join();
@@ -452,11 +538,15 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   registrations_.clear();
   stats->unregister_seconds = Since(u0);
   size_t active = 0;
+  double first = -1;
   for (Lane& w : lanes) {
     if (!w.active) continue;
     ++active;
+    if (w.first_issue >= 0 && (first < 0 || w.first_issue < first)) first = w.first_issue;
     w.r->scratch.Reset();  // device memory the state dict does not own
   }
+  // Setup: until the first copy was issued (or, with none, until the workers started).
+  stats->setup_seconds += first >= 0 ? first : started_s;
   if (!first_error_.ok()) return first_error_;
 
   CopyResult result;
@@ -470,20 +560,31 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   }
   stats->copied_bytes = copied_;
   if (CopyTraceEnabled()) {
-    double first = 1e9, end_min = 1e9, end_max = 0;
+    double end_min = 1e9, end_max = 0, ready_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
+    double busy_max = 0;
+    uint64_t gather_bytes = 0;
     for (const Lane& w : lanes) {
       if (!w.active) continue;
-      if (w.first_issue >= 0) first = std::min(first, w.first_issue);
       end_min = std::min(end_min, w.end);
       end_max = std::max(end_max, w.end);
+      ready_max = std::max(ready_max, w.ready);
+      gather += w.gather_s, packed += w.packed_s, wait += w.wait_s, issue += w.issue_s;
+      busy_max = std::max(busy_max, w.gather_s + w.packed_s + w.issue_s);
+      gather_bytes += w.gather_bytes;
     }
+    const double gib = 1073741824.0, packed_bytes = static_cast<double>(copied_.load() - gather_bytes);
     std::fprintf(stderr,
                  "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
-                 "\"background_prep_s\":%.4f,\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,"
-                 "\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
-                 "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f}\n",
-                 tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0, resources->prep_seconds(), planned_s, wait_s, started_s,
-                 first, end_min, end_max, copied_s, Since(t0_), copied_.load() / 1073741824.0);
+                 "\"order\":\"%s\",\"early\":%d,\"background_prep_s\":%.4f,\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,"
+                 "\"base_s\":%.4f,\"last_ready_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
+                 "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
+                 "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
+                 "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f}\n",
+                 tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0,
+                 CopyTaskMix() == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, resources->prep_seconds(),
+                 planned_s, wait_s, started_s, base_at_, ready_max, first, end_min, end_max, copied_s, Since(t0_),
+                 copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
+                 gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0);
   }
   return result;
 }
@@ -503,6 +604,16 @@ int BounceBuffers() {
   return *end == '\0' && n >= 1 && n <= kMaxBuffers ? static_cast<int>(n) : 2;
 }
 
+TaskMix CopyTaskMix() {
+  const char* v = std::getenv("CKPT_COPY_ORDER");
+  return v && std::strcmp(v, "spread") == 0 ? TaskMix::kSpread : TaskMix::kAddress;
+}
+
+bool CopyEarlyStart() {
+  const char* v = std::getenv("CKPT_COPY_EARLY");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
 bool CopyTraceEnabled() {
   const char* v = std::getenv("CKPT_COPY_TRACE");
   return v && std::strcmp(v, "1") == 0;
@@ -514,11 +625,11 @@ std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptio
   return r;
 }
 
-Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,
-                               GpuLoadStats* stats, CopyResources* resources) {
+Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, const CopyDestination& dest, int device,
+                               const GpuLoadOptions& options, GpuLoadStats* stats, CopyResources* resources) {
   if (resources && resources->device() != device)
     return Internal("copy resources of device " + std::to_string(resources->device()) + " used on " + std::to_string(device));
-  CopyRun run(jobs, device, options);
+  CopyRun run(jobs, dest, device, options);
   return run.Go(stats, resources);
 }
 

@@ -15,11 +15,14 @@
 // (allocated on 2 MiB-aligned transparent huge pages, faulted in by several threads at
 // once, each worker's part then page-locked on its own) are CopyResources. A loader
 // starts preparing them on a background thread when it is created, worker by worker, so
-// that the preparation overlaps the caller's planning and device allocation and a run
-// starts with the workers ready so far; it keeps them for every later Load.
+// that the preparation overlaps the caller's planning and a run starts with the workers
+// ready so far; it keeps them for every later Load. The outputs' device memory is
+// allocated by the run once its workers have started (CopyDestination), so that the
+// allocation overlaps their first gathers.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,13 +32,15 @@
 
 namespace ckpt::cuda {
 
+enum class TaskMix;  // copy_tasks.h
+
 // One piece of one output.
 struct CopyJob {
   const ShardLayout* layout = nullptr;  // regions read from src, in source-dtype bytes
   const std::byte* src = nullptr;       // the source tensor's first byte (host)
   DType from = DType::kU8, to = DType::kU8;
   bool transpose = false;
-  std::byte* out = nullptr;             // the output tensor on the device
+  uint64_t out_offset = 0;              // the output tensor's offset in the run's CopyDestination
   uint64_t piece_first_elem = 0;        // first element of this piece in the untransposed output
   uint64_t out_rows = 0;                // untransposed output rows (for transposes: dst_ld)
   const std::string* name = nullptr;    // the output's name, for errors
@@ -44,6 +49,17 @@ struct CopyJob {
 
 struct CopyResult {
   int overflow_tag = 0;  // tag of a job whose conversion produced inf from a finite value; 0: none
+};
+
+// The device memory a run's outputs go to: `base` where it is set; else the run calls
+// `allocate` (of `bytes`) once on the calling thread: right after starting its workers,
+// so that the allocation overlaps their first gathers into the bounce buffers, where the
+// device reports `bytes` free, else before starting them. No copy reaches the device
+// before it returns; its error ends the run (returned as it is, nothing left in flight).
+struct CopyDestination {
+  std::byte* base = nullptr;
+  std::function<Result<std::byte*>()> allocate;
+  uint64_t bytes = 0;
 };
 
 // The bounce path's buffer size where options.chunk_bytes is 0.
@@ -57,6 +73,14 @@ uint64_t ChunkBytes(const GpuLoadOptions& options);
 // Pinned buffers per worker on the bounce path: 2, or CKPT_COPY_BUFFERS (1 to 8) where
 // that is set (an experiment knob of the benchmark, not an interface).
 int BounceBuffers();
+
+// Experiment knobs of the benchmark (not an interface), read at every run:
+// CKPT_COPY_ORDER=address|spread (TaskMix of the tasks that are not whole-job tasks;
+// default address: spread measured no faster, docs/benchmarks.md) and CKPT_COPY_EARLY=0|1
+// (1, the default: workers start gathering before the device memory exists, see
+// CopyDestination; 0: it is allocated first).
+TaskMix CopyTaskMix();
+bool CopyEarlyStart();
 
 // True where CKPT_COPY_TRACE=1: every Load then prints its phases' timestamps, one JSON
 // object per line, to stderr (tools/bench_gpu.sh collects them).
@@ -73,15 +97,16 @@ class CopyResources;
 // joins the thread when destroyed, then frees everything (synchronising its streams).
 std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptions& options);
 
-// Runs every job on `device` (the calling thread's device is left as it was); adds its
-// setup time to stats->setup_seconds and fills the register/unregister times and the
-// registered/copied bytes of `stats`. `resources`, if not null, must come from
+// Runs every job on `device` into `dest` (the calling thread's device is left as it was);
+// adds the time until its first copy was issued to stats->setup_seconds and fills the
+// register/unregister times and the registered/copied bytes of `stats`. `resources`, if not null, must come from
 // StartCopyResources with the same device and options; the run uses its workers as
 // each becomes ready, and leaves them ready for the next (else resources are made for
-// this run and freed before return). Errors: those of
+// this run and freed before return). Errors: dest.allocate's, as it returned it; those of
 // the driver (ResourceExhausted for device or pinned memory, Internal). On return, with
 // or without error, nothing is in flight and every registration is undone.
-Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, int device, const GpuLoadOptions& options,
-                               GpuLoadStats* stats, CopyResources* resources = nullptr);
+Result<CopyResult> RunCopyJobs(const std::vector<CopyJob>& jobs, const CopyDestination& dest, int device,
+                               const GpuLoadOptions& options, GpuLoadStats* stats,
+                               CopyResources* resources = nullptr);
 
 }  // namespace ckpt::cuda

@@ -17,6 +17,7 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk)
         t.lo = std::min(t.lo, base + r.src_offset);
         t.hi = std::max(t.hi, base + r.src_offset + (r.rows - 1) * r.src_pitch + r.row_bytes);
       }
+      for (const CopyRegion& r : regions) t.bytes += r.rows * r.row_bytes;
       if (t.hi > 0) tasks.push_back(t);
       continue;
     }
@@ -30,6 +31,8 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk)
         t.rect = x;
         t.lo = base + r.src_offset + x.r0 * r.src_pitch + x.c0;
         t.hi = base + r.src_offset + (x.r1 - 1) * r.src_pitch + x.c1;
+        t.bytes = (x.r1 - x.r0) * (x.c1 - x.c0);
+        t.gather = x.r1 - x.r0 > 1 && x.c1 - x.c0 != r.src_pitch;
         tasks.push_back(t);
       });
     }
@@ -38,8 +41,8 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk)
   return tasks;
 }
 
-std::vector<size_t> TaskOrder(const std::vector<Task>& tasks) {
-  std::vector<size_t> order;
+std::vector<size_t> TaskOrder(const std::vector<Task>& tasks, TaskMix mix) {
+  std::vector<size_t> order, gathers, others;
   order.reserve(tasks.size());
   for (size_t i = 0; i < tasks.size(); ++i) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -47,6 +50,25 @@ std::vector<size_t> TaskOrder(const std::vector<Task>& tasks) {
     if (wa != wb) return wa;
     return wa && tasks[a].hi - tasks[a].lo > tasks[b].hi - tasks[b].lo;
   });
+  if (mix == TaskMix::kAddress) return order;
+  size_t whole = 0;
+  while (whole < order.size() && tasks[order[whole]].region < 0) ++whole;
+  double gather_total = 0, other_total = 0;
+  for (size_t k = whole; k < order.size(); ++k) {
+    const Task& t = tasks[order[k]];
+    (t.gather ? gathers : others).push_back(order[k]);
+    (t.gather ? gather_total : other_total) += static_cast<double>(t.bytes);
+  }
+  // Merge: next from the kind that has had the smaller share of its bytes taken so far.
+  size_t g = 0, o = 0, k = whole;
+  double gather_done = 0, other_done = 0;
+  while (g < gathers.size() || o < others.size()) {
+    const bool take_gather =
+        o == others.size() || (g < gathers.size() && gather_done * other_total <= other_done * gather_total);
+    const size_t i = take_gather ? gathers[g++] : others[o++];
+    (take_gather ? gather_done : other_done) += static_cast<double>(tasks[i].bytes);
+    order[k++] = i;
+  }
   return order;
 }
 

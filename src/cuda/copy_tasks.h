@@ -36,6 +36,9 @@ struct Task {
   Rect rect{};
   uint64_t lo = 0, hi = 0;             // source bytes read: [lo, hi), absolute addresses
   size_t reg_first = 0, reg_last = 0;  // registration groups those bytes lie in (PlanGroups)
+  uint64_t bytes = 0;                  // bytes copied (a whole-job task: every region's)
+  bool gather = false;                 // several rows that are not packed in the source: on the
+                                       // bounce path the CPU copies them one row at a time
 };
 
 // The tasks of `jobs`: a rectangle of at most `chunk` bytes (ForEachRect) for each piece
@@ -43,11 +46,18 @@ struct Task {
 // job with any region; empty regions give none. Sorted by lo.
 std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk);
 
+// How the tasks that are not whole-job tasks are ordered (TaskOrder).
+enum class TaskMix {
+  kAddress,  // in their order in `tasks` (by address, as CutIntoTasks returns them)
+  kSpread,   // gather tasks spread evenly among the others by bytes (each kind in address
+             // order): a row-parallel shard's strided rows cost the CPU several times
+             // what packed bytes do, and in address order every worker meets them at once
+};
+
 // The order in which workers take `tasks` (indices into it): every whole-job
 // (transposed) task first, largest span first, so that none is left for the end while
-// the other workers idle; then the others in their order in `tasks` (by address, as
-// CutIntoTasks returns them).
-std::vector<size_t> TaskOrder(const std::vector<Task>& tasks);
+// the other workers idle; then the others as `mix` says. A permutation of the indices.
+std::vector<size_t> TaskOrder(const std::vector<Task>& tasks, TaskMix mix = TaskMix::kAddress);
 
 // A registration group: [begin, end), page-aligned.
 struct Group {

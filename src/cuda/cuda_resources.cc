@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -41,26 +43,50 @@ namespace {
 // Faults [p, p + bytes) in for writing with up to `threads` threads, each a share of whole
 // `unit`s; false where the kernel refused (out of memory). Without MADV_POPULATE_WRITE
 // (older kernels: EINVAL) the pages are left for cudaHostRegister to fault in.
+// Every thread is started before any of them populates: a populate holds the process's
+// mapping lock for reading while it faults its range in, and starting a thread maps its
+// stack (the same lock, for writing), so threads started one after another while the
+// earlier ones populate ran one at a time (the first worker of a loader was ready only
+// 6-8 ms after its creation on the 1 x H200 host, docs/benchmarks.md).
 bool Populate(std::byte* p, size_t bytes, size_t unit, int threads) {
 #ifdef MADV_POPULATE_WRITE
   const size_t units = (bytes + unit - 1) / unit;
   const size_t n = std::max<size_t>(1, std::min<size_t>(units, static_cast<size_t>(std::max(1, threads))));
   const size_t per = (units + n - 1) / n * unit;
   std::atomic<bool> ok{true};
+  // One `unit` per call: the lock is held for one unit at a time, so that the other
+  // threads of the process (a Load planning, starting its workers) are not held up.
   auto part = [&](size_t k) {
-    const size_t b = k * per;
-    if (b >= bytes) return;
-    if (madvise(p + b, std::min(per, bytes - b), MADV_POPULATE_WRITE) != 0 && errno != EINVAL) ok = false;
+    const size_t end = std::min(bytes, (k + 1) * per);
+    for (size_t b = k * per; b < end && ok; b += unit) {
+      if (madvise(p + b, std::min(unit, end - b), MADV_POPULATE_WRITE) != 0 && errno != EINVAL) ok = false;
+    }
   };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
   std::vector<std::thread> pool;
+  std::vector<size_t> mine;  // parts no thread could be started for: this one does them
   for (size_t k = 1; k < n; ++k) {
     try {
-      pool.emplace_back(part, k);
+      pool.emplace_back([&, k] {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          cv.wait(lock, [&] { return go; });
+        }
+        part(k);
+      });
     } catch (const std::system_error&) {
-      part(k);  // no thread: this one does it
+      mine.push_back(k);
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+  }
+  cv.notify_all();
   part(0);
+  for (size_t k : mine) part(k);
   for (auto& t : pool) t.join();
   return ok;
 #else

@@ -15,6 +15,7 @@ namespace ckpt {
 namespace cuda {
 class DeviceBuffer;
 class CopyResources;
+struct CopyDestination;
 }
 
 // The tensors of a mapped checkpoint and where each one's bytes start (read-only host
@@ -44,10 +45,10 @@ class GpuLoaderImpl : public GpuLoader {
   };
   Result<Planned> Plan(const std::vector<ShardOutput>& outputs) const;
   static Result<std::shared_ptr<cuda::DeviceBuffer>> AllocateArena(uint64_t bytes);
-  // Copies outputs `which` from host memory to base + offsets[o]; fills the copy stats.
-  // On error nothing is in flight any more.
+  // Copies outputs `which` from host memory to the destination's base + offsets[o]; fills
+  // the copy stats. On error nothing is in flight any more.
   Status Copy(const std::vector<ShardOutput>& outputs, const Planned& planned, const std::vector<size_t>& which,
-              std::byte* base, const std::vector<uint64_t>& offsets, GpuLoadStats* stats);
+              const cuda::CopyDestination& dest, const std::vector<uint64_t>& offsets, GpuLoadStats* stats);
   // Fills `dict` with every output at base + offsets[o], owning `arena`.
   void Assemble(const std::vector<ShardOutput>& outputs, const Planned& planned,
                 std::shared_ptr<cuda::DeviceBuffer> arena, const std::vector<uint64_t>& offsets,

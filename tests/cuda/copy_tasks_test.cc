@@ -177,5 +177,85 @@ TEST(CopyTasksTest, WholeTransposedTasksAreTakenFirstLargestFirstAndTheRestInAdd
   EXPECT_GT(with_whole_after_chunks, 50);  // the random jobs exercise the reordering
 }
 
+// Issue 14 (TP=4's copy phase): a row-parallel shard's strided rows are gathered by the
+// CPU one row at a time, several times slower per byte than packed bytes; in address
+// order every worker meets them at once (all of out_proj, then all of c_fc, ...). With
+// TaskMix::kSpread, after the whole-job tasks, the gather tasks are spread among the
+// others by bytes: at every point of the order, each kind has had the same share of its
+// bytes taken, to within one task, and each kind stays in address order.
+TEST(CopyTasksTest, GatherTasksAreSpreadAmongPackedOnesByBytes) {
+  std::mt19937_64 rng(17);
+  int mixed = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    RandomJobs r = MakeJobs(rng, 2 + static_cast<int>(rng() % 12));
+    std::vector<Task> tasks = CutIntoTasks(r.jobs, 64 + rng() % 30000);
+    for (const Task& t : tasks) {
+      if (t.region < 0) continue;
+      const CopyRegion& c = r.jobs[t.job].layout->regions[static_cast<size_t>(t.region)];
+      ASSERT_EQ(t.bytes, (t.rect.r1 - t.rect.r0) * (t.rect.c1 - t.rect.c0));
+      ASSERT_EQ(t.gather, t.rect.r1 - t.rect.r0 > 1 && c.row_bytes != c.src_pitch);
+    }
+    std::vector<size_t> order = TaskOrder(tasks, TaskMix::kSpread);
+    std::vector<size_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) ASSERT_EQ(sorted[i], i) << "not a permutation";
+    // The whole tasks exactly as in the address order.
+    std::vector<size_t> plain = TaskOrder(tasks);
+    size_t i = 0;
+    for (; i < order.size() && tasks[order[i]].region < 0; ++i) ASSERT_EQ(order[i], plain[i]);
+    for (size_t k = i; k < order.size(); ++k) ASSERT_GE(tasks[order[k]].region, 0);
+    double gather_total = 0, other_total = 0, gather_max = 0, other_max = 0;
+    for (size_t k = i; k < order.size(); ++k) {
+      const Task& t = tasks[order[k]];
+      (t.gather ? gather_total : other_total) += static_cast<double>(t.bytes);
+      double& m = t.gather ? gather_max : other_max;
+      m = std::max(m, static_cast<double>(t.bytes));
+    }
+    if (gather_total > 0 && other_total > 0) ++mixed;
+    double gather_done = 0, other_done = 0;
+    size_t last_gather = SIZE_MAX, last_other = SIZE_MAX;
+    for (size_t k = i; k < order.size(); ++k) {
+      const Task& t = tasks[order[k]];
+      size_t& last = t.gather ? last_gather : last_other;
+      if (last != SIZE_MAX) {
+        ASSERT_LT(last, order[k]) << "a kind out of address order";
+      }
+      last = order[k];
+      (t.gather ? gather_done : other_done) += static_cast<double>(t.bytes);
+      if (gather_total > 0 && other_total > 0) {
+        const double g = gather_done / gather_total, o = other_done / other_total;
+        ASSERT_LE(g, o + gather_max / gather_total + 1e-9) << "gathers taken ahead of their share";
+        ASSERT_LE(o, g + other_max / other_total + 1e-9) << "packed tasks taken ahead of their share";
+      }
+    }
+  }
+  EXPECT_GT(mixed, 100);
+
+  // The TP=4 case in small: 8 MiB of packed rows, then 8 MiB of 2.5 KiB rows of a 10 KiB
+  // pitch, 2 MiB tasks. Address order: four packed, then four gathers; spread: alternate.
+  auto region = [](uint64_t rows, uint64_t row_bytes, uint64_t src_pitch) {
+    CopyRegion c;
+    c.rows = rows;
+    c.row_bytes = row_bytes;
+    c.src_pitch = src_pitch;
+    c.dst_pitch = row_bytes;
+    return c;
+  };
+  ShardLayout packed, strided;
+  packed.regions.push_back(region(816, 10240, 10240));   // 4 tasks of 204 rows
+  strided.regions.push_back(region(3276, 2560, 10240));  // 4 tasks of 819 rows
+  std::vector<CopyJob> jobs(2);
+  jobs[0].layout = &packed;
+  jobs[0].src = reinterpret_cast<const std::byte*>(uint64_t{1} << 30);
+  jobs[1].layout = &strided;
+  jobs[1].src = reinterpret_cast<const std::byte*>(uint64_t{2} << 30);
+  std::vector<Task> tasks = CutIntoTasks(jobs, 2 << 20);
+  std::string address, spread;
+  for (size_t k : TaskOrder(tasks)) address += tasks[k].gather ? 'G' : 'P';
+  for (size_t k : TaskOrder(tasks, TaskMix::kSpread)) spread += tasks[k].gather ? 'G' : 'P';
+  EXPECT_EQ(address, "PPPPGGGG");
+  EXPECT_EQ(spread, "GPGPGPGP");
+}
+
 }  // namespace
 }  // namespace ckpt::cuda

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
@@ -556,6 +557,65 @@ TEST_F(GpuLoaderTest, ALoadRightAfterCreateUsesTheWorkersReadySoFar) {
       ExpectMatches(*seg, small_only, *next, o.float_dtype, "trial " + std::to_string(trial));
     }
     if (HasFailure()) return;
+  }
+}
+
+// Issue 14: a Load's device memory is allocated while its workers already gather into
+// their bounce buffers (CopyDestination::allocate, called after they start). An
+// allocation that fails then ends the run with its own error on every host path, no
+// copy having reached the device and nothing left in flight, and the same resources
+// serve the next run, whose bytes all arrive.
+TEST_F(GpuLoaderTest, AnAllocationThatFailsAfterTheWorkersStartedEndsTheRunCleanly) {
+  std::vector<std::byte> host(size_t{4} << 20);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::byte>(i * 7 + 3);
+  ShardLayout layout;
+  CopyRegion c;
+  c.rows = 64;
+  c.row_bytes = c.src_pitch = c.dst_pitch = 65536;
+  layout.regions.push_back(c);
+  layout.shape = {64, 65536};
+  layout.nbytes = host.size();
+  const std::string name = "w";
+  cuda::CopyJob job;
+  job.layout = &layout;
+  job.src = host.data();
+  job.name = &name;
+  job.tag = 1;
+  const std::vector<cuda::CopyJob> jobs = {job};
+  for (HostPath path : kPaths) {
+    SCOPED_TRACE(HostPathName(path));
+    GpuLoadOptions o;
+    o.path = path;
+    o.streams = 4;
+    o.chunk_bytes = 256 << 10;  // 16 tasks
+    auto resources = cuda::StartCopyResources(0, o);
+    int calls = 0;
+    cuda::CopyDestination failing;
+    failing.bytes = host.size();
+    failing.allocate = [&]() -> Result<std::byte*> {
+      ++calls;
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the workers are gathering by now
+      return ResourceExhausted("no device memory (test)");
+    };
+    GpuLoadStats stats;
+    auto failed = cuda::RunCopyJobs(jobs, failing, 0, o, &stats, resources.get());
+    ASSERT_FALSE(failed.ok());
+    EXPECT_EQ(failed.status().code(), StatusCode::kResourceExhausted) << failed.status().ToString();
+    EXPECT_NE(failed.status().message().find("(test)"), std::string::npos) << failed.status().ToString();
+    EXPECT_EQ(calls, 1);
+    // The next run on the same resources.
+    auto arena = cuda::DeviceBuffer::Allocate(host.size());
+    ASSERT_TRUE(arena.ok());
+    cuda::CopyDestination ok;
+    ok.bytes = host.size();
+    ok.allocate = [&]() -> Result<std::byte*> { return static_cast<std::byte*>(arena->get()); };
+    GpuLoadStats stats2;
+    auto done = cuda::RunCopyJobs(jobs, ok, 0, o, &stats2, resources.get());
+    ASSERT_TRUE(done.ok()) << done.status().ToString();
+    EXPECT_EQ(stats2.copied_bytes, host.size());
+    std::vector<std::byte> back(host.size());
+    ASSERT_EQ(cudaMemcpy(back.data(), arena->get(), back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_TRUE(back == host);
   }
 }
 

@@ -6,20 +6,27 @@
 # this tree. Debian's shared libraries come from the .debs in DEBS_DIR (tools/device_deps.sh),
 # NCCL from PyTorch's nvidia-nccl wheel, the CUDA runtime from /usr/local/cuda.
 #   tools/gpu/prebuilt_checks.sh OUT_DIR BUILT_AT STEPS...
+#     datagen    writes the checkpoint (safetensors only) in the background, so that it
+#                overlaps the next step (e.g. tests); the steps that read it wait for it
 #     tests      gpu_loader_test, collective_test (what ctest -L gpu runs)
 #     sweep      tools/gpu/copy_sweep.sh (SWEEP_REPS, SWEEP_CONFIGS, SWEEP_DMA=1)
 #     sweephuge  the same with /dev/shm on huge pages (HUGE=1; SWEEPHUGE_CONFIGS)
 #     copyhuge   copy with /dev/shm remounted huge=always (needs root; set back to huge=never)
 #     copyold    the same with the binaries in build-old/ (an earlier engine, built and carried
 #                the same way): before and after in one run
-#     copy       tools/bench_gpu.sh ALONE=1 "1 2 4" (COPY_CONFIGS, COPY_REPS): the figures
+#     copy       tools/bench_gpu.sh ALONE=1 "1 2 4" (COPY_CONFIGS, COPY_REPS, COPY_WORLDS): the figures
+#     copyvar    the same for each of COPY_VARIANTS="NAME/CONFIG/WORLDS/VAR=VAL,VAR=VAL ..." (the
+#                engine's experiment knobs, e.g. CKPT_COPY_ORDER=address; WORLDS like 1+4;
+#                VAR_REPS repetitions): A/B in one run, output in var-NAME/
+#     cold       tools/gpu/warm_huge.sh COLD_ONLY=1: cold loads (page cache dropped) against
+#                dd iflag=direct, 4 KiB and huge pages (COLD_RUNS, COLD_CONFIGS; needs root)
 # Logs go to a scratch directory, packed into OUT_DIR/results.tgz after every step (a
 # command stopped at its time limit still returns what finished); OUT_DIR/summary.txt
 # holds the step lines and each step's headline.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$1; built_at=$2; shift 2
-work=$(mktemp -d)
+work=${WORK_DIR:-$(mktemp -d)}; mkdir -p "$work"
 mkdir -p "$out" "$(dirname "$built_at")"
 [ -e "$built_at" ] || ln -s "$root" "$built_at"
 cd "$root"
@@ -37,11 +44,23 @@ export LD_LIBRARY_PATH=$root/build/lib:$nccl:${cudart:-/usr/local/cuda/lib64}:$L
 } > "$work/machine.txt" 2>&1
 grep -q 'not found' "$work/machine.txt" && log "missing libraries: $(grep 'not found' "$work/machine.txt" | tr -s ' \n' ' ')"
 data=${DATA:-/tmp/ckpt-bench}
+gen_pid=
+wait_data() { [ -n "$gen_pid" ] && { wait "$gen_pid"; log "checkpoint written: rc=$?"; gen_pid=; }; true; }
 for step in "$@"; do
   case $step in
+  datagen)
+    mkdir -p "$data"
+    if [ ! -f "$data/model.safetensors" ]; then
+      log "writing the checkpoint in the background"
+      python3 -c 'import sys, torch; sys.path.insert(0, sys.argv[1]); import bench_baselines as b; torch.save = lambda *a, **k: None; b.gen(sys.argv[2])' \
+        "$root/tools" "$data" > "$work/datagen.log" 2>&1 &
+      gen_pid=$!
+    fi ;;
   tests)
     log "gpu_loader_test"
-    build/bin/gpu_loader_test > "$work/gpu_loader_test.log" 2>&1; log "rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$work/gpu_loader_test.log" | tr '\n' ' ')"
+    # (In OUT_DIR itself, so that a run stopped at its limit still returns it; a hang is cut.)
+    timeout ${TESTS_TIMEOUT_S:-120} build/bin/gpu_loader_test > "$out/gpu_loader_test.log" 2>&1; rc=$?
+    cp "$out/gpu_loader_test.log" "$work/"; log "rc=$rc $(grep -E '^\[  (PASSED|FAILED) ' "$out/gpu_loader_test.log" | tr '\n' ' ')"
     log "collective_test"
     # Its checkpoints are written by the Python the binary was built with (CKPT_TORCH_PYTHON,
     # /usr/bin/python3 on the dev host). Where that one has no torch here, the test cannot
@@ -54,17 +73,40 @@ for step in "$@"; do
       log "collective_test not run: /usr/bin/python3 has no torch here"
     fi ;;
   sweep|sweephuge)
+    wait_data
     log "$step"
     h=0; cfg=${SWEEP_CONFIGS:-}; [ $step = sweephuge ] && h=1 && cfg=${SWEEPHUGE_CONFIGS:-$cfg}
     HUGE=$h BENCH=${SWEEP_BENCH:-build/bin/ckpt-bench-gpu} DATA=$data tools/gpu/copy_sweep.sh "$work" "${SWEEP_REPS:-3}" $cfg \
       > "$work/$step.log" 2>&1; rc=$?
     log "rc=$rc"; grep -E 'sweep_(limit|dma|summary)|rror' "$work/$step.log" >> "$out/summary.txt" ;;
   copy)
+    wait_data
     log "bench_gpu.sh ALONE=1"
     SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${COPY_REPS:-3} FP16=0 \
-      TRACE=1 BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:12:0:1 bounce:16:1:1}" tools/bench_gpu.sh "$work/copy" "1 2 4" > "$work/copy.log" 2>&1
+      TRACE=1 BASELINES="" CONFIGS="${COPY_CONFIGS:-bounce:12:0:1 bounce:16:1:1}" tools/bench_gpu.sh "$work/copy" "${COPY_WORLDS:-1 2 4}" > "$work/copy.log" 2>&1
     log "rc=$?"; grep -E '^\||pinned' "$work/copy.log" >> "$out/summary.txt" ;;
+  copyvar)
+    wait_data
+    for v in ${COPY_VARIANTS:-}; do
+      IFS=/ read -r name cfg worlds envs <<< "$v"
+      log "variant $name: $cfg TP ${worlds//+/ } ${envs:-(defaults)}"
+      (
+        IFS=, read -r -a kv <<< "${envs:-}"
+        for e in "${kv[@]}"; do export "$e"; done
+        SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${VAR_REPS:-2} FP16=0 \
+          TRACE=1 BASELINES="" CONFIGS="$cfg" tools/bench_gpu.sh "$work/var-$name" "${worlds//+/ }"
+      ) > "$work/var-$name.log" 2>&1
+      log "rc=$?"; grep -E '^\||pinned' "$work/var-$name.log" >> "$out/summary.txt"
+      pack
+    done ;;
+  cold)
+    wait_data
+    log "cold loads against dd iflag=direct, 4 KiB and huge pages"
+    COLD_ONLY=1 BENCH=$root/build/bin/ckpt-bench-load DATA=$data timeout ${COLD_TIMEOUT_S:-600} tools/gpu/warm_huge.sh "$work/cold" \
+      > "$work/cold.log" 2>&1
+    log "rc=$?"; grep -E '^== |dd bs|x dd' "$work/cold.log" >> "$out/summary.txt" ;;
   copyhuge)
+    wait_data
     log "bench_gpu.sh ALONE=1, segment on huge pages (/dev/shm huge=always)"
     if mount -o remount,huge=always /dev/shm; then
       SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${COPY_REPS:-3} FP16=0 \
@@ -77,6 +119,7 @@ for step in "$@"; do
       log "cannot remount /dev/shm"
     fi ;;
   copyold)
+    wait_data
     [ -x build-old/bin/ckpt-bench-gpu ] || { log "no build-old/bin/ckpt-bench-gpu"; continue; }
     log "bench_gpu.sh ALONE=1, earlier engine (build-old)"
     LD_LIBRARY_PATH=$root/build-old/lib:$LD_LIBRARY_PATH SKIP_BUILD=1 BUILD_DIR=$root/build-old DATA=$data ALONE=1 \

@@ -8,6 +8,8 @@
 # `dd iflag=direct`. Prints the table, writes OUT/warmhuge.{log,md,svg}. Needs root (mounts
 # two private tmpfs under /mnt and unmounts them at the end).
 #   tools/gpu/warm_huge.sh OUT        (after run_checks.sh built build-gpu)
+# COLD_ONLY=1: only the cold part, on 4 KiB and on huge pages (COLD_RUNS runs each, default
+# 1; COLD_CONFIGS, default pread:8, the daemon's default), no plot.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -34,6 +36,14 @@ cat "$out/warmhuge_machine.txt"
 cfgs=${CONFIGS:-pread:1,pread:2,pread:4,pread:8,pread:16,pread:16:fallocate,pread:16:deferred}
 log=$out/warmhuge.log
 : > "$log"
+if [ "${COLD_ONLY:-0}" = 1 ]; then
+  for pages in 4k huge; do
+    echo "== cold (page cache dropped), $pages pages" | tee -a "$log"
+    "$bench" "$file" --mode cold --runs "${COLD_RUNS:-1}" --segment-root /mnt/ckpt-$pages --tag $pages \
+      --cold-configs "${COLD_CONFIGS:-pread:8}" 2>&1 | tee -a "$log" | grep -v '^RESULT'
+  done
+  exit 0
+fi
 for pages in 4k huge; do
   echo "== warm, $pages pages" | tee -a "$log"
   "$bench" "$file" --mode warm --runs "$runs" --segment-root /mnt/ckpt-$pages --tag $pages --warm-configs "$cfgs" \
