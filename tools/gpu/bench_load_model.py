@@ -5,20 +5,27 @@ from_pretrained, in the same run: REPS rounds, each method once per round (inter
 median reported. Goals: load_model within 1.25x of the engine, at least 4x faster than
 from_pretrained.
 
-Methods, in pairs that do the same attach work:
+First, buffers: build_model(masks_device=cuda) against a CPU build for every family of
+tools/gpu/check_hf_families.py and the GPT-Neo 2.7B shape (every buffer equal, no float
+buffer made on the GPU). Then one pass on 4 KiB pages and, with --huge-prefix, one with the
+segment on huge pages. Methods, in pairs that do the same attach work:
   engine, attached       Checkpoint.state_dict on a checkpoint attached once (its mapping
                          faulted in by the warm-up round)
   load_model, attached   load_model(that Checkpoint): no attach, no fresh mapping
   engine, fresh attach   client.attach(name).state_dict(...), detached before the clock stops
-  load_model             load_model(name): attaches, maps, detaches, as a new process would
-  load_model, attached, torch's threads  (ablation: ckpt.transformers._BUILD_THREADS = None, torch's
-                         own intra-op thread count while the model is built beside the copy)
+  load_model             load_model(name): attaches, maps, detaches (default: in the background,
+                         after the return; the next method waits for it outside the clock)
+  load_model, detach='now'  the same, detached before the return
+  ablations              load_model(Checkpoint) with the masks computed on the CPU and 1, 2, 4 or
+                         torch's build threads (ckpt.transformers._DEVICE_MASKS, _BUILD_THREADS),
+                         and with the masks on the GPU and torch's threads
   from_pretrained        GPTNeoForCausalLM.from_pretrained(folder, device_map="cuda:0")
 Also: the model build alone (no copy beside it), load_model's own phase times
 (model.ckpt_times, medians) and a cProfile of one load_model call (--profile FILE).
 
   python3 tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo
       [--shape 2.7B|small] [--reps 5] [--markdown OUT.md] [--profile OUT.txt] [--prepare-only]
+      [--huge-prefix PREFIX (/dev/shm/PREFIX a huge=within_size tmpfs)] [--no-variants]
 
 The model folder is WORKDIR/SHAPE (config.json + model.safetensors), the one
 tools/gpu/check_gpt_neo.py writes; it is made here (random weights) when missing
@@ -183,7 +190,12 @@ def main():
                 f.write("\n".join(report) + "\n")
 
     t0 = time.perf_counter()
-    rows, masks_ok = masks_check(dev)
+    try:
+        rows, masks_ok = masks_check(dev)
+    except Exception as e:  # noqa: BLE001 (reported; the timings still run)
+        import traceback
+        traceback.print_exc()
+        rows, masks_ok = [("masks check", "error", 0, 0, f"{type(e).__name__}: {e}")], False
     report += [f"Buffers of build_model(masks_device=cuda:0) against a CPU build ({time.perf_counter() - t0:.1f} s):",
                "", "| family | buffers | count | on the GPU | detail |", "|---|---|---|---|---|"]
     report += [f"| {f} | {st} | {n} | {g} | {d} |" for f, st, n, g, d in rows]
@@ -207,6 +219,13 @@ def main():
                                    "--cleanup-on-exit", "--load-threads", "16"])
         try:
             out = run_pass(args, label, sock, folder, config, dev, full, from_pretrained, ckpt, lm)
+        except Exception as e:  # noqa: BLE001 (reported; the next pass still runs)
+            import traceback
+            traceback.print_exc()
+            report += ["", f"### {label}: FAILED: {type(e).__name__}: {e}"]
+            all_same = False
+            flush_report()
+            continue
         finally:
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(timeout=60)
