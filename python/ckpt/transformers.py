@@ -508,13 +508,12 @@ def _drop(box: list) -> None:
     box.clear()
 
 
-def _detach_in_background(checkpoint: Checkpoint, times: Dict[str, float]) -> None:
-    """Hands `checkpoint` (the caller holds no other reference) to a new thread that drops
-    it; times["detach_background"] is its duration once it ended. The thread is not a
-    daemon thread: the interpreter's exit waits for the unmap and the lease's close. If no
-    thread can be started, the detach happens here."""
-    box = [checkpoint]
-    del checkpoint
+def _detach_in_background(box: list, times: Dict[str, float]) -> None:
+    """Hands the Checkpoint in `box` (a one-element list holding the caller's only
+    reference, so that the caller cannot be the one that drops the last) to a new thread
+    that drops it; times["detach_background"] is its duration once it ended. The thread is
+    not a daemon thread: the interpreter's exit waits for the unmap and the lease's close.
+    If no thread can be started, the detach happens here."""
 
     def run():
         t0 = time.perf_counter()
@@ -722,15 +721,17 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     model.ckpt_report = report
     model.ckpt_times = times
     if attached_here:
-        # The only references left are this frame's (and fetch's cell): hand it over.
-        held, checkpoint = checkpoint, None
+        # The only reference left is this frame's (`checkpoint`, also fetch's cell): moved
+        # into a box, so that this frame holds none when the box is handed over (else the
+        # detach thread could drop its reference first and the unmap would run here).
+        box, checkpoint = [checkpoint], None
         times["total"] = time.perf_counter() - started
         if detach == "background":
-            _detach_in_background(held, times)
-            del held
+            _detach_in_background(box, times)
         else:
-            del held  # unmaps (GIL released) and closes the lease here
+            box.clear()  # unmaps (GIL released) and closes the lease here
             times["detach"] = time.perf_counter() - started - times["total"]
+        del box
     else:
         times["total"] = time.perf_counter() - started
     return model
