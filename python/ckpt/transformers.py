@@ -40,18 +40,19 @@ _ALWAYS_IGNORED = (r"(^|\.)rotary_emb\.inv_freq$", r"(^|\.)position_ids$")
 
 # torch's intra-op threads while load_model builds the model beside a CUDA copy; None leaves
 # torch's setting alone. The copy engine's 16 staging threads keep the cores and the memory
-# bus busy meanwhile, and the buffers a model computes in its __init__ (GPT-Neo's causal
-# masks: 48 torch.tril of 2048 x 2048 for the 2.7B shape) then ran 4-6x slower with torch's
-# 16 OpenMP threads than alone; with 1, load_model took 0.332 s instead of 0.477 s
-# (docs/benchmarks.md, "load_model").
+# bus busy meanwhile, and buffers a model computes on the CPU in its __init__ then run
+# several times slower than alone with torch's 16 OpenMP threads. GPT-Neo 2.7B with its
+# masks computed on the CPU (_DEVICE_MASKS = False): 0.42 s with 1 or 16 threads, 0.27 s
+# with 2, 0.26 s with 4; with the masks on the GPU (the default) 0.25 s with 1 or 16
+# (docs/benchmarks.md, "load_model"): 1 is the setting measured with the default.
 _BUILD_THREADS: Optional[int] = 1
 
 # Whether load_model, for a CUDA device, has the model's __init__ make its boolean tensors
 # (causal masks) on that device (build_model's masks_device) instead of computing them on
 # the CPU beside the copy and moving them: GPT-Neo 2.7B's 48 torch.tril, 32 torch.ones and
-# 16 bitwise_xor of 2048 x 2048 took 0.29 s of the main thread beside the copy
-# (docs/benchmarks.md, "load_model"). Every buffer still equals a CPU build's (see
-# _BoolTensorsOn).
+# 16 bitwise_xor of 2048 x 2048 took 0.36 s of the main thread beside the copy, the build
+# 0.07 s with them on the GPU (docs/benchmarks.md, "load_model"). Every buffer still
+# equals a CPU build's (see _BoolTensorsOn).
 _DEVICE_MASKS: bool = True
 
 
@@ -200,16 +201,15 @@ _BOOL_FACTORIES = frozenset((torch.ones, torch.zeros, torch.full, torch.empty, t
 if _TorchFunctionMode is not None:
     class _BoolTensorsOn(_TorchFunctionMode):
         """Inside, a boolean tensor made by a deterministic factory (torch.ones, zeros,
-        full, empty, eye with dtype=torch.bool) and no device
-        given is made on `device`, and so are the results of operations on it (tril, xor,
-        view, ...): booleans, and integers computed from them, have the same bytes on any
-        device. A floating-point result computed from a tensor on `device` (a mask turned
+        full, empty, eye with dtype=torch.bool) with no device given is made on `device`,
+        and so are the results of operations on it (tril, xor, view, ...): booleans, and
+        integers computed from them, have the same bytes on any device. A floating-point result computed from a tensor on `device` (a mask turned
         into a float bias, for instance) is computed again on the CPU from CPU copies of its
         inputs, as a build without this mode computes it: float arithmetic on a GPU may
         differ from the CPU's in the last bit (exp, pow, reductions), so no float tensor of
         the build ever comes from the device. An operation mixing a tensor on `device` with
         CPU tensors runs on the CPU; an in-place one runs where its target is. `made`
-        counts the tensors made on `device`, `recomputed` the results computed on the CPU.""" 
+        counts the tensors made on `device`, `recomputed` the results computed on the CPU."""
 
         def __init__(self, device):
             super().__init__()
@@ -240,9 +240,9 @@ if _TorchFunctionMode is not None:
                 self.recomputed += 1
                 return func(*_on_cpu(args, self.device, self._cpu_copy),
                             **_on_cpu(kwargs, self.device, self._cpu_copy))
-            if any(t.device.type == "cpu" and t.dim() > 0 for t in inputs):
-                out = None  # a device tensor with CPU ones: computed on the CPU
-            else:
+            # A device tensor with CPU ones: computed on the CPU. Else on the device, unless
+            # the result is floating-point: then computed again on the CPU.
+            if not any(t.device.type == "cpu" and t.dim() > 0 for t in inputs):
                 out = func(*args, **kwargs)
                 if not any(t.is_floating_point() and t.device == self.device for t in _tensors_in(out)):
                     return out
@@ -591,7 +591,7 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     from_pretrained(state_dict=zero-copy views of the whole tensors, tp_plan="auto") does
     the sharding and filling (a fallback taken automatically, with a warning, when the
     installed transformers has no tensor-parallel entry point ckpt knows).
-    detach (a checkpoint attached by name): "background" (default): the attachment is
+    detach (a checkpoint attached by name, fill="ckpt"): "background" (default): the attachment is
     handed to a thread that unmaps the mapping (the GIL released; 0.13 s for 9.88 GiB of
     4 KiB pages, 2 ms on huge pages) and then closes the lease, so the call returns
     without waiting for it; until that thread ends the attachment is still attached, in
