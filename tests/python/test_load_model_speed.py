@@ -6,6 +6,7 @@ transformers of test_transformers_adapter (Debian's torch 1.13, no GPU):
   counts it, until that thread has unmapped it; detach="now" detaches before returning;
   references held elsewhere (the user's Checkpoint, zero-copy views, another thread
   using it) keep the attachment alive whatever load_model does;
+- destroying an attachment (the unmap) releases the GIL, so another thread runs meanwhile;
 - boolean tensors a model's __init__ makes (causal masks) can be made on the target device
   (_BoolTensorsOn) while every floating-point result is still computed on the CPU: here the
   meta device stands in for a GPU (tools/gpu/bench_load_model.py --masks-check compares a
@@ -271,6 +272,55 @@ class LoadModelDetachTest(unittest.TestCase):
         self.assertEqual(out.returncode, 0, out.stderr)
         self.assertEqual(out.stdout.split(), ["returned", "detached"])
         self.assertTrue(wait_for(lambda: attached(self.client, "tiny") == 0))
+
+
+class DetachReleasesTheGilTest(unittest.TestCase):
+    """Destroying an attachment (the unmap) releases the GIL: another Python thread runs
+    meanwhile. Deterministic without clocks: the switch interval is made long, so the other
+    thread can only run when this one gives the GIL up by itself."""
+
+    def test_another_thread_runs_while_a_large_mapping_is_unmapped(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        daemon = test_ckpt.Daemon(tmp.name)
+        daemon.start()
+        self.addCleanup(daemon.cleanup)
+        client = ckpt.connect(daemon.socket)
+        path = os.path.join(tmp.name, "big.safetensors")
+        test_ckpt.make_checkpoint.write_safetensors(path, {"w": torch.ones(128 << 20)})  # 512 MiB
+        client.load(path, "big")
+        os.unlink(path)
+        old_interval = sys.getswitchinterval()
+        self.addCleanup(sys.setswitchinterval, old_interval)
+        for attempt in range(3):
+            c = client.attach("big")
+            c.verify()  # every page of the mapping faulted in: its unmap takes a while
+            counter, stop = [0], [False]
+            gate = threading.Lock()
+            gate.acquire()
+
+            def spin():
+                with gate:  # waits (GIL released) until this thread lets it go
+                    pass
+                while not stop[0]:
+                    counter[0] += 1
+                    time.sleep(0)  # gives the GIL up, then waits for it again
+
+            other = threading.Thread(target=spin)
+            sys.setswitchinterval(30.0)  # no forced switch: the other thread runs only when we block
+            other.start()
+            gate.release()  # it wakes and now waits for the GIL, which this thread holds
+            time.sleep(0.05)  # (sleeping gives the GIL up: let it start spinning)
+            before = counter[0]
+            del c  # the last reference: ~Checkpoint unmaps 512 MiB and closes the lease
+            during = counter[0] - before
+            stop[0] = True
+            other.join()
+            sys.setswitchinterval(old_interval)
+            if during > 0:
+                break
+        self.assertGreater(during, 0, "no other thread ran while the checkpoint was unmapped: the GIL was held")
+        self.assertTrue(wait_for(lambda: attached(client, "big") == 0))
 
 
 class BoolTensorsOnTest(unittest.TestCase):
