@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import json
 import os
+import threading
 import time
 import warnings
 from typing import Any, Dict, Optional, Union
@@ -31,7 +32,7 @@ from .launcher import Launch, resolve_rank_world
 from .meta import parameters_on_meta
 from .modules import _fill, _walk
 
-__all__ = ["load_model", "build_model", "model_config"]
+__all__ = ["load_model", "build_model", "model_config", "wait_detached"]
 
 # Checkpoint names transformers itself never loads into a model (recomputed buffers, old
 # causal-mask buffers); the model class adds its own _keys_to_ignore_on_load_unexpected.
@@ -39,11 +40,20 @@ _ALWAYS_IGNORED = (r"(^|\.)rotary_emb\.inv_freq$", r"(^|\.)position_ids$")
 
 # torch's intra-op threads while load_model builds the model beside a CUDA copy; None leaves
 # torch's setting alone. The copy engine's 16 staging threads keep the cores and the memory
-# bus busy meanwhile, and the buffers a model computes in its __init__ (GPT-Neo's causal
-# masks: 48 torch.tril of 2048 x 2048 for the 2.7B shape) then ran 4-6x slower with torch's
-# 16 OpenMP threads than alone; with 1, load_model took 0.332 s instead of 0.477 s
-# (docs/benchmarks.md, "load_model").
+# bus busy meanwhile, and buffers a model computes on the CPU in its __init__ then run
+# several times slower than alone with torch's 16 OpenMP threads. GPT-Neo 2.7B with its
+# masks computed on the CPU (_DEVICE_MASKS = False): 0.42 s with 1 or 16 threads, 0.27 s
+# with 2, 0.26 s with 4; with the masks on the GPU (the default) 0.25 s with 1 or 16
+# (docs/benchmarks.md, "load_model"): 1 is the setting measured with the default.
 _BUILD_THREADS: Optional[int] = 1
+
+# Whether load_model, for a CUDA device, has the model's __init__ make its boolean tensors
+# (causal masks) on that device (build_model's masks_device) instead of computing them on
+# the CPU beside the copy and moving them: GPT-Neo 2.7B's 48 torch.tril, 32 torch.ones and
+# 16 bitwise_xor of 2048 x 2048 took 0.36 s of the main thread beside the copy, the build
+# 0.07 s with them on the GPU (docs/benchmarks.md, "load_model"). Every buffer still
+# equals a CPU build's (see _BoolTensorsOn).
+_DEVICE_MASKS: bool = True
 
 
 def _transformers():
@@ -146,13 +156,117 @@ def _no_init_weights(tf):
     yield
 
 
+def _tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _tensors_in(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors_in(v)
+
+
+def _any_on(values, device) -> bool:
+    """Whether a tensor among `values` (or in a list or tuple among them) is on `device`."""
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            if v.device == device:
+                return True
+        elif isinstance(v, (list, tuple)) and _any_on(v, device):
+            return True
+    return False
+
+
+def _on_cpu(value, device, copy):
+    """`value` with every tensor on `device` replaced by copy(tensor) (lists, tuples, dicts)."""
+    if isinstance(value, torch.Tensor):
+        return copy(value) if value.device == device else value
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_on_cpu(v, device, copy) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_cpu(v, device, copy) for k, v in value.items()}
+    return value
+
+
+try:
+    from torch.overrides import TorchFunctionMode as _TorchFunctionMode
+except ImportError:  # torch < 1.13
+    _TorchFunctionMode = None
+
+# Factories whose boolean result has the same bytes on every device (no randomness).
+_BOOL_FACTORIES = frozenset((torch.ones, torch.zeros, torch.full, torch.empty, torch.eye))
+
+
+if _TorchFunctionMode is not None:
+    class _BoolTensorsOn(_TorchFunctionMode):
+        """Inside, a boolean tensor made by a deterministic factory (torch.ones, zeros,
+        full, empty, eye with dtype=torch.bool) with no device given is made on `device`,
+        and so are the results of operations on it (tril, xor, view, ...): booleans, and
+        integers computed from them, have the same bytes on any device. A floating-point result computed from a tensor on `device` (a mask turned
+        into a float bias, for instance) is computed again on the CPU from CPU copies of its
+        inputs, as a build without this mode computes it: float arithmetic on a GPU may
+        differ from the CPU's in the last bit (exp, pow, reductions), so no float tensor of
+        the build ever comes from the device. An operation mixing a tensor on `device` with
+        CPU tensors runs on the CPU; an in-place one runs where its target is. `made`
+        counts the tensors made on `device`, `recomputed` the results computed on the CPU."""
+
+        def __init__(self, device):
+            super().__init__()
+            device = torch.device(device)
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            self.device = device
+            self.made = 0
+            self.recomputed = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func in _BOOL_FACTORIES and kwargs.get("device") is None:
+                dtype = kwargs.get("dtype")
+                if dtype is torch.bool or dtype is bool:
+                    self.made += 1
+                    return func(*args, **dict(kwargs, device=self.device))
+            if not _any_on(args, self.device) and not (kwargs and _any_on(kwargs.values(), self.device)):
+                return func(*args, **kwargs)  # the fast path: nothing of ours among the inputs
+            inputs = list(_tensors_in((args, kwargs)))
+            name = getattr(func, "__name__", "")
+            in_place = (name.endswith("_") and not name.endswith("__")) or name == "__setitem__" or "out" in kwargs
+            if in_place:
+                # Runs where its target is (a copy of the target would lose the write).
+                target = kwargs["out"] if "out" in kwargs else inputs[0]
+                if isinstance(target, torch.Tensor) and target.device == self.device:
+                    return func(*args, **kwargs)
+                self.recomputed += 1
+                return func(*_on_cpu(args, self.device, self._cpu_copy),
+                            **_on_cpu(kwargs, self.device, self._cpu_copy))
+            # A device tensor with CPU ones: computed on the CPU. Else on the device, unless
+            # the result is floating-point: then computed again on the CPU.
+            if not any(t.device.type == "cpu" and t.dim() > 0 for t in inputs):
+                out = func(*args, **kwargs)
+                if not any(t.is_floating_point() and t.device == self.device for t in _tensors_in(out)):
+                    return out
+            self.recomputed += 1
+            return func(*_on_cpu(args, self.device, self._cpu_copy), **_on_cpu(kwargs, self.device, self._cpu_copy))
+
+        def _cpu_copy(self, t: torch.Tensor) -> torch.Tensor:
+            return t.cpu()
+else:
+    _BoolTensorsOn = None
+
+
 def build_model(config, *, model_class=None, dtype: Optional[torch.dtype] = None,
-                buffers_device: Union[None, str, torch.device] = None, attn_implementation: Optional[str] = None):
+                buffers_device: Union[None, str, torch.device] = None, attn_implementation: Optional[str] = None,
+                masks_device: Union[None, str, torch.device] = None):
     """The transformers model for `config` (see model_config) with every parameter on the
     meta device and real buffers (rotary inv_freq and the like, computed by the model's
     own __init__; on `buffers_device` with torch >= 2, else on the CPU). The class is
     model_class (a class or a transformers class name), else config.architectures[0],
-    else the AutoModelForCausalLM class for the config. Tied parameters are one Parameter."""
+    else the AutoModelForCausalLM class for the config. Tied parameters are one Parameter.
+    masks_device (torch >= 1.13): the boolean tensors the __init__ makes (causal masks)
+    and what it computes from them are made there, byte for byte what the CPU makes, while
+    every floating-point buffer is still computed on the CPU (_BoolTensorsOn); None: all
+    on the CPU (or buffers_device)."""
     tf = _transformers()
     from . import as_dtype
     dtype = as_dtype(dtype)  # a torch.dtype or a name ("float16", "bf16", ...)
@@ -164,10 +278,13 @@ def build_model(config, *, model_class=None, dtype: Optional[torch.dtype] = None
     device_ctx = contextlib.nullcontext()
     if buffers_device is not None and hasattr(torch, "get_default_device"):  # torch >= 2.3
         device_ctx = torch.device(buffers_device)
+    masks_ctx = contextlib.nullcontext()
+    if masks_device is not None and _BoolTensorsOn is not None and torch.device(masks_device).type != "cpu":
+        masks_ctx = _BoolTensorsOn(masks_device)
     build = getattr(cls, "_from_config", None) or cls
     # Parameters go to the meta device as they are registered (the model's init functions,
     # switched off as well, then touch no memory); buffers are computed for real.
-    with parameters_on_meta(), _no_init_weights(tf), device_ctx:
+    with parameters_on_meta(), _no_init_weights(tf), device_ctx, masks_ctx:
         model = None
         if dtype is not None:
             for key in ("dtype", "torch_dtype"):  # transformers 5 / 4 spelling
@@ -380,11 +497,69 @@ def _ignored(model):
     return patterns
 
 
+# Detaches load_model left running after its return (detach="background"), by thread.
+_detaching: set = set()
+_detaching_lock = threading.Lock()
+
+
+def _drop(box: list) -> None:
+    """Drops the last reference to a Checkpoint: its destructor unmaps the segment with the
+    GIL released, then closes the lease (the daemon then counts the attachment gone)."""
+    box.clear()
+
+
+def _detach_in_background(box: list, times: Dict[str, float]) -> None:
+    """Hands the Checkpoint in `box` (a one-element list holding the caller's only
+    reference, so that the caller cannot be the one that drops the last) to a new thread
+    that drops it; times["detach_background"] is its duration once it ended. The thread is
+    not a daemon thread: the interpreter's exit waits for the unmap and the lease's close.
+    If no thread can be started, the detach happens here."""
+
+    def run():
+        t0 = time.perf_counter()
+        try:
+            _drop(box)
+        finally:
+            box.clear()
+            times["detach_background"] = time.perf_counter() - t0
+            with _detaching_lock:
+                _detaching.discard(threading.current_thread())
+
+    thread = threading.Thread(target=run, name="ckpt-detach", daemon=False)
+    with _detaching_lock:
+        _detaching.add(thread)
+    try:
+        thread.start()
+    except RuntimeError:  # no thread left: detach now
+        with _detaching_lock:
+            _detaching.discard(thread)
+        box.clear()
+
+
+def wait_detached(timeout: Optional[float] = None) -> bool:
+    """Waits until every detach that load_model left running in the background (a
+    checkpoint it attached by name) has ended: the mapping unmapped and the attachment
+    gone from the daemon (ckptctl status). timeout in seconds (None: no limit); returns
+    whether all ended."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        with _detaching_lock:
+            pending = list(_detaching)
+        if not pending:
+            return True
+        for thread in pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            thread.join(left)
+            if thread.is_alive():
+                return False
+
+
 def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, world: Optional[int] = None,
                device: Union[None, str, torch.device] = None, dtype: Optional[torch.dtype] = None,
                convention: Optional[str] = "hf", tp_plan="auto", client=None, socket: Optional[str] = None,
                model_class=None, config=None, strict: bool = True, attn_implementation: Optional[str] = None,
-               copy: Optional[bool] = None, fill: str = "ckpt", allow_meta: bool = False, **state_dict_kwargs):
+               copy: Optional[bool] = None, fill: str = "ckpt", allow_meta: bool = False,
+               detach: str = "background", **state_dict_kwargs):
     """The transformers model of checkpoint `name` for this rank, in eval mode.
 
     name: the checkpoint's name (attached for this call), or a ckpt.Checkpoint already
@@ -416,6 +591,14 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     from_pretrained(state_dict=zero-copy views of the whole tensors, tp_plan="auto") does
     the sharding and filling (a fallback taken automatically, with a warning, when the
     installed transformers has no tensor-parallel entry point ckpt knows).
+    detach (a checkpoint attached by name, fill="ckpt"): "background" (default): the attachment is
+    handed to a thread that unmaps the mapping (the GIL released; 0.13 s for 9.88 GiB of
+    4 KiB pages, 2 ms on huge pages) and then closes the lease, so the call returns
+    without waiting for it; until that thread ends the attachment is still attached, in
+    `ckptctl status` and in the daemon's accounting, as it truly is, and the process's
+    exit waits for it. ckpt.transformers.wait_detached() waits for it. "now": detached
+    before the call returns. Tensors of the model never view the mapping (the CPU path
+    copies, copy=True) unless copy=False is given, which keeps the mapping alive either way.
     Other keyword arguments go to Checkpoint.state_dict (engine=, group=, host_path=, ...).
 
     How (fill="ckpt"): the shards are copied on a second thread (the copy engine runs
@@ -430,7 +613,8 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     buffers, walk, wait (this thread waiting for the shards), fill, tie (tie_weights and
     eval), total (without the detach of a checkpoint attached by name, at the return);
     engine: the copy's own time on its thread, engine_start: when it began after the
-    call's start).
+    call's start; detach: the detach with detach="now"; detach_background: the background
+    detach's duration, set by its thread when it ends).
     Raises Unsupported without transformers, InvalidArgument for a missing config, a plan
     that does not fit or keys that do not match (naming them)."""
     started = time.perf_counter()
@@ -443,13 +627,16 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
         raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
     if not isinstance(name, (str, Checkpoint)):
         raise InvalidArgument(f"name must be a checkpoint name or a ckpt.Checkpoint, not {type(name).__name__}")
+    if detach not in ("background", "now"):
+        raise InvalidArgument(f"detach must be 'background' or 'now', not {detach!r}")
     from . import as_dtype
     dtype = as_dtype(dtype)
     launch = resolve_rank_world(rank, world)
     device = torch.device(device) if device is not None else _default_device(launch)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if isinstance(name, Checkpoint):
+    attached_here = not isinstance(name, Checkpoint)
+    if not attached_here:
         checkpoint = name
     else:
         if client is None:
@@ -494,10 +681,12 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
         try:
             t = time.perf_counter()
             with _intra_op_threads(_BUILD_THREADS if device.type == "cuda" else None):
-                # Buffers are computed on the CPU and then moved, as from_pretrained computes
-                # them (rotary inv_freq on a GPU can differ from the CPU's in the last bit).
+                # Float buffers are computed on the CPU and then moved, as from_pretrained
+                # computes them (rotary inv_freq on a GPU can differ from the CPU's in the
+                # last bit); boolean masks are made on the device (exact anywhere).
+                masks = device if device.type == "cuda" and _DEVICE_MASKS else None
                 model = build_model(cfg, model_class=model_class, dtype=dtype,
-                                    attn_implementation=attn_implementation)
+                                    attn_implementation=attn_implementation, masks_device=masks)
                 t = lap("build", t)
                 make = None
                 if tp:
@@ -530,8 +719,21 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     t = lap("tie", t)
     model.ckpt_fill = "ckpt"
     model.ckpt_report = report
-    times["total"] = time.perf_counter() - started
     model.ckpt_times = times
+    if attached_here:
+        # The only reference left is this frame's (`checkpoint`, also fetch's cell): moved
+        # into a box, so that this frame holds none when the box is handed over (else the
+        # detach thread could drop its reference first and the unmap would run here).
+        box, checkpoint = [checkpoint], None
+        times["total"] = time.perf_counter() - started
+        if detach == "background":
+            _detach_in_background(box, times)
+        else:
+            box.clear()  # unmaps (GIL released) and closes the lease here
+            times["detach"] = time.perf_counter() - started - times["total"]
+        del box
+    else:
+        times["total"] = time.perf_counter() - started
     return model
 
 

@@ -14,7 +14,8 @@
 #   hf        tools/gpu/check_hf_families.py (issue 16: every family's "hf" shards and load_model
 #             logits against transformers; table in OUT_DIR/hf_families.md; HF_WORLDS="2 4")
 #   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
-#             from_pretrained; table in OUT_DIR/bench_load_model.md)
+#             from_pretrained; table in OUT_DIR/bench_load_model.md; BENCH_HUGE=1 adds a pass
+#             with the segment on huge pages)
 #   layout    issue 13: ldd of libckptclient / _ckpt (no libcudart, libnccl), the GPU plugin's
 #             NEEDED, the no-GPU-library tests, and a GPU load from Python with PyTorch's own
 #             CUDA runtime in the process beside the plugin's static one (OUT_DIR/layout.log)
@@ -116,10 +117,22 @@ for step in $steps; do
   benchlm)
     log "load_model benchmark, GPT-Neo ${BENCH_SHAPE:-2.7B}"
     [ -n "$prepare_pid" ] && { wait "$prepare_pid"; log "model folder: rc=$?"; prepare_pid=; }
+    # BENCH_HUGE=1: a second pass with the segment on a huge=within_size tmpfs mounted on the
+    # daemon's segment directory (docs/operations.md, "Huge pages"; needs root).
+    huge_args=()
+    if [ "${BENCH_HUGE:-0}" = 1 ]; then
+      mkdir -p /dev/shm/benchlmhuge
+      if mount -t tmpfs -o "size=${BENCH_HUGE_SIZE:-16G},huge=within_size,mode=0750" tmpfs /dev/shm/benchlmhuge; then
+        huge_args=(--huge-prefix benchlmhuge)
+      else
+        log "no huge-page tmpfs (mount failed): 4 KiB pages only"
+      fi
+    fi
     python3 -X faulthandler tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo \
       --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
-      --profile "$out/bench_load_model_profile.txt" > "$out/bench_load_model.log" 2>&1
-    log "rc=$?" ;;
+      --profile "$out/bench_load_model_profile.txt" "${huge_args[@]}" > "$out/bench_load_model.log" 2>&1
+    log "rc=$?"
+    [ ${#huge_args[@]} -gt 0 ] && umount /dev/shm/benchlmhuge ;;
   layout)
     log "issue 13 layout: no GPU library at load time"
     (
