@@ -24,7 +24,8 @@ Concurrency. Each rank caches its own tensors under its own name (rank and world
 name): ranks never wait for each other, a rank that misses builds only its part, and an
 entry is published whole or not at all. Two processes racing for the same rank's entry
 both build; the first publish wins, the second gets AlreadyExists and attaches the
-winner's entry (its own result is dropped).
+winner's entry (its own result is dropped): while the winner is still writing, it waits
+for the entry (up to `timeout`), and if the winner's write fails it publishes its own.
 
 Staleness. A new generation of the source, other content, another layout, dtype,
 quantization or library version gives another name: old entries simply stop matching.
@@ -34,6 +35,7 @@ budget can evict them as well; attached entries are kept unless force=True).
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -147,13 +149,25 @@ def get_or_build(client: "ckpt.Client", source: str, build: Callable[..., Mappin
     if not isinstance(built, Mapping) or not all(isinstance(t, torch.Tensor) for t in built.values()):
         raise TypeError("serving_cache.get_or_build: build() must return a dict of tensors")
     side = {KEY_FILE: json.dumps(key, sort_keys=True).encode()}
-    try:
-        client.publish(name, dict(built), side_files=side, timeout=timeout)
-    except ckpt.AlreadyExists:
-        pass  # another process published this entry first: use theirs (checked below)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.publish(name, dict(built), side_files=side, timeout=max(deadline - time.monotonic(), 1.0))
+        except ckpt.AlreadyExists:
+            pass  # another process publishes (or published) this entry: use theirs (below)
+        try:
+            c = client.attach(name)
+        except ckpt.NotFound:
+            # The other writer is still writing (the name is taken, nothing is visible yet) or
+            # its write failed (the name is free again): wait, then publish ours.
+            if time.monotonic() >= deadline:
+                raise ckpt.DeadlineExceeded("serving cache entry '%s': another process kept it unpublished "
+                                            "for %.0f s" % (name, timeout))
+            time.sleep(0.05)
+            continue
+        break
     del built
-    c = _lookup(client, name, key)
-    if c is None:
+    if _stored_key(c) != json.loads(json.dumps(key)):
         raise ckpt.FailedPrecondition("serving cache entry '%s' exists with another key: evict it" % name)
     return CacheEntry(name, False, c, _views(c, device), key)
 

@@ -8,6 +8,8 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import unittest
 
 import torch
@@ -110,6 +112,96 @@ class ServingCacheTest(unittest.TestCase):
         self.client.evict("src", wait=10)
         self.assertEqual(sc.evict_stale(self.client), [])
         self.assertIn(fresh.name, sc.evict_stale(self.client, force=True))
+
+    def _hold_entry_unpublished(self, key_json):
+        """Starts a publish of the entry's name (with the side file key_json(key)) on a thread
+        whose first ring fill waits for `release` (then raises when `fail` is set): the name
+        is reserved, nothing is visible. Returns (name, release, fail, thread, errors)."""
+        key = sc.cache_key(self.client.attach("src"), rank=0, world=1, user_key="held")
+        name = sc.cache_name(key)
+        release, fail, filling, errors = threading.Event(), threading.Event(), threading.Event(), []
+
+        class HeldWriter(ckpt.Writer):
+            def _filler(self, t):
+                fill = super()._filler(t)
+
+                def held(*args):
+                    filling.set()
+                    release.wait(60)
+                    if fail.is_set():
+                        raise RuntimeError("the other process's write fails")
+                    fill(*args)
+                return held
+
+        w = HeldWriter(self.daemon.socket, name)
+        w.add("qkv", build_fused(self.client.attach("src"), 0, 1)["qkv"])
+        w.side_file(sc.KEY_FILE, key_json(key))
+
+        def commit():
+            try:
+                w.commit()
+            except Exception as e:  # the failing case
+                errors.append(e)
+        t = threading.Thread(target=commit)
+        t.start()
+        # The ring is filled only once the daemon reserved the name and made the segment.
+        self.assertTrue(filling.wait(30), "the held write never started streaming")
+        return name, release, fail, t, errors
+
+    def _get_or_build_on_a_thread(self):
+        got = []
+
+        def run():
+            try:
+                got.append(sc.get_or_build(self.client, "src", build_fused, rank=0, world=1, user_key="held",
+                                           timeout=60))
+            except Exception as e:
+                got.append(e)
+        g = threading.Thread(target=run)
+        g.start()
+        return g, got
+
+    def test_an_entry_another_process_is_still_writing_is_waited_for_then_used(self):
+        name, release, fail, t, errors = self._hold_entry_unpublished(lambda k: json.dumps(k, sort_keys=True).encode())
+        g, got = self._get_or_build_on_a_thread()
+        time.sleep(0.5)
+        self.assertTrue(g.is_alive(), "get_or_build did not wait for the entry being written: %r" % got)
+        release.set()
+        t.join(30)
+        g.join(30)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(got), 1)
+        self.assertIsInstance(got[0], sc.CacheEntry, got)
+        self.assertEqual(got[0].name, name)
+        self.assertEqual(got[0].checkpoint.generation, self.client.attach(name).generation)
+        self.assertTrue(torch.equal(got[0].tensors["qkv"], build_fused(self.client.attach("src"), 0, 1)["qkv"]))
+
+    def test_an_entry_whose_other_writer_fails_is_built_and_published_here(self):
+        name, release, fail, t, errors = self._hold_entry_unpublished(lambda k: json.dumps(k, sort_keys=True).encode())
+        g, got = self._get_or_build_on_a_thread()
+        time.sleep(0.5)
+        fail.set()
+        release.set()
+        t.join(30)
+        g.join(30)
+        self.assertEqual(len(errors), 1)
+        self.assertEqual(len(got), 1)
+        self.assertIsInstance(got[0], sc.CacheEntry, got)
+        self.assertFalse(got[0].hit)
+        self.assertEqual(got[0].name, name)
+        self.assertTrue(torch.equal(got[0].tensors["qkv"], build_fused(self.client.attach("src"), 0, 1)["qkv"]))
+
+    def test_an_entry_published_with_another_key_is_an_error(self):
+        name, release, fail, t, errors = self._hold_entry_unpublished(lambda k: b'{"other": 1}')
+        g, got = self._get_or_build_on_a_thread()
+        time.sleep(0.3)
+        release.set()
+        t.join(30)
+        g.join(30)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(got), 1)
+        self.assertIsInstance(got[0], ckpt.FailedPrecondition, got)
+        self.assertIn("another key", str(got[0]))
 
     def test_processes_racing_for_one_entry_all_get_it_and_one_entry_is_left(self):
         script = (
