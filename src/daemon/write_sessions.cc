@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 
 #include "common/checked_math.h"
@@ -36,6 +38,19 @@ bool BoxesOverlap(const WritePiece& a, const WritePiece& b) {
     if (a1 <= b0 || b1 <= a0) return false;
   }
   return true;
+}
+
+// Drops `hasher` then `segment` on a detached thread (inline if no thread can be had).
+void ReleaseInBackground(std::shared_ptr<TensorHasher> hasher, std::shared_ptr<shm::SegmentWriter> segment) {
+  if (!hasher && !segment) return;
+  try {
+    std::thread([h = std::move(hasher), s = std::move(segment)]() mutable {
+      h.reset();
+      s.reset();
+    }).detach();
+  } catch (const std::system_error&) {
+    // The closure (and what it holds) is gone already: released here.
+  }
 }
 
 }  // namespace
@@ -485,8 +500,11 @@ Result<LoadResult> WriteSession::Publish() {
   env_.catalog->Publish(std::move(entry));
   reserved_ = false;
   state_ = State::kPublished;
-  hasher_.reset();
-  segment_.reset();  // the daemon's writable mapping goes once no copy holds it
+  // The daemon's writable mapping goes on a thread of its own: unmapping 10 GiB of 4 KiB
+  // pages takes tenths of a second that the parts need not wait for (readers map the
+  // published file themselves). These are the last references (every part sealed).
+  ReleaseInBackground(std::move(hasher_), std::move(segment_));
+  ReleaseInBackground(std::move(hasher), std::move(segment));
   result_ = result;
   spdlog::info("published '{}' generation {} written by {} part(s): {} tensors, {} bytes in {:.3f} s; {} pages, {} "
                "of {} bytes on huge pages", name_, generation_, parts_, count, layout_.data_bytes, nanos.count() / 1e9,

@@ -91,6 +91,31 @@ def bench_ckptd(args, sd, pages, emit, sync, dev, gib, nbytes):
     second generation, then a fresh attach + state_dict to the GPU, split into phases."""
     import ckpt
     from ckpt.writer import Writer
+
+    marks = {}
+
+    class TimedWriter(Writer):
+        """Writer with the client's phases clocked (the ring's mapping and registration,
+        the first and last staged byte, the unregistration)."""
+
+        def _on_ring(self, address, nbytes):
+            marks["ring_mapped"] = time.perf_counter()
+            super()._on_ring(address, nbytes)
+            marks["registered"] = time.perf_counter()
+
+        def _off_ring(self, address, nbytes):
+            marks["off_start"] = time.perf_counter()
+            super()._off_ring(address, nbytes)
+            marks["off_end"] = time.perf_counter()
+
+        def _filler(self, t):
+            fill = super()._filler(t)
+
+            def timed(offset, ring_offset, size):
+                marks.setdefault("first_fill", time.perf_counter())
+                fill(offset, ring_offset, size)
+                marks["last_fill"] = time.perf_counter()
+            return timed
     sock = os.path.join(args.workdir, f"ckptd-{pages}.sock")
     prefix = f"save{os.getpid()}{pages}"
     seg_dir = os.path.join("/dev/shm", prefix)
@@ -113,18 +138,22 @@ def bench_ckptd(args, sd, pages, emit, sync, dev, gib, nbytes):
         sync()
         with Sampler() as m:
             t0 = time.perf_counter()
-            w = Writer(client._c.socket_path, "neo", part=0, parts=1)
+            w = TimedWriter(client._c.socket_path, "neo", part=0, parts=1)
             for key, tensor in sd.items():
                 w.add(key, tensor)
             t_decl = time.perf_counter() - t0
+            marks["commit"] = time.perf_counter()
             summary = w.commit()
             t_pub = time.perf_counter() - t0
+            marks["returned"] = time.perf_counter()
+        order = ["commit", "ring_mapped", "registered", "first_fill", "last_fill", "off_start", "off_end", "returned"]
+        phases = {f"{a}->{b}": round(marks[b] - marks[a], 4) for a, b in zip(order, order[1:]) if a in marks and b in marks}
         PUBLISH_SECONDS[pages] = t_pub
         emit(what="save", pages=pages, how="ckptd publish (GPU -> ring -> segment, checksums, published)",
              seconds=round(t_pub, 3), declare_seconds=round(t_decl, 3), GiB_per_s=round(gib / t_pub, 2),
              host_peak_over_base_GiB=round((m.peak - m.base) / 2**30, 3), host_ratio=round((m.peak - m.base) / nbytes, 4),
              daemon_load_seconds=summary["load_seconds"], page_bytes=summary.get("page_bytes"),
-             huge_bytes=summary.get("huge_bytes"))
+             huge_bytes=summary.get("huge_bytes"), client_phases_s=phases)
         with Sampler() as m:
             t0 = time.perf_counter()
             client.publish("neo", sd, replace=True)
