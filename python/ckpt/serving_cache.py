@@ -24,7 +24,8 @@ Concurrency. Each rank caches its own tensors under its own name (rank and world
 name): ranks never wait for each other, a rank that misses builds only its part, and an
 entry is published whole or not at all. Two processes racing for the same rank's entry
 both build; the first publish wins, the second gets AlreadyExists and attaches the
-winner's entry (its own result is dropped).
+winner's entry (its own result is dropped), waiting for it if the winner's write is still
+under way (and publishing its own if that write fails), up to `timeout`.
 
 Staleness. A new generation of the source, other content, another layout, dtype,
 quantization or library version gives another name: old entries simply stop matching.
@@ -34,6 +35,7 @@ budget can evict them as well; attached entries are kept unless force=True).
 import hashlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
@@ -147,10 +149,23 @@ def get_or_build(client: "ckpt.Client", source: str, build: Callable[..., Mappin
     if not isinstance(built, Mapping) or not all(isinstance(t, torch.Tensor) for t in built.values()):
         raise TypeError("serving_cache.get_or_build: build() must return a dict of tensors")
     side = {KEY_FILE: json.dumps(key, sort_keys=True).encode()}
-    try:
-        client.publish(name, dict(built), side_files=side, timeout=timeout)
-    except ckpt.AlreadyExists:
-        pass  # another process published this entry first: use theirs (checked below)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.publish(name, dict(built), side_files=side, timeout=timeout)
+            break
+        except ckpt.AlreadyExists:
+            # Another process published this entry first (use theirs, checked below), or is
+            # still writing it (the name is reserved, not attachable yet): wait for its
+            # publish, or publish ours if its write fails.
+            try:
+                client.attach(name)
+                break
+            except ckpt.NotFound:
+                if time.monotonic() > deadline:
+                    raise ckpt.DeadlineExceeded("serving cache entry '%s' is being written by another process "
+                                                "and was not published in %g s" % (name, timeout)) from None
+                time.sleep(0.02)
     del built
     c = _lookup(client, name, key)
     if c is None:

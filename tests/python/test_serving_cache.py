@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import torch
@@ -128,6 +129,43 @@ class ServingCacheTest(unittest.TestCase):
         self.assertEqual(len({l[0] for l in lines}), 1)
         self.assertEqual(len({l[2] for l in lines}), 1)
         self.assertEqual(len([s for s in self.client.list() if s["name"] == lines[0][0]]), 1)
+
+    def test_an_entry_another_process_is_still_writing_is_waited_for_and_used(self):
+        # Another writer holds the entry's name (its write is under way, nothing published
+        # yet): get_or_build waits for that publish and uses it instead of failing.
+        import threading
+        from ckpt.writer import Writer
+        src = self.client.attach("src")
+        key = sc.cache_key(src, rank=0, world=1, user_key="slow")
+        name = sc.cache_name(key)
+        theirs = build_fused(src, 0, 1)
+        started = threading.Event()
+
+        class SlowWriter(Writer):
+            def _filler(self, t):
+                fill = super()._filler(t)
+
+                def slow(offset, ring_offset, size):
+                    started.set()
+                    time.sleep(1.0)
+                    fill(offset, ring_offset, size)
+                return slow
+
+        def write():
+            w = SlowWriter(self.daemon.socket, name, part=0, parts=1)
+            w.add("qkv", theirs["qkv"])
+            w.side_file(sc.KEY_FILE, json.dumps(key, sort_keys=True).encode())
+            w.commit()
+        t = threading.Thread(target=write)
+        t.start()
+        self.assertTrue(started.wait(10))
+        calls = []
+        e = sc.get_or_build(self.client, "src", lambda s, r, w: calls.append(1) or build_fused(s, r, w),
+                            rank=0, world=1, user_key="slow")
+        t.join()
+        self.assertEqual(e.name, name)
+        self.assertTrue(torch.equal(e.tensors["qkv"], theirs["qkv"]))
+        self.assertEqual(len([s for s in self.client.list() if s["name"] == name]), 1)
 
 
 if __name__ == "__main__":
