@@ -20,27 +20,11 @@ import time
 
 import torch
 
-HIDDEN, LAYERS, VOCAB, POS = 2560, 32, 50257, 2048
-
 
 def gen(d):
     from safetensors.torch import save_file
-    g = torch.Generator(device="cuda").manual_seed(0)
-    sd = {}
-    def add(name, *shape):
-        sd[name] = (torch.randn(*shape, generator=g, device="cuda") * 0.02).cpu()
-    add("transformer.wte.weight", VOCAB, HIDDEN)
-    add("transformer.wpe.weight", POS, HIDDEN)
-    for i in range(LAYERS):
-        p = f"transformer.h.{i}."
-        add(p + "ln_1.weight", HIDDEN); add(p + "ln_1.bias", HIDDEN)
-        for k in "kvq":
-            add(p + f"attn.attention.{k}_proj.weight", HIDDEN, HIDDEN)
-        add(p + "attn.attention.out_proj.weight", HIDDEN, HIDDEN); add(p + "attn.attention.out_proj.bias", HIDDEN)
-        add(p + "ln_2.weight", HIDDEN); add(p + "ln_2.bias", HIDDEN)
-        add(p + "mlp.c_fc.weight", 4 * HIDDEN, HIDDEN); add(p + "mlp.c_fc.bias", 4 * HIDDEN)
-        add(p + "mlp.c_proj.weight", HIDDEN, 4 * HIDDEN); add(p + "mlp.c_proj.bias", HIDDEN)
-    add("transformer.ln_f.weight", HIDDEN); add("transformer.ln_f.bias", HIDDEN)
+    from make_checkpoint import gpt_neo_state_dict
+    sd = gpt_neo_state_dict("cuda", out_device="cpu")
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
     t0 = time.time(); save_file(sd, f"{d}/model.safetensors"); t1 = time.time()
     torch.save(sd, f"{d}/model.pt"); t2 = time.time()

@@ -81,6 +81,43 @@ def gpt_state_dict(mib: float, layers: int, seed: int) -> dict:
     return sd
 
 
+# The GPT-Neo-2.7B shape (fp32, 420 tensors, 9.877 GiB) that the benchmarks share
+# (tools/bench_baselines.py gen, tools/gpu/bench_save.py): the one definition of it.
+NEO_27B = {"hidden": 2560, "layers": 32, "vocab": 50257, "positions": 2048}
+NEO_SMALL = {"hidden": 256, "layers": 2, "vocab": 1000, "positions": 128}  # a dry run of a benchmark
+
+
+def gpt_neo_state_dict(device="cuda", out_device=None, shape=None, seed=0) -> dict:
+    """The GPT-Neo-shaped fp32 state dict (transformers' GPTNeoForCausalLM names), random
+    N(0, 0.02) drawn from a generator on `device` (`shape`: NEO_27B by default), each
+    tensor moved to `out_device` as soon as it is drawn when given (so a CPU copy never
+    holds the whole dict on the GPU)."""
+    s = NEO_27B if shape is None else shape
+    hidden, layers, vocab, positions = s["hidden"], s["layers"], s["vocab"], s["positions"]
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    sd = {}
+
+    def add(name, *dims):
+        t = torch.randn(*dims, generator=g, device=dev) * 0.02
+        sd[name] = t if out_device is None else t.to(out_device)
+    add("transformer.wte.weight", vocab, hidden)
+    add("transformer.wpe.weight", positions, hidden)
+    for i in range(layers):
+        p = f"transformer.h.{i}."
+        add(p + "ln_1.weight", hidden); add(p + "ln_1.bias", hidden)
+        for k in "kvq":
+            add(p + f"attn.attention.{k}_proj.weight", hidden, hidden)
+        add(p + "attn.attention.out_proj.weight", hidden, hidden); add(p + "attn.attention.out_proj.bias", hidden)
+        add(p + "ln_2.weight", hidden); add(p + "ln_2.bias", hidden)
+        add(p + "mlp.c_fc.weight", 4 * hidden, hidden); add(p + "mlp.c_fc.bias", 4 * hidden)
+        add(p + "mlp.c_proj.weight", hidden, 4 * hidden); add(p + "mlp.c_proj.bias", hidden)
+    add("transformer.ln_f.weight", hidden); add("transformer.ln_f.bias", hidden)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return sd
+
+
 def write_slices(tensors: dict, out_dir: str, world: int) -> None:
     os.makedirs(out_dir, exist_ok=True)
     for name, t in tensors.items():

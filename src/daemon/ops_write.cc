@@ -95,10 +95,10 @@ class PartConnection {
   const int64_t part_;
 };
 
-// Copies one chunk from the ring into the segment. Items were checked by the caller.
-Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
-                 const protocol::WriteChunkRequest& chunk, const std::byte* ring) {
-  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<shm::SegmentWriter> segment, session.Segment());
+// Copies a chunk's items from the ring into the segment, on the daemon's load threads for
+// a large chunk. Items were checked by the caller; their pages are reserved.
+Status CopyItems(const DaemonContext& ctx, const WriteSession& session, int64_t part,
+                 const protocol::WriteChunkRequest& chunk, const std::byte* ring, const shm::SegmentWriter& segment) {
   struct Task {
     const protocol::WriteChunkItem* item;
     uint64_t begin, size;  // within the item
@@ -113,7 +113,7 @@ Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
   }
   auto run = [&](const Task& t) {
     const PieceTarget& target = session.target(part, t.item->piece);
-    std::byte* tensor = segment->tensor_data(target.tensor);
+    std::byte* tensor = segment.tensor_data(target.tensor);
     const std::byte* src = ring + t.item->ring_offset + t.begin;
     const uint64_t piece_begin = t.item->offset + t.begin;
     ForEachRun(target, piece_begin, t.size, [&](uint64_t tensor_byte, uint64_t piece_byte, uint64_t n) {
@@ -132,6 +132,33 @@ Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
         return Status::Ok();
       },
       nullptr);
+}
+
+// Copies one chunk into the segment once the pages under it are reserved (the segment is
+// reserved in the background while the first chunks come), then hands the ranges of
+// in-order tensors to the hasher (their checksums are computed while streaming).
+Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
+                 const protocol::WriteChunkRequest& chunk, const std::byte* ring) {
+  std::shared_ptr<TensorHasher> hasher;
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<shm::SegmentWriter> segment, session.Segment(&hasher));
+  uint64_t end = 0;  // one past the last segment byte this chunk writes
+  for (const auto& item : chunk.items) {
+    const PieceTarget& target = session.target(part, item.piece);
+    const uint64_t at = segment->tensor_offset(target.tensor);
+    ForEachRun(target, item.offset, item.bytes,
+               [&](uint64_t tensor_byte, uint64_t, uint64_t n) { end = std::max(end, at + tensor_byte + n); });
+  }
+  CKPT_RETURN_IF_ERROR(segment->WaitReserved(end));
+  CKPT_RETURN_IF_ERROR(CopyItems(ctx, session, part, chunk, ring, *segment));
+  for (const auto& item : chunk.items) {
+    const PieceTarget& target = session.target(part, item.piece);
+    if (session.in_order(target.tensor)) {
+      hasher->Add(target.tensor, segment->tensor_data(target.tensor) + item.offset, item.bytes);
+    }
+  }
+  // (`hasher` is released before `segment`; it holds the segment alive itself anyway.)
+  hasher.reset();
+  return Status::Ok();
 }
 
 }  // namespace

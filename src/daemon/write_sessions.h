@@ -28,6 +28,7 @@
 #include "ckpt/status.h"
 #include "ckpt/tensor.h"
 #include "daemon/catalog.h"
+#include "daemon/tensor_hasher.h"
 #include "protocol/messages.h"
 #include "shm/segment_directory.h"
 #include "shm/segment_writer.h"
@@ -50,6 +51,9 @@ struct PieceTarget {
 struct WriteLayout {
   std::vector<TensorInfo> tensors;                 // in the order first declared (part 0 first)
   std::vector<std::vector<PieceTarget>> targets;   // [part][piece]
+  // [tensor]: one piece covers the whole tensor, so its bytes arrive in the tensor's own
+  // order (one part streams them, in order) and its checksum is computed while streaming.
+  std::vector<bool> in_order;
   uint64_t data_bytes = 0;
 };
 
@@ -69,7 +73,7 @@ class WriteSession {
     Catalog* catalog = nullptr;
     const shm::SegmentDirectory* segments = nullptr;
     uint32_t shm_mode = 0640;
-    int threads = 8;  // checksum threads at publish
+    int threads = 8;  // the daemon's load threads: checksum threads are derived from it
   };
   enum class State { kDeclaring, kCreating, kStreaming, kPublished, kFailed };
 
@@ -100,8 +104,11 @@ class WriteSession {
   const PieceTarget& target(int64_t part, size_t piece) const { return layout_.targets[part][piece]; }
   size_t piece_count(int64_t part) const { return layout_.targets[part].size(); }
   // The segment to copy into, shared so that a failure meanwhile removes it only after
-  // the copy ends; the session's failure if it failed.
-  Result<std::shared_ptr<shm::SegmentWriter>> Segment();
+  // the copy ends; the session's failure if it failed. With `hasher`, also the hasher
+  // that the copied ranges of in-order tensors (in_order()) are handed to.
+  Result<std::shared_ptr<shm::SegmentWriter>> Segment(std::shared_ptr<TensorHasher>* hasher = nullptr);
+  // Whether tensor `tensor`'s checksum is computed while streaming (valid once ready).
+  bool in_order(size_t tensor) const { return layout_.in_order[tensor]; }
 
   // Marks part `part` sealed (all its bytes arrived). The last part to seal computes the
   // checksums and publishes; every sealed part then waits (calling `check` about every
@@ -147,6 +154,7 @@ class WriteSession {
   uint64_t generation_ = 0;
   bool reserved_ = false;  // the catalog holds a reservation for name_
   std::shared_ptr<shm::SegmentWriter> segment_;
+  std::shared_ptr<TensorHasher> hasher_;  // holds segment_ alive until its threads end
   std::optional<LoadResult> result_;
 };
 

@@ -131,9 +131,11 @@ Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size
   return fd;
 }
 
-Status SegmentDirectory::ReservePages(int fd, uint64_t size, const std::string& name) const {
-  if (size > static_cast<uint64_t>(INT64_MAX)) return InvalidArgument("segment size too large");
-  if (int err = ::posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
+Status SegmentDirectory::ReservePages(int fd, uint64_t size, const std::string& name, uint64_t offset) const {
+  if (size > static_cast<uint64_t>(INT64_MAX) || offset > static_cast<uint64_t>(INT64_MAX) - size) {
+    return InvalidArgument("segment size too large");
+  }
+  if (int err = ::posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(size)); err != 0) {
     if (err == ENOSPC) {
       return ResourceExhausted("not enough room in " + path_ + " for " + std::to_string(size) + " bytes");
     }

@@ -79,10 +79,11 @@ class SegmentDirectory {
   Result<UniqueFd> Create(const std::string& name, uint64_t size, uint32_t mode,
                           Reserve reserve = Reserve::kFallocate) const;
 
-  // Reserves the first `size` bytes of file `name` open read-write at `fd`
-  // (posix_fallocate): ResourceExhausted when the file system is full or the memory cgroup
-  // refuses (the message names the directory), IoError otherwise.
-  Status ReservePages(int fd, uint64_t size, const std::string& name) const;
+  // Reserves bytes [offset, offset + size) of file `name` open read-write at `fd` (by
+  // default the first `size` bytes; posix_fallocate): ResourceExhausted when the file
+  // system is full or the memory cgroup refuses (the message names the directory),
+  // IoError otherwise.
+  Status ReservePages(int fd, uint64_t size, const std::string& name, uint64_t offset = 0) const;
 
   // What the directory's file system offers for page sizes, detected once by Open().
   const PageSupport& pages() const { return pages_; }

@@ -3,11 +3,13 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <system_error>
 
 #include "common/checked_math.h"
 
@@ -148,6 +150,7 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
                                                           .Get("the segment's size"));
 
   const bool fallocate = spec.populate == PagePopulate::kFallocate;
+  const bool background = spec.populate == PagePopulate::kBackground;
   CKPT_ASSIGN_OR_RETURN(UniqueFd rw_fd,
                         spec.directory->Create(file_name, segment_bytes, spec.mode,
                                                fallocate ? SegmentDirectory::Reserve::kFallocate
@@ -159,9 +162,11 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   }
   std::unique_ptr<SegmentWriter> writer(
       new SegmentWriter(spec.directory, std::move(mapping).value(), UniqueFd(), id));  // removes on error
+  if (background) writer->rw_fd_ = std::move(rw_fd);
   CKPT_ASSIGN_OR_RETURN(writer->read_only_fd_, spec.directory->OpenOwned(file_name, spec.mode, segment_bytes));
   struct stat rw_st, ro_st;
-  if (::fstat(rw_fd.get(), &rw_st) != 0 || ::fstat(writer->read_only_fd_.get(), &ro_st) != 0 ||
+  const int rw = background ? writer->rw_fd_.get() : rw_fd.get();
+  if (::fstat(rw, &rw_st) != 0 || ::fstat(writer->read_only_fd_.get(), &ro_st) != 0 ||
       rw_st.st_ino != ro_st.st_ino || rw_st.st_dev != ro_st.st_dev) {
     return Internal("segment " + spec.directory->PathOf(file_name) + " changed while it was created");
   }
@@ -171,6 +176,21 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   if (fallocate) {
     writer->populated_ = true;
     writer->populate_summary_ = "posix_fallocate";
+  } else if (background) {
+    // The header pages now (written below), the rest on the reserving thread.
+    CKPT_RETURN_IF_ERROR(spec.directory->ReservePages(writer->rw_fd_.get(), data_offset, file_name));
+    writer->reserved_.store(data_offset, std::memory_order_release);
+    writer->populate_summary_ = "posix_fallocate in the background";
+    // Ranges of 64 MiB (a whole number of pages of either size): a writer waits at most
+    // for the range its bytes fall in, and a failed write stops the thread within one.
+    const uint64_t step = std::max<uint64_t>(64ull << 20, pages.segment_alignment());
+    writer->reserve_done_ = false;
+    try {
+      writer->reserver_ = std::thread([w = writer.get(), data_offset, step] { w->ReserveInBackground(data_offset, step); });
+    } catch (const std::system_error& e) {
+      writer->reserve_done_ = true;
+      return ResourceExhausted(std::string("cannot start the thread that reserves ") + what + ": " + e.what());
+    }
   } else {
     const bool all = spec.populate == PagePopulate::kParallel;
     const int threads = all ? spec.populate_threads : 1;
@@ -188,6 +208,7 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
     }
   }
 
+  if (!background) writer->reserved_.store(segment_bytes, std::memory_order_release);  // WaitReserved: at once
   SegmentHeader* h = HeaderOf(base);  // pages are zero-filled by the kernel
   std::memcpy(h->magic, kSegmentMagic, sizeof(kSegmentMagic));
   h->version = kSegmentVersion;
@@ -241,7 +262,42 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   return writer;
 }
 
+void SegmentWriter::ReserveInBackground(uint64_t from, uint64_t step) {
+  const uint64_t size = mapping_->size();
+  Status st;
+  for (uint64_t at = from; at < size && st.ok();) {
+    if (stop_reserving_.load(std::memory_order_acquire)) {
+      st = Cancelled("the reservation of segment " + mapping_->name() + " was stopped");
+      break;
+    }
+    const uint64_t n = std::min(step, size - at);
+    st = directory_->ReservePages(rw_fd_.get(), n, mapping_->name(), at);
+    if (!st.ok()) break;
+    at += n;
+    reserved_.store(at, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(reserve_mu_);
+    reserve_cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> lock(reserve_mu_);
+  reserve_done_ = true;
+  reserve_status_ = st;
+  reserve_cv_.notify_all();
+}
+
+Status SegmentWriter::WaitReserved(uint64_t end) {
+  if (reserved_.load(std::memory_order_acquire) >= end) return Status::Ok();
+  std::unique_lock<std::mutex> lock(reserve_mu_);
+  reserve_cv_.wait(lock, [&] { return reserve_done_ || reserved_.load(std::memory_order_acquire) >= end; });
+  if (reserved_.load(std::memory_order_acquire) >= end) return Status::Ok();
+  if (!reserve_status_.ok()) return reserve_status_;
+  return Internal("bytes [0, " + std::to_string(end) + ") lie beyond segment " + mapping_->name());
+}
+
+uint64_t SegmentWriter::tensor_offset(size_t i) const { return EntriesOf(mapping_->data())[i].data_offset; }
+
 SegmentWriter::~SegmentWriter() {
+  stop_reserving_.store(true, std::memory_order_release);
+  if (reserver_.joinable()) reserver_.join();
   if (!published_ && mapping_) {
     std::string name = mapping_->name();
     mapping_.reset();
@@ -259,6 +315,13 @@ std::byte* SegmentWriter::tensor_data(size_t i) const {
 
 Status SegmentWriter::Populate(int threads) {
   if (populated_) return Status::Ok();
+  if (reserver_.joinable()) {
+    CKPT_RETURN_IF_ERROR(WaitReserved(mapping_->size()));
+    reserver_.join();
+    rw_fd_.reset();
+    populated_ = true;
+    return Status::Ok();
+  }
   CKPT_RETURN_IF_ERROR(PopulateWrite(mapping_->data(), mapping_->size(), threads,
                                      directory_->pages().segment_alignment(),
                                      "segment " + directory_->PathOf(mapping_->name())));

@@ -7,8 +7,12 @@
 // fresh random 16-byte id (also in the header's segment_id), created with O_EXCL.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +34,10 @@ enum class PagePopulate {
   kDeferred,   // Create() populates the header pages only; the caller writes the data with
                // its own populate (MADV_POPULATE_WRITE before each write) and calls
                // Populate() before Publish(), which refuses a segment not populated
+  kBackground, // Create() populates the header pages only and starts one thread that
+               // reserves the rest (posix_fallocate of successive ranges, in file order);
+               // the caller writes [0, end) only after WaitReserved(end) returned OK, and
+               // Populate() waits for the whole file (the write path, docs/write-path.md)
 };
 
 // What a segment for `tensor_count` tensors of `data_bytes` and side files of `side_bytes`
@@ -69,7 +77,8 @@ class SegmentWriter {
   // InvalidArgument for a bad spec or a layout that overflows 64 bits, AlreadyExists,
   // ResourceExhausted (file system full, no memory), IoError.
   static Result<std::unique_ptr<SegmentWriter>> Create(const SegmentSpec& spec);
-  // Before Publish(): removes the file (a removal failure is written to stderr).
+  // Stops a background reservation; before Publish(): removes the file (a removal failure
+  // is written to stderr).
   ~SegmentWriter();
 
   // Where tensor i's bytes go (kDataAlignment-aligned, nbytes long).
@@ -84,8 +93,18 @@ class SegmentWriter {
 
   // Allocates and maps every page of the segment not yet allocated (holes between the
   // tensors of a kDeferred segment), with `threads` threads; a no-op after kFallocate or
-  // kParallel. ResourceExhausted when the file system is full; the segment stays unpublished.
+  // kParallel; for kBackground, waits for the reserving thread to finish the file.
+  // ResourceExhausted when the file system is full; the segment stays unpublished.
   Status Populate(int threads);
+
+  // kBackground: blocks until bytes [0, end) of the segment are reserved (OK) or the
+  // reservation failed (its error: ResourceExhausted when the file system is full, each
+  // later call returns it too). Other modes: OK at once. Thread-safe.
+  Status WaitReserved(uint64_t end);
+  // Bytes reserved so far from the segment's start (the whole segment once done).
+  uint64_t reserved_bytes() const { return reserved_.load(std::memory_order_acquire); }
+  // The byte offset of tensor i's data in the segment.
+  uint64_t tensor_offset(size_t i) const;
 
   // Bytes of this writer's mapping that the kernel maps with huge (PMD) entries, from
   // /proc/self/smaps; 0 if it cannot be read.
@@ -102,8 +121,18 @@ class SegmentWriter {
   SegmentWriter(const SegmentDirectory* directory, std::unique_ptr<ShmMapping> mapping, UniqueFd read_only_fd,
                 SegmentId id)
       : directory_(directory), mapping_(std::move(mapping)), read_only_fd_(std::move(read_only_fd)), id_(id) {}
+  // kBackground: the reserving thread's body (ranges of `step` bytes from `from`).
+  void ReserveInBackground(uint64_t from, uint64_t step);
   const SegmentDirectory* directory_;
   std::unique_ptr<ShmMapping> mapping_;
+  UniqueFd rw_fd_;  // kBackground only, until the reservation ends
+  std::thread reserver_;
+  std::atomic<uint64_t> reserved_{0};
+  std::atomic<bool> stop_reserving_{false};
+  std::mutex reserve_mu_;
+  std::condition_variable reserve_cv_;
+  bool reserve_done_ = true;  // guarded by reserve_mu_
+  Status reserve_status_;     // guarded by reserve_mu_
   UniqueFd read_only_fd_;
   SegmentId id_;
   bool published_ = false;
