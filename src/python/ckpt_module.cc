@@ -81,14 +81,39 @@ using CheckpointPtr = std::shared_ptr<ckpt::Checkpoint>;
 // holds it (the last reference usually goes in a Python dealloc; CPython's own io releases
 // the GIL in close() the same way): other Python threads run meanwhile, and a detach on a
 // background thread (ckpt.transformers.load_model) does not stall the main one. Not while
-// the interpreter finalizes (no thread may take the GIL back then).
-void DestroyCheckpoint(ckpt::Checkpoint* checkpoint) {
+// the interpreter finalizes (no thread may take the GIL back then), and not on a daemon
+// thread (or one Python did not start): the main thread may begin finalizing while the
+// GIL is out, and CPython < 3.14 then ends such a thread inside PyEval_RestoreThread with
+// pthread_exit, whose unwinding through this noexcept deleter aborts the process
+// ("terminate called without an active exception"). Finalization waits for the others.
+bool MayReleaseGilToDestroy() {
 #if PY_VERSION_HEX >= 0x030D0000
   const bool finalizing = Py_IsFinalizing();
 #else
   const bool finalizing = _Py_IsFinalizing();
 #endif
-  if (Py_IsInitialized() && !finalizing && PyGILState_Check()) {
+  if (!Py_IsInitialized() || finalizing || !PyGILState_Check()) return false;
+  // Which thread this is, read without running Python code (code would let the GIL go at
+  // its eval breaker, with the same ending): threading._active[get_ident()]._daemonic.
+  py::error_scope keep_pending_error;  // a dealloc may run while an exception is set
+  PyObject* threading = PyImport_GetModule(py::str("threading").ptr());  // never imports
+  PyObject* active = threading != nullptr ? PyObject_GetAttrString(threading, "_active") : nullptr;
+  PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+  PyObject* thread = active != nullptr && ident != nullptr && PyDict_Check(active)
+                         ? PyDict_GetItemWithError(active, ident)  // borrowed
+                         : nullptr;
+  PyObject* daemonic = thread != nullptr ? PyObject_GetAttrString(thread, "_daemonic") : nullptr;
+  const bool daemon = daemonic == nullptr || PyObject_IsTrue(daemonic) != 0;  // unknown: as a daemon
+  Py_XDECREF(daemonic);
+  Py_XDECREF(ident);
+  Py_XDECREF(active);
+  Py_XDECREF(threading);
+  PyErr_Clear();
+  return !daemon;
+}
+
+void DestroyCheckpoint(ckpt::Checkpoint* checkpoint) {
+  if (MayReleaseGilToDestroy()) {
     py::gil_scoped_release release;
     delete checkpoint;
   } else {

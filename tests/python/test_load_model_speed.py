@@ -322,6 +322,35 @@ class DetachReleasesTheGilTest(unittest.TestCase):
         self.assertGreater(during, 0, "no other thread ran while the checkpoint was unmapped: the GIL was held")
         self.assertTrue(wait_for(lambda: attached(client, "big") == 0))
 
+    def test_a_daemon_thread_detaching_while_the_interpreter_exits_does_not_abort_it(self):
+        # A daemon thread that drops attachments in a loop while the main thread returns:
+        # had the destructor let the GIL go there, the finalizing interpreter would end the
+        # thread (pthread_exit) inside the noexcept deleter as it takes the GIL back, and
+        # the process would abort ("terminate called without an active exception", -6).
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        daemon = test_ckpt.Daemon(tmp.name)
+        daemon.start()
+        self.addCleanup(daemon.cleanup)
+        client = ckpt.connect(daemon.socket)
+        path = os.path.join(tmp.name, "mid.safetensors")
+        test_ckpt.make_checkpoint.write_safetensors(path, {"w": torch.ones(16 << 20)})  # 64 MiB
+        client.load(path, "mid")
+        os.unlink(path)
+        code = (
+            "import threading, time, ckpt\n"
+            f"client = ckpt.connect({daemon.socket!r})\n"
+            "def loop():\n"
+            "    while True:\n"
+            "        c = client.attach('mid'); del c\n"
+            "threading.Thread(target=loop, daemon=True).start()\n"
+            "time.sleep(0.3)\n")
+        for attempt in range(4):
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                                 env=os.environ.copy())
+            self.assertEqual(out.returncode, 0, f"attempt {attempt}: {out.stderr[-2000:]}")
+        self.assertTrue(wait_for(lambda: attached(client, "mid") == 0))
+
 
 class BoolTensorsOnTest(unittest.TestCase):
     """_BoolTensorsOn with the meta device standing in for a GPU."""
