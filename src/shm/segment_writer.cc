@@ -272,7 +272,12 @@ void SegmentWriter::ReserveInBackground(uint64_t from, uint64_t step) {
     }
     const uint64_t n = std::min(step, size - at);
     st = directory_->ReservePages(rw_fd_.get(), n, mapping_->name(), at);
-    if (!st.ok()) break;
+    if (!st.ok()) {
+      // (The message names this range's bytes; the operator needs the whole segment's.)
+      st = Status(st.code(), st.message() + " (the segment needs " + std::to_string(size) + " bytes, " +
+                                 std::to_string(at) + " of them reserved)");
+      break;
+    }
     at += n;
     reserved_.store(at, std::memory_order_release);
     std::lock_guard<std::mutex> lock(reserve_mu_);

@@ -136,6 +136,10 @@ TEST(WritePagesTest, ATmpfsTooSmallFailsAWriteAlreadyStreamingAndLeavesNothing) 
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted) << r.status().ToString();
   EXPECT_NE(r.status().message().find("nothing was published"), std::string::npos) << r.status().ToString();
+  // The message gives the whole segment's size (not only the 64 MiB range that failed).
+  const size_t needs = r.status().message().find("the segment needs ");
+  ASSERT_NE(needs, std::string::npos) << r.status().ToString();
+  EXPECT_GT(std::stoull(r.status().message().substr(needs + 18)), 256ull << 20) << r.status().ToString();
   // The write had started streaming before the reservation reached the end of the tmpfs.
   EXPECT_GT(staged.load(), 0u);
   auto client = Client::Connect(daemon.socket());
