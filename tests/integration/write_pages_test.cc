@@ -8,6 +8,8 @@
 //    and the daemon keeps serving;
 //  - a writer killed while its segment is still being reserved leaves nothing and its
 //    memory is freed;
+//  - a daemon killed -9 while a write's segment is reserved and streamed leaves, after
+//    its restart, nothing listed and nothing on the tmpfs, and the name can be written;
 //  - a written segment on a huge=within_size tmpfs shows its page size and huge pages in
 //    `status`, like a loaded one.
 #include <signal.h>
@@ -206,6 +208,67 @@ TEST(WritePagesTest, AWriterKilledWhileItsSegmentIsReservedLeavesNothingAndFrees
     return st.ok() && st->loading == 0 && st->memory_used_bytes == 0 && st->checkpoints == 0;
   }, 10000));
   EXPECT_NE(ReadFile(daemon.log_path()).find("part 0 disconnected"), std::string::npos) << ReadFile(daemon.log_path());
+}
+
+TEST(WritePagesTest, ADaemonKilledWhileAWriteIsReservedAndStreamingLeavesNothingAfterItsRestart) {
+  DaemonProcess daemon({"--load-threads", "2"});
+  TmpfsMount mount(daemon.segment_dir(), "huge=never,size=1g");
+  if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  const uint64_t used_before = UsedBytes(daemon.segment_dir());
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    ::close(ready[0]);
+    WriterOptions o;
+    o.slot_bytes = 1u << 20;
+    auto w = Writer::Create(daemon.socket(), "half", o);
+    if (!w.ok()) ::_exit(2);
+    // 768 MiB declared; 4 MiB streamed (copied into the half-reserved segment), then the
+    // writer stops: the daemon dies with the segment neither reserved nor written whole.
+    int calls = 0;
+    (void)(*w)->AddBox("t", DType::kU8, {768ll << 20}, {}, {}, [&](uint64_t, void* dst, uint64_t n) {
+      std::memset(dst, 0x5a, n);
+      if (++calls == 5) {
+        (void)!::write(ready[1], "x", 1);
+        ::pause();
+      }
+      return Status::Ok();
+    });
+    (void)(*w)->Commit();
+    ::_exit(3);
+  }
+  ::close(ready[1]);
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  EXPECT_EQ(ListSegments(daemon.shm_prefix(), "half.").size(), 1u);
+  daemon.Kill();
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  // What the killed daemon left: the segment file, in kLoading, partly reserved.
+  EXPECT_EQ(ListSegments(daemon.shm_prefix(), "half.").size(), 1u);
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  EXPECT_TRUE(ListSegments(daemon.shm_prefix(), "half.").empty());
+  EXPECT_LE(UsedBytes(daemon.segment_dir()), used_before) << UsedBytes(daemon.segment_dir()) << " bytes still used";
+  auto client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok());
+  auto st = (*client)->GetStatus();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st->checkpoints, 0u);
+  EXPECT_EQ(st->memory_used_bytes, 0u);
+  EXPECT_FALSE((*client)->Info("half").ok());
+  // The name is free again: a write of it is published and verifies.
+  auto w = MakeWriter(daemon, "half");
+  auto bytes = Pattern(3u << 20, 6);
+  ASSERT_TRUE(w->AddBox("t", DType::kU8, {3ll << 20}, {}, {}, FromBytes(bytes)).ok());
+  auto r = w->Commit();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  auto verified = (*client)->Verify("half");
+  ASSERT_TRUE(verified.ok()) << verified.status().ToString();
+  EXPECT_TRUE(verified->passed);
 }
 
 TEST(WritePagesTest, AWrittenSegmentOnAHugeTmpfsShowsItsPages) {
