@@ -228,7 +228,14 @@ if _TorchFunctionMode is not None:
                     self.made += 1
                     return func(*args, **dict(kwargs, device=self.device))
             if not _any_on(args, self.device) and not (kwargs and _any_on(kwargs.values(), self.device)):
-                return func(*args, **kwargs)  # the fast path: nothing of ours among the inputs
+                out = func(*args, **kwargs)  # the fast path: nothing of ours among the inputs
+                if kwargs.get("device") is not None and any(
+                        t.is_floating_point() and t.device == self.device for t in _tensors_in(out)):
+                    # A float made on the device by name (torch.arange(..., device=mask.device)):
+                    # made on the CPU instead, as a build without this mode makes it.
+                    self.recomputed += 1
+                    return func(*args, **dict(kwargs, device=torch.device("cpu")))
+                return out
             inputs = list(_tensors_in((args, kwargs)))
             name = getattr(func, "__name__", "")
             in_place = (name.endswith("_") and not name.endswith("__")) or name == "__setitem__" or "out" in kwargs

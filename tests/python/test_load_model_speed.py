@@ -404,6 +404,24 @@ class BoolTensorsOnTest(unittest.TestCase):
         self.assertTrue(torch.equal(exp, torch.exp(cpu_mask.float())))
         self.assertEqual(mode.recomputed, 4)
 
+    def test_a_float_made_on_the_masks_device_by_name_is_made_on_the_cpu(self):
+        # A model's __init__ that names its mask's device for a float it makes (a bias, a
+        # frequency table): the float is the CPU's, as the docstring promises.
+        mode = self.lm._BoolTensorsOn("meta")
+        with mode:
+            mask = torch.tril(torch.ones((4, 4), dtype=torch.bool))
+            freq = torch.arange(0, 8, 2, dtype=torch.float32, device=mask.device)
+            bias = torch.full((4, 4), -1e9, device=mask.device)
+            fill = torch.tensor(-1e9, device=mask.device)
+            steps = torch.arange(4, device=mask.device)  # integers: stay on the device
+        self.assertTrue(mask.is_meta)
+        self.assertTrue(steps.is_meta)
+        for t in (freq, bias, fill):
+            self.assertEqual(t.device.type, "cpu", t)
+        self.assertTrue(torch.equal(freq, torch.arange(0, 8, 2, dtype=torch.float32)))
+        self.assertTrue(torch.equal(bias, torch.full((4, 4), -1e9)))
+        self.assertEqual(mode.recomputed, 3)
+
     def test_build_model_puts_only_boolean_buffers_on_the_masks_device(self):
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
