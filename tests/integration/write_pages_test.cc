@@ -75,6 +75,42 @@ uint64_t UsedBytes(const std::string& dir) {
   return (s.f_blocks - s.f_bfree) * s.f_frsize;
 }
 
+// Forks a writer of `name` (768 MiB of u8 declared, 1 MiB ring slots) whose fill stops for
+// good at its `stall_at`-th call (calls before it fill their chunk with 0x5a and stream);
+// returns the child's pid once it has stopped there (-1 if it did not get there).
+pid_t StartStalledWriter(const DaemonProcess& d, const std::string& name, int stall_at) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(ready[0]);
+    WriterOptions o;
+    o.slot_bytes = 1u << 20;
+    auto w = Writer::Create(d.socket(), name, o);
+    if (!w.ok()) ::_exit(2);
+    int calls = 0;
+    (void)(*w)->AddBox("t", DType::kU8, {768ll << 20}, {}, {}, [&](uint64_t, void* dst, uint64_t n) {
+      std::memset(dst, 0x5a, n);
+      if (++calls == stall_at) {
+        (void)!::write(ready[1], "x", 1);
+        ::pause();
+      }
+      return Status::Ok();
+    });
+    (void)(*w)->Commit();
+    ::_exit(3);
+  }
+  ::close(ready[1]);
+  char c;
+  const bool stalled = child > 0 && ::read(ready[0], &c, 1) == 1;
+  ::close(ready[0]);
+  if (!stalled && child > 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+  }
+  return stalled ? child : -1;
+}
+
 TEST(WritePagesTest, ChecksumsComputedWhileStreamingAndAtPublishEqualTheBytesAndVerify) {
   DaemonProcess daemon({"--load-threads", "4"});
   ASSERT_TRUE(daemon.Start());
@@ -170,29 +206,11 @@ TEST(WritePagesTest, AWriterKilledWhileItsSegmentIsReservedLeavesNothingAndFrees
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
   const uint64_t used_before = UsedBytes(daemon.segment_dir());
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t child = ::fork();
-  if (child == 0) {
-    ::close(ready[0]);
-    WriterOptions o;
-    o.slot_bytes = 1u << 20;
-    auto w = Writer::Create(daemon.socket(), "killed", o);
-    if (!w.ok()) ::_exit(2);
-    // 768 MiB declared: the daemon answers write_ready with the header reserved and
-    // reserves the rest 64 MiB at a time; the writer stops at its first byte.
-    (void)(*w)->AddBox("t", DType::kU8, {768ll << 20}, {}, {}, [&](uint64_t, void*, uint64_t) {
-      (void)!::write(ready[1], "x", 1);
-      ::pause();
-      return Status::Ok();
-    });
-    (void)(*w)->Commit();
-    ::_exit(3);
-  }
-  ::close(ready[1]);
-  char c;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ::close(ready[0]);
+  // 768 MiB declared: the daemon answers write_ready with the header reserved and
+  // reserves the rest 64 MiB at a time; the writer stops at its first chunk, before it
+  // sends a byte.
+  const pid_t child = StartStalledWriter(daemon, "killed", 1);
+  ASSERT_GT(child, 0);
   // The segment file exists (its reservation under way or done), nothing is listed.
   EXPECT_EQ(ListSegments(daemon.shm_prefix(), "killed.").size(), 1u);
   ASSERT_EQ(::kill(child, SIGKILL), 0);
@@ -216,33 +234,10 @@ TEST(WritePagesTest, ADaemonKilledWhileAWriteIsReservedAndStreamingLeavesNothing
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
   const uint64_t used_before = UsedBytes(daemon.segment_dir());
-  int ready[2];
-  ASSERT_EQ(::pipe(ready), 0);
-  pid_t child = ::fork();
-  if (child == 0) {
-    ::close(ready[0]);
-    WriterOptions o;
-    o.slot_bytes = 1u << 20;
-    auto w = Writer::Create(daemon.socket(), "half", o);
-    if (!w.ok()) ::_exit(2);
-    // 768 MiB declared; 4 MiB streamed (copied into the half-reserved segment), then the
-    // writer stops: the daemon dies with the segment neither reserved nor written whole.
-    int calls = 0;
-    (void)(*w)->AddBox("t", DType::kU8, {768ll << 20}, {}, {}, [&](uint64_t, void* dst, uint64_t n) {
-      std::memset(dst, 0x5a, n);
-      if (++calls == 5) {
-        (void)!::write(ready[1], "x", 1);
-        ::pause();
-      }
-      return Status::Ok();
-    });
-    (void)(*w)->Commit();
-    ::_exit(3);
-  }
-  ::close(ready[1]);
-  char c;
-  ASSERT_EQ(::read(ready[0], &c, 1), 1);
-  ::close(ready[0]);
+  // 768 MiB declared; 4 MiB streamed (copied into the half-reserved segment), then the
+  // writer stops: the daemon dies with the segment neither reserved nor written whole.
+  const pid_t child = StartStalledWriter(daemon, "half", 5);
+  ASSERT_GT(child, 0);
   EXPECT_EQ(ListSegments(daemon.shm_prefix(), "half.").size(), 1u);
   daemon.Kill();
   ASSERT_EQ(::kill(child, SIGKILL), 0);
