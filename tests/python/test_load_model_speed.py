@@ -279,17 +279,23 @@ class DetachReleasesTheGilTest(unittest.TestCase):
     meanwhile. Deterministic without clocks: the switch interval is made long, so the other
     thread can only run when this one gives the GIL up by itself."""
 
-    def test_another_thread_runs_while_a_large_mapping_is_unmapped(self):
+    def _daemon_with(self, name, numel):
+        """A daemon (cleaned up with the test) serving checkpoint `name`: one fp32 tensor of
+        `numel` ones. Returns (daemon, client)."""
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
         daemon = test_ckpt.Daemon(tmp.name)
         daemon.start()
         self.addCleanup(daemon.cleanup)
         client = ckpt.connect(daemon.socket)
-        path = os.path.join(tmp.name, "big.safetensors")
-        test_ckpt.make_checkpoint.write_safetensors(path, {"w": torch.ones(128 << 20)})  # 512 MiB
-        client.load(path, "big")
+        path = os.path.join(tmp.name, name + ".safetensors")
+        test_ckpt.make_checkpoint.write_safetensors(path, {"w": torch.ones(numel)})
+        client.load(path, name)
         os.unlink(path)
+        return daemon, client
+
+    def test_another_thread_runs_while_a_large_mapping_is_unmapped(self):
+        daemon, client = self._daemon_with("big", 128 << 20)  # 512 MiB
         old_interval = sys.getswitchinterval()
         self.addCleanup(sys.setswitchinterval, old_interval)
         for attempt in range(3):
@@ -327,16 +333,7 @@ class DetachReleasesTheGilTest(unittest.TestCase):
         # had the destructor let the GIL go there, the finalizing interpreter would end the
         # thread (pthread_exit) inside the noexcept deleter as it takes the GIL back, and
         # the process would abort ("terminate called without an active exception", -6).
-        tmp = tempfile.TemporaryDirectory()
-        self.addCleanup(tmp.cleanup)
-        daemon = test_ckpt.Daemon(tmp.name)
-        daemon.start()
-        self.addCleanup(daemon.cleanup)
-        client = ckpt.connect(daemon.socket)
-        path = os.path.join(tmp.name, "mid.safetensors")
-        test_ckpt.make_checkpoint.write_safetensors(path, {"w": torch.ones(16 << 20)})  # 64 MiB
-        client.load(path, "mid")
-        os.unlink(path)
+        daemon, client = self._daemon_with("mid", 16 << 20)  # 64 MiB
         code = (
             "import threading, time, ckpt\n"
             f"client = ckpt.connect({daemon.socket!r})\n"
