@@ -162,11 +162,9 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   }
   std::unique_ptr<SegmentWriter> writer(
       new SegmentWriter(spec.directory, std::move(mapping).value(), UniqueFd(), id));  // removes on error
-  if (background) writer->rw_fd_ = std::move(rw_fd);
   CKPT_ASSIGN_OR_RETURN(writer->read_only_fd_, spec.directory->OpenOwned(file_name, spec.mode, segment_bytes));
   struct stat rw_st, ro_st;
-  const int rw = background ? writer->rw_fd_.get() : rw_fd.get();
-  if (::fstat(rw, &rw_st) != 0 || ::fstat(writer->read_only_fd_.get(), &ro_st) != 0 ||
+  if (::fstat(rw_fd.get(), &rw_st) != 0 || ::fstat(writer->read_only_fd_.get(), &ro_st) != 0 ||
       rw_st.st_ino != ro_st.st_ino || rw_st.st_dev != ro_st.st_dev) {
     return Internal("segment " + spec.directory->PathOf(file_name) + " changed while it was created");
   }
@@ -178,7 +176,8 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
     writer->populate_summary_ = "posix_fallocate";
   } else if (background) {
     // The header pages now (written below), the rest on the reserving thread.
-    CKPT_RETURN_IF_ERROR(spec.directory->ReservePages(writer->rw_fd_.get(), data_offset, file_name));
+    CKPT_RETURN_IF_ERROR(spec.directory->ReservePages(rw_fd.get(), data_offset, file_name));
+    writer->rw_fd_ = std::move(rw_fd);  // the reserving thread's, until it ends
     writer->reserved_.store(data_offset, std::memory_order_release);
     writer->populate_summary_ = "posix_fallocate in the background";
     // Ranges of 64 MiB (a whole number of pages of either size): a writer waits at most
