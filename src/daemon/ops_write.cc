@@ -156,8 +156,6 @@ Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
       hasher->Add(target.tensor, segment->tensor_data(target.tensor) + item.offset, item.bytes);
     }
   }
-  // (`hasher` is released before `segment`; it holds the segment alive itself anyway.)
-  hasher.reset();
   return Status::Ok();
 }
 

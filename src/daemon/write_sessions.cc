@@ -504,8 +504,10 @@ Result<LoadResult> WriteSession::Publish() {
   state_ = State::kPublished;
   // The daemon's writable mapping goes on a thread of its own: unmapping 10 GiB of 4 KiB
   // pages takes tenths of a second that the parts need not wait for (readers map the
-  // published file themselves). These are the last references (every part sealed).
-  ReleaseInBackground(std::move(hasher_), std::move(segment_));
+  // published file themselves). `hasher` and `segment` hold the last references (every
+  // part sealed), so dropping the members here unmaps nothing.
+  hasher_.reset();
+  segment_.reset();
   ReleaseInBackground(std::move(hasher), std::move(segment));
   result_ = result;
   spdlog::info("published '{}' generation {} written by {} part(s): {} tensors, {} bytes in {:.3f} s; {} pages, {} "
