@@ -157,6 +157,7 @@ def _no_init_weights(tf):
 
 
 def _tensors_in(value):
+    """The tensors in `value` and in the lists, tuples and dicts it holds, depth first."""
     if isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
@@ -167,15 +168,9 @@ def _tensors_in(value):
             yield from _tensors_in(v)
 
 
-def _any_on(values, device) -> bool:
-    """Whether a tensor among `values` (or in a list or tuple among them) is on `device`."""
-    for v in values:
-        if isinstance(v, torch.Tensor):
-            if v.device == device:
-                return True
-        elif isinstance(v, (list, tuple)) and _any_on(v, device):
-            return True
-    return False
+def _any_on(value, device, floating_only: bool = False) -> bool:
+    """Whether a tensor in `value` (see _tensors_in) is on `device` (and floating-point)."""
+    return any(t.device == device and (t.is_floating_point() or not floating_only) for t in _tensors_in(value))
 
 
 def _on_cpu(value, device, copy):
@@ -227,10 +222,9 @@ if _TorchFunctionMode is not None:
                 if dtype is torch.bool or dtype is bool:
                     self.made += 1
                     return func(*args, **dict(kwargs, device=self.device))
-            if not _any_on(args, self.device) and not (kwargs and _any_on(kwargs.values(), self.device)):
+            if not _any_on((args, kwargs), self.device):
                 out = func(*args, **kwargs)  # the fast path: nothing of ours among the inputs
-                if kwargs.get("device") is not None and any(
-                        t.is_floating_point() and t.device == self.device for t in _tensors_in(out)):
+                if kwargs.get("device") is not None and _any_on(out, self.device, floating_only=True):
                     # A float made on the device by name (torch.arange(..., device=mask.device)):
                     # made on the CPU instead, as a build without this mode makes it.
                     self.recomputed += 1
@@ -251,7 +245,7 @@ if _TorchFunctionMode is not None:
             # the result is floating-point: then computed again on the CPU.
             if not any(t.device.type == "cpu" and t.dim() > 0 for t in inputs):
                 out = func(*args, **kwargs)
-                if not any(t.is_floating_point() and t.device == self.device for t in _tensors_in(out)):
+                if not _any_on(out, self.device, floating_only=True):
                     return out
             self.recomputed += 1
             return func(*_on_cpu(args, self.device, self._cpu_copy), **_on_cpu(kwargs, self.device, self._cpu_copy))
