@@ -172,10 +172,15 @@ static int Load(int argc, char** argv) {
   if (!reader.ok()) return Die("attach", reader.status());
   const double attach_s = Since(t0);
   const shm::SegmentReader* r = reader->get();
-  auto outs = plan->Resolve(r->tensors(), rank, world);
-  if (!outs.ok()) return Die("resolve", outs.status());
+  // The loader first: it starts its copy workers in the background while the plan resolves.
+  const auto l0 = Clock::now();
   auto loader = GpuLoaderImpl::Create(TensorSource{&r->tensors(), [r](size_t i) { return r->tensor_data(i); }}, device, o);
   if (!loader.ok()) return Die("loader", loader.status());
+  const double create_s = Since(l0);
+  const auto p0 = Clock::now();
+  auto outs = plan->Resolve(r->tensors(), rank, world);
+  if (!outs.ok()) return Die("resolve", outs.status());
+  const double resolve_s = Since(p0);
   auto dict = (*loader)->Load(*outs);
   if (!dict.ok()) return Die("load", dict.status());
   const double total_s = Since(t0);
@@ -183,11 +188,11 @@ static int Load(int argc, char** argv) {
   for (const auto& [n, t] : dict->tensors()) out_bytes += t.nbytes;
   const auto& st = dict->stats();
   std::printf("{\"what\":\"load\",\"path\":\"%s\",\"rank\":%d,\"world\":%d,\"device\":%d,\"dtype\":\"%s\",\"streams\":%d,"
-              "\"chunk_MiB\":%g,\"buffers\":%d,\"reg_threads\":%d,\"context_s\":%.3f,\"attach_s\":%.4f,\"seconds\":%.4f,\"load_s\":%.4f,\"setup_s\":%.4f,"
+              "\"chunk_MiB\":%g,\"buffers\":%d,\"reg_threads\":%d,\"context_s\":%.3f,\"attach_s\":%.4f,\"create_s\":%.4f,\"resolve_s\":%.4f,\"seconds\":%.4f,\"load_s\":%.4f,\"setup_s\":%.4f,"
               "\"register_s\":%.4f,\"registered_GiB\":%.3f,\"unregister_s\":%.4f,\"copied_GiB\":%.3f,\"out_GiB\":%.3f,"
               "\"GiBps\":%.2f,\"tensors\":%zu}\n",
               path_name.c_str(), rank, world, device, dtype.c_str(), o.streams,
-              cuda::ChunkBytes(o) / 1048576.0, cuda::BounceBuffers(), o.register_threads, context_s, attach_s, total_s, st.total_seconds, st.setup_seconds,
+              cuda::ChunkBytes(o) / 1048576.0, cuda::BounceBuffers(), o.register_threads, context_s, attach_s, create_s, resolve_s, total_s, st.total_seconds, st.setup_seconds,
               st.register_seconds, st.registered_bytes / 1073741824.0, st.unregister_seconds,
               st.copied_bytes / 1073741824.0, out_bytes / 1073741824.0, st.copied_bytes / 1073741824.0 / total_s,
               dict->tensors().size());

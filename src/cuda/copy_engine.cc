@@ -38,21 +38,29 @@ cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint6
 
 constexpr int kMaxBuffers = 8;
 
-// CKPT_COPY_LOCK=whole (an experiment knob): the bounce slab page-locked in one
-// cudaHostRegister before any worker is ready, instead of each worker's part on its own.
-bool LockWholeSlab() {
-  const char* v = std::getenv("CKPT_COPY_LOCK");
-  return v && std::strcmp(v, "whole") == 0;
-}
-
 // One worker's resources, kept across runs. The stream is declared last, so destroyed
 // (after synchronising) first.
 struct WorkerRes {
   int* flag = nullptr;  // on the device
   std::byte* pinned[kMaxBuffers] = {};
+  bool pinned_ready = false;  // its part of the slab faulted in and page-locked
   Event done[kMaxBuffers];
   DeviceBuffer scratch;  // conversions and transposes; freed at the end of every run
   Stream stream;
+};
+
+// What a run gives the worker threads (CopyResources::Post).
+class RunBody {
+ public:
+  // True while a worker that joins now would find work (tasks left, nothing failed).
+  virtual bool WantsWorkers() = 0;
+  // Worker i's part of the run, on its own thread (the resources' device current).
+  virtual void Work(size_t i, WorkerRes& r) = 0;
+  // Ends the run with `s` (a worker that could not be prepared, or started).
+  virtual void Fail(Status s) = 0;
+
+ protected:
+  ~RunBody() = default;
 };
 
 class CopyResources {
@@ -63,53 +71,80 @@ class CopyResources {
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
         nbuf_(BounceBuffers()),
-        lock_whole_(LockWholeSlab()),
         workers_(static_cast<size_t>(nworkers_)) {}
   ~CopyResources() {
-    if (prep_.joinable()) prep_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    if (starter_.joinable()) starter_.join();
+    for (std::thread& t : threads_) t.join();
   }
   CopyResources(const CopyResources&) = delete;
   CopyResources& operator=(const CopyResources&) = delete;
 
-  // Prepares on a background thread, worker by worker (a run uses each as soon as it is
-  // ready); where no thread can be started, Begin does it.
+  // Starts the workers from a background thread: each worker thread makes its own stream
+  // and events and faults in and page-locks its own part of the slab, all at once, then
+  // serves the runs; a run uses each worker as soon as it is ready. Where no thread can be
+  // started, Begin does the start.
   void StartBackground() {
     std::lock_guard<std::mutex> lock(mu_);
-    running_ = true;
+    start_t0_ = Clock::now();
+    start_done_ = false;
     try {
-      prep_ = std::thread([this] { RunPrepare(); });
-    } catch (const std::system_error&) {
-      running_ = false;
+      starter_ = std::thread([this] { RunStart(); });
+    } catch (const std::system_error& e) {
+      start_done_ = true;
+      start_status_ = ResourceExhausted(std::string("starting the copy workers: ") + e.what());
     }
   }
-  // Before a run: OK while the background preparation runs or after it succeeded; else
-  // (it failed, or never ran) prepares on the calling thread, whose current device must
-  // be device_, and returns that preparation's error.
+  // Before a run, on its thread (whose current device must be device_): OK while the
+  // start is under way or after it succeeded; else (it failed, or never ran) starts again
+  // on the calling thread and returns that start's error.
   Status Begin() {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (running_) return Status::Ok();
+      if (!start_done_ || start_status_.ok()) return Status::Ok();
+      start_t0_ = Clock::now();
     }
-    if (prep_.joinable()) prep_.join();
-    if (status_.ok()) return status_;
-    RunPrepare();
-    return status_;
+    if (starter_.joinable()) starter_.join();
+    Status st = Start();
+    std::lock_guard<std::mutex> lock(mu_);
+    start_status_ = st;
+    start_done_ = true;
+    cv_.notify_all();
+    return st;
   }
-  // Waits until worker i is ready (OK, *gave_up false), the preparation failed before
-  // it (its error), or give_up() is true (OK, *gave_up true).
-  template <typename F>
-  Status WaitWorker(size_t i, F&& give_up, bool* gave_up) {
-    *gave_up = false;
+  // Posts a run: worker i < n calls body.Work(i, its resources) once it is ready (at once
+  // where it is; a worker whose preparation failed before tries again first, and fails
+  // the run if that fails too), while body.WantsWorkers(). Finish waits for the end.
+  // Precondition: Begin returned OK; one run at a time.
+  void Post(size_t n, RunBody& body) {
+    std::lock_guard<std::mutex> lock(mu_);
+    run_ = &body;
+    run_n_ = n;
+    ++run_gen_;
+    cv_.notify_all();
+  }
+  // Returns once no worker is in the posted run and none will join it (body.WantsWorkers()
+  // false); a start that failed meanwhile fails it first.
+  void Finish(RunBody& body) {
     std::unique_lock<std::mutex> lock(mu_);
+    bool reported = false;
     for (;;) {
-      if (ready_ > i) return Status::Ok();
-      if (!running_) return status_.ok() ? Internal("copy worker " + std::to_string(i) + " never prepared") : status_;
-      if (give_up()) {
-        *gave_up = true;
-        return Status::Ok();
+      if (running_ == 0 && !body.WantsWorkers()) break;
+      if (!reported && start_done_ && !start_status_.ok()) {
+        reported = true;
+        Status s = start_status_;
+        lock.unlock();
+        body.Fail(std::move(s));
+        lock.lock();
+        continue;
       }
-      cv_.wait_for(lock, std::chrono::microseconds(200));
+      cv_.wait(lock);
     }
+    run_ = nullptr;
   }
 
   int device() const { return device_; }
@@ -120,66 +155,115 @@ class CopyResources {
     std::lock_guard<std::mutex> lock(mu_);
     return ready_;
   }
-  double prep_seconds() {  // of the last preparation that finished; -1 while one runs
+  // Trace: when the start began and the first and last worker were ready (the start's
+  // time where none is yet).
+  struct Times {
+    Clock::time_point start, first_ready, last_ready;
+  };
+  Times times() {
     std::lock_guard<std::mutex> lock(mu_);
-    return running_ ? -1 : prep_seconds_;
+    return {start_t0_, ready_ > 0 ? first_ready_ : start_t0_, ready_ > 0 ? last_ready_ : start_t0_};
   }
-  // Precondition: worker i is ready (WaitWorker) or is only addressed, not touched.
-  WorkerRes& worker(size_t i) { return workers_[i]; }
 
  private:
-  void RunPrepare() {
-    const auto t0 = Clock::now();
-    Status st = Prepare();
+  void RunStart() {
+    Status st = Start();
     std::lock_guard<std::mutex> lock(mu_);
-    status_ = std::move(st);
-    prep_seconds_ = Since(t0);
-    running_ = false;
+    start_status_ = std::move(st);
+    start_done_ = true;
     cv_.notify_all();
   }
-  // Runs with no run using the workers, or (background) with runs using only the
-  // workers marked ready, which it never touches again.
-  Status Prepare() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ready_ = 0;
-    }
-    for (WorkerRes& w : workers_) w = WorkerRes();
-    slab_.Reset();
-    flags_.Reset();
+  // Makes what is missing: the flags, the slab (mapped, nothing faulted in yet: each
+  // worker does its part) and the worker threads. Runs on the starter thread, or on a
+  // run's thread once the starter is joined.
+  Status Start() {
     CKPT_CUDA_RETURN("cudaSetDevice", cudaSetDevice(device_));
     const size_t n = static_cast<size_t>(nworkers_);
-    CKPT_ASSIGN_OR_RETURN(flags_, DeviceBuffer::Allocate(n * sizeof(int)));
-    // Each worker's buffers lie in their own whole 4 KiB pages, page-locked as one range
-    // just before the worker is marked ready, so that the first workers copy while the
-    // later ranges are being locked.
-    uint64_t stride = 0;
-    if (bounce_) {
+    if (!flags_.get()) {
+      CKPT_ASSIGN_OR_RETURN(flags_, DeviceBuffer::Allocate(n * sizeof(int)));
+    }
+    if (bounce_ && !slab_.get()) {
       constexpr uint64_t kPage = 4096;
       const uint64_t per = uint64_t(nbuf_) * chunk_;
       if (chunk_ == 0 || per / chunk_ != uint64_t(nbuf_) || per > (uint64_t{1} << 40) / n)
         return InvalidArgument("bounce buffers of " + std::to_string(chunk_) + " bytes x " + std::to_string(nbuf_) +
                                " x " + std::to_string(n) + " workers are too large");
-      stride = (per + kPage - 1) / kPage * kPage;
-      CKPT_ASSIGN_OR_RETURN(slab_, PinnedBuffer::Map(n * stride, nworkers_));
-      if (lock_whole_) CKPT_RETURN_IF_ERROR(slab_.Lock(0, n * stride));
+      // Each worker's buffers lie in their own whole 4 KiB pages, prepared by the worker.
+      stride_ = (per + kPage - 1) / kPage * kPage;
+      CKPT_ASSIGN_OR_RETURN(slab_, PinnedBuffer::Reserve(n * stride_));
     }
-    for (size_t i = 0; i < n; ++i) {
-      WorkerRes& w = workers_[i];
-      CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
-      w.flag = flags() + i;
-      if (bounce_) {
-        if (!lock_whole_) CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride, stride));
-        for (size_t k = 0; k < static_cast<size_t>(nbuf_); ++k) {
-          w.pinned[k] = slab_.get() + i * stride + k * chunk_;
-          CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
-        }
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      ready_ = i + 1;
-      cv_.notify_all();
+    // Every thread is started before any of them faults its pages in (they wait for
+    // start_done_): a fault-in holds the process's mapping lock for reading, and starting
+    // a thread maps its stack under the same lock for writing, so threads started while
+    // the earlier ones populate start one at a time (docs/benchmarks.md).
+    try {
+      for (size_t i = threads_.size(); i < n; ++i) threads_.emplace_back([this, i] { WorkerMain(i); });
+    } catch (const std::system_error& e) {
+      return ResourceExhausted(std::string("starting a copy thread: ") + e.what());
     }
     return Status::Ok();
+  }
+  // Worker i's stream, events and part of the slab; what a failed attempt made is kept.
+  Status PrepareWorker(size_t i) {
+    WorkerRes& w = workers_[i];
+    if (!w.stream.get()) {
+      CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
+    }
+    w.flag = flags() + i;
+    if (!bounce_) return Status::Ok();
+    for (size_t k = 0; k < static_cast<size_t>(nbuf_); ++k) {
+      w.pinned[k] = slab_.get() + i * stride_ + k * chunk_;
+      if (!w.done[k].get()) {
+        CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
+      }
+    }
+    if (!w.pinned_ready) CKPT_RETURN_IF_ERROR(slab_.Prepare(i * stride_, stride_));
+    w.pinned_ready = true;
+    return Status::Ok();
+  }
+  // Worker thread i: prepares itself (at once; after a failure, again for each run that
+  // wants it, failing that run if it fails again), then takes part in every run posted
+  // for it while the run wants workers.
+  void WorkerMain(size_t i) {
+    cudaSetDevice(device_);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_ || start_done_; });
+    bool prepared = false, tried = false;
+    uint64_t seen = 0;  // the last run this worker took part in
+    while (!stop_) {
+      RunBody* body = run_ && run_gen_ != seen && i < run_n_ ? run_ : nullptr;
+      if (!body && tried) {
+        cv_.wait(lock);
+        continue;
+      }
+      if (body) {
+        seen = run_gen_;
+        ++running_;  // the run's Finish waits for this worker until it is done with it
+      }
+      if (!prepared) {
+        tried = true;
+        lock.unlock();
+        Status st = PrepareWorker(i);
+        if (!st.ok() && body) body->Fail(st.WithContext("copy worker " + std::to_string(i)));
+        lock.lock();
+        if (st.ok()) {
+          prepared = true;
+          const auto now = Clock::now();
+          if (ready_++ == 0) first_ready_ = now;
+          last_ready_ = now;
+          cv_.notify_all();
+        }
+      }
+      if (body && prepared && body->WantsWorkers()) {
+        lock.unlock();
+        body->Work(i, workers_[i]);
+        lock.lock();
+      }
+      if (body) {
+        --running_;
+        cv_.notify_all();
+      }
+    }
   }
 
   const int device_;
@@ -187,14 +271,20 @@ class CopyResources {
   const int nworkers_;
   const uint64_t chunk_;
   const int nbuf_;
-  const bool lock_whole_;  // CKPT_COPY_LOCK=whole: the slab page-locked in one call, not per worker
-  std::thread prep_;
+  uint64_t stride_ = 0;  // bytes of the slab per worker; set by Start before any thread
+  std::thread starter_;
+  std::vector<std::thread> threads_;  // worker i: threads_[i]; grown only by Start
   std::mutex mu_;
   std::condition_variable cv_;
-  bool running_ = false;                                                    // guarded by mu_
-  size_t ready_ = 0;                                                        // guarded by mu_: workers [0, ready_)
-  Status status_ = FailedPrecondition("copy resources not prepared");       // guarded by mu_ while running_
-  double prep_seconds_ = 0;                                                 // guarded by mu_
+  bool stop_ = false;                                                     // guarded by mu_
+  bool start_done_ = true;                                                // guarded by mu_
+  Status start_status_ = FailedPrecondition("copy workers not started");  // guarded by mu_
+  Clock::time_point start_t0_, first_ready_, last_ready_;                 // guarded by mu_
+  size_t ready_ = 0;                                                      // guarded by mu_
+  RunBody* run_ = nullptr;                                                // guarded by mu_
+  size_t run_n_ = 0;                                                      // guarded by mu_
+  uint64_t run_gen_ = 0;                                                  // guarded by mu_
+  size_t running_ = 0;  // guarded by mu_: workers in the posted run's Work or preparing for it
   DeviceBuffer flags_;
   PinnedBuffer slab_;
   std::vector<WorkerRes> workers_;  // sized once; declared last: destroyed (streams synchronised) first
@@ -203,12 +293,17 @@ class CopyResources {
 namespace {
 
 // The state every worker of one RunCopyJobs shares.
-class CopyRun {
+class CopyRun final : public RunBody {
  public:
   CopyRun(const std::vector<CopyJob>& jobs, const CopyDestination& dest, int device, const GpuLoadOptions& options)
       : jobs_(jobs), dest_(dest), device_(device), options_(options), chunk_(ChunkBytes(options)) {}
 
   Result<CopyResult> Go(GpuLoadStats* stats, CopyResources* resources);
+
+  // RunBody: the worker threads of `resources` take the tasks.
+  bool WantsWorkers() override { return !abort_.load() && next_task_.load() < order_.size(); }
+  void Work(size_t i, WorkerRes& r) override;
+  void Fail(Status s) override;
 
  private:
   // One worker in this run: its resources and where it is in its ring of buffers.
@@ -224,11 +319,12 @@ class CopyRun {
     double gather_s = 0, packed_s = 0, wait_s = 0, issue_s = 0;
     uint64_t gather_bytes = 0;
   };
-  void Fail(Status s);
   static Status Aborted();
-  void WorkerLoop(Lane& w);
   Status RunTask(Lane& w, const Task& t);
   Status CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const Rect& x);
+  Status CopySpan(Lane& w, const Task& t);
+  template <typename Fill, typename Destination>
+  Status Stage(Lane& w, Fill&& fill, Destination&& destination, uint64_t row_bytes, uint64_t rows);
   Status NeedScratch(Lane& w, uint64_t bytes);
   bool WaitRegistered(const Task& t);
   bool WaitBase();
@@ -244,7 +340,9 @@ class CopyRun {
   bool needs_flags_ = false;
   Clock::time_point t0_;
   std::vector<Task> tasks_;
+  std::vector<SpanPiece> pieces_;  // of the span tasks
   std::vector<size_t> order_;  // the order in which tasks are taken
+  std::vector<Lane> lanes_;    // lane i: worker i's, touched by its thread during the run
   std::atomic<size_t> next_task_{0};
   std::atomic<uint64_t> copied_{0};
 
@@ -321,6 +419,55 @@ Status CopyRun::NeedScratch(Lane& w, uint64_t bytes) {
   return Status::Ok();
 }
 
+// The bounce path's one step: waits until the worker's oldest buffer has been read by
+// its last copy, fills it (fill(buffer): `rows` rows of `row_bytes`, packed), then, once
+// the outputs' device memory exists, copies it to destination(&dpitch) on the worker's
+// stream and records the buffer's event.
+template <typename Fill, typename Destination>
+Status CopyRun::Stage(Lane& w, Fill&& fill, Destination&& destination, uint64_t row_bytes, uint64_t rows) {
+  Event& done = w.r->done[w.which];
+  const auto c0 = Clock::now();
+  CKPT_CUDA_RETURN("cudaEventSynchronize", cudaEventSynchronize(done.get()));
+  w.wait_s += Since(c0);
+  std::byte* buf = w.r->pinned[w.which];
+  fill(buf);
+  if (!WaitBase()) return Aborted();
+  const auto c3 = Clock::now();
+  uint64_t dpitch = 0;
+  std::byte* dst = destination(&dpitch);
+  cudaError_t err = CopyH2D(buf, row_bytes, dst, dpitch, row_bytes, rows, w.r->stream.get());
+  if (err == cudaSuccess) err = cudaEventRecord(done.get(), w.r->stream.get());
+  w.which = (w.which + 1) % nbuf_;
+  w.issue_s += Since(c3);
+  if (err != cudaSuccess) return CudaError("cudaMemcpyAsync", err);
+  return Status::Ok();
+}
+
+// A span task: its pieces gathered one after another into one bounce buffer, then one
+// copy to its bytes of the destination.
+Status CopyRun::CopySpan(Lane& w, const Task& t) {
+  auto fill = [&](std::byte* buf) {
+    for (size_t k = 0; k < t.pieces; ++k) {
+      const SpanPiece& p = pieces_[t.first_piece + k];
+      const CopyJob& j = jobs_[p.job];
+      const auto c1 = Clock::now();
+      GatherPiece(j, p, buf);
+      const bool gather = SourceOf(j, p).gather;
+      (gather ? w.gather_s : w.packed_s) += Since(c1);
+      if (gather) w.gather_bytes += p.end - p.begin;
+      buf += p.end - p.begin;
+    }
+  };
+  auto destination = [&](uint64_t* dpitch) {
+    *dpitch = t.bytes;
+    return base_.load(std::memory_order_acquire) + t.dst;
+  };
+  CKPT_RETURN_IF_ERROR(Stage(w, fill, destination, t.bytes, 1).WithContext("copy of '" + *jobs_[t.job].name + "'"));
+  if (w.first_issue < 0) w.first_issue = Since(t0_);
+  copied_ += t.bytes;
+  return Status::Ok();
+}
+
 // Copies rectangle x of region r of job j: straight to the output, or (conversion) to
 // scratch and converted from there into the output, or (transpose) to its place in
 // scratch, which holds the whole piece. On the bounce path the rectangle is gathered
@@ -346,33 +493,20 @@ Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const R
     return static_cast<std::byte*>(w.r->scratch.get());
   };
   uint64_t dpitch = 0;
-  cudaError_t err;
+  cudaError_t err = cudaSuccess;
   if (options_.path == HostPath::kBounce) {
-    // The oldest of the worker's buffers: wait until its last copy has been read.
-    Event& done = w.r->done[w.which];
-    const auto c0 = Clock::now();
-    CKPT_CUDA_RETURN("cudaEventSynchronize", cudaEventSynchronize(done.get()));
-    const auto c1 = Clock::now();
-    std::byte* buf = w.r->pinned[w.which];
     const bool gather = h > 1 && w_bytes != r.src_pitch;
-    if (!gather) {
-      std::memcpy(buf, src, w_bytes * h);
-    } else {
-      for (uint64_t row = 0; row < h; ++row) std::memcpy(buf + row * w_bytes, src + row * r.src_pitch, w_bytes);
-    }
-    const auto c2 = Clock::now();
-    if (!WaitBase()) return Aborted();
-    const auto c3 = Clock::now();
-    std::byte* dst = destination(&dpitch);
-    err = CopyH2D(buf, w_bytes, dst, dpitch, w_bytes, h, stream);
-    if (err == cudaSuccess) err = cudaEventRecord(done.get(), stream);
-    w.which = (w.which + 1) % nbuf_;
-    const auto c4 = Clock::now();
-    auto secs = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
-    w.wait_s += secs(c1 - c0);
-    (gather ? w.gather_s : w.packed_s) += secs(c2 - c1);
-    if (gather) w.gather_bytes += w_bytes * h;
-    w.issue_s += secs(c4 - c3);
+    auto fill = [&](std::byte* buf) {
+      const auto c1 = Clock::now();
+      if (!gather) {
+        std::memcpy(buf, src, w_bytes * h);
+      } else {
+        for (uint64_t row = 0; row < h; ++row) std::memcpy(buf + row * w_bytes, src + row * r.src_pitch, w_bytes);
+      }
+      (gather ? w.gather_s : w.packed_s) += Since(c1);
+      if (gather) w.gather_bytes += w_bytes * h;
+    };
+    CKPT_RETURN_IF_ERROR(Stage(w, fill, destination, w_bytes, h).WithContext("copy of '" + *j.name + "'"));
   } else {
     if (!WaitBase()) return Aborted();
     std::byte* dst = destination(&dpitch);
@@ -396,6 +530,7 @@ Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const R
 }
 
 Status CopyRun::RunTask(Lane& w, const Task& t) {
+  if (t.pieces > 0) return CopySpan(w, t);
   const CopyJob& j = jobs_[t.job];
   if (t.region >= 0) {
     if (j.from != j.to) CKPT_RETURN_IF_ERROR(NeedScratch(w, chunk_));
@@ -421,16 +556,11 @@ Status CopyRun::RunTask(Lane& w, const Task& t) {
                          w.r->stream.get());
 }
 
-void CopyRun::WorkerLoop(Lane& w) {
-  cudaSetDevice(device_);
-  // Start as soon as this worker's resources are ready; none left to take: not needed.
-  bool gave_up = false;
-  Status ready = res_->WaitWorker(w.index, [&] { return abort_.load() || next_task_.load() >= order_.size(); }, &gave_up);
-  if (!ready.ok()) return Fail(ready);
-  if (gave_up) return;
+void CopyRun::Work(size_t i, WorkerRes& r) {
+  Lane& w = lanes_[i];
   w.active = true;
   w.ready = Since(t0_);
-  w.r = &res_->worker(w.index);
+  w.r = &r;
   cudaStream_t stream = w.r->stream.get();
   if (needs_flags_) {
     if (cudaError_t e = cudaMemsetAsync(w.r->flag, 0, sizeof(int), stream); e != cudaSuccess)
@@ -472,7 +602,8 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     base_ = b;
     base_at_ = Since(t0_);
   }
-  tasks_ = CutIntoTasks(jobs_, chunk_);
+  const bool spans = options_.path == HostPath::kBounce && CopySpans();
+  tasks_ = CutIntoTasks(jobs_, chunk_, spans ? &pieces_ : nullptr);
   order_ = TaskOrder(tasks_, CopyTaskMix());
   for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || j.transpose || j.from != j.to;
   const bool do_register = options_.path == HostPath::kRegister;
@@ -483,8 +614,8 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   }
   const double planned_s = Since(t0_);
 
-  // Resources, ready before any worker starts (an early return frees nothing a copy
-  // still uses): prepared in the background since the loader was created, or now.
+  // Resources, started before the run (an early return frees nothing a copy still uses):
+  // in the background since the loader was created, or now.
   std::unique_ptr<CopyResources> own;
   if (!resources) {
     own = std::make_unique<CopyResources>(device_, options_);
@@ -496,22 +627,23 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   const double wait_s = Since(w0);
   const size_t ready_at_start = resources->ready();
   nbuf_ = resources->buffers();
-  const size_t n = static_cast<size_t>(std::max(1, std::min<int>(resources->workers(), static_cast<int>(tasks_.size()))));
-  std::vector<Lane> lanes(n);
-  for (size_t i = 0; i < n; ++i) lanes[i].index = i;
+  const size_t n = std::min<size_t>(static_cast<size_t>(resources->workers()), std::max<size_t>(1, tasks_.size()));
+  lanes_.resize(n);
+  for (size_t i = 0; i < n; ++i) lanes_[i].index = i;
 
   const double started_s = Since(t0_);
   const auto r0 = Clock::now();
-  std::vector<std::thread> registrars, threads;
+  std::vector<std::thread> registrars;
   try {
     if (do_register) {
       const int nreg = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups_.size())));
       for (int t = 0; t < nreg; ++t) registrars.emplace_back([this] { RegisterLoop(); });
     }
-    for (Lane& w : lanes) threads.emplace_back([this, &w] { WorkerLoop(w); });
   } catch (const std::system_error& e) {  // no thread: stop the ones started, report it
-    Fail(ResourceExhausted(std::string("starting a copy thread: ") + e.what()));
+    Fail(ResourceExhausted(std::string("starting a registration thread: ") + e.what()));
   }
+  resources->Post(n, *this);  // the workers ready take tasks at once, the others as they become ready
+  const double posted_s = Since(t0_);
   if (early) {
     // Every worker waits for this before its first copy to the device (WaitBase).
     Result<std::byte*> b = dest_.allocate();
@@ -525,13 +657,13 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     }
     cv_.notify_all();
   }
-  for (auto& t : threads) t.join();  // a failed worker set abort_, which stops the registrars
+  resources->Finish(*this);  // a failed worker set abort_, which stops the registrars
   for (auto& t : registrars) t.join();
   stats->register_seconds = do_register ? Since(r0) : 0;
   stats->registered_bytes = registered_bytes_;
   // Every stream is idle: each worker synchronised its stream before returning, or
   // failed, in which case synchronise here before the buffers it used go away.
-  for (Lane& w : lanes)
+  for (Lane& w : lanes_)
     if (w.active) cudaStreamSynchronize(w.r->stream.get());
   const double copied_s = Since(t0_);
   const auto u0 = Clock::now();
@@ -539,7 +671,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   stats->unregister_seconds = Since(u0);
   size_t active = 0;
   double first = -1;
-  for (Lane& w : lanes) {
+  for (Lane& w : lanes_) {
     if (!w.active) continue;
     ++active;
     if (w.first_issue >= 0 && (first < 0 || w.first_issue < first)) first = w.first_issue;
@@ -555,34 +687,36 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     CKPT_CUDA_RETURN("reading the overflow flags",
                      cudaMemcpy(tags.data(), resources->flags(), n * sizeof(int), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < n; ++i) {  // a worker that never ran did not reset its flag
-      if (lanes[i].active && tags[i] != 0 && result.overflow_tag == 0) result.overflow_tag = tags[i];
+      if (lanes_[i].active && tags[i] != 0 && result.overflow_tag == 0) result.overflow_tag = tags[i];
     }
   }
   stats->copied_bytes = copied_;
   if (CopyTraceEnabled()) {
-    double end_min = 1e9, end_max = 0, ready_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
+    double end_min = 1e9, end_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
     double busy_max = 0;
     uint64_t gather_bytes = 0;
-    for (const Lane& w : lanes) {
+    for (const Lane& w : lanes_) {
       if (!w.active) continue;
       end_min = std::min(end_min, w.end);
       end_max = std::max(end_max, w.end);
-      ready_max = std::max(ready_max, w.ready);
       gather += w.gather_s, packed += w.packed_s, wait += w.wait_s, issue += w.issue_s;
       busy_max = std::max(busy_max, w.gather_s + w.packed_s + w.issue_s);
       gather_bytes += w.gather_bytes;
     }
     const double gib = 1073741824.0, packed_bytes = static_cast<double>(copied_.load() - gather_bytes);
+    // The workers' preparation, relative to this run's start (negative: before it).
+    const CopyResources::Times rt = resources->times();
+    auto rel = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0_).count(); };
     std::fprintf(stderr,
                  "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
-                 "\"order\":\"%s\",\"early\":%d,\"background_prep_s\":%.4f,\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,"
-                 "\"base_s\":%.4f,\"last_ready_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
+                 "\"order\":\"%s\",\"early\":%d,\"spans\":%d,\"prep_start_s\":%.4f,\"first_ready_s\":%.4f,\"last_ready_s\":%.4f,"
+                 "\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,\"posted_s\":%.4f,\"base_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
                  "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
                  "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
                  "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f}\n",
                  tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0,
-                 CopyTaskMix() == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, resources->prep_seconds(),
-                 planned_s, wait_s, started_s, base_at_, ready_max, first, end_min, end_max, copied_s, Since(t0_),
+                 CopyTaskMix() == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, spans ? 1 : 0, rel(rt.start),
+                 rel(rt.first_ready), rel(rt.last_ready), planned_s, wait_s, started_s, posted_s, base_at_, first, end_min, end_max, copied_s, Since(t0_),
                  copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
                  gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0);
   }
@@ -607,6 +741,11 @@ int BounceBuffers() {
 TaskMix CopyTaskMix() {
   const char* v = std::getenv("CKPT_COPY_ORDER");
   return v && std::strcmp(v, "spread") == 0 ? TaskMix::kSpread : TaskMix::kAddress;
+}
+
+bool CopySpans() {
+  const char* v = std::getenv("CKPT_COPY_SPANS");
+  return !(v && std::strcmp(v, "0") == 0);
 }
 
 bool CopyEarlyStart() {

@@ -11,14 +11,14 @@
 // GiB/s against 32-35 GiB/s with 16 MiB (docs/benchmarks.md), because the staged bytes
 // are still in the CPU cache when the DMA reads them.
 //
-// Fixed costs: the workers' streams, events, overflow flags and the pinned slab
-// (allocated on 2 MiB-aligned transparent huge pages, faulted in by several threads at
-// once, each worker's part then page-locked on its own) are CopyResources. A loader
-// starts preparing them on a background thread when it is created, worker by worker, so
-// that the preparation overlaps the caller's planning and a run starts with the workers
-// ready so far; it keeps them for every later Load. The outputs' device memory is
-// allocated by the run once its workers have started (CopyDestination), so that the
-// allocation overlaps their first gathers.
+// Fixed costs: the workers (their threads, streams, events, overflow flags and the pinned
+// slab, allocated on 2 MiB-aligned transparent huge pages) are CopyResources. A loader
+// starts them on a background thread when it is created; each worker thread then makes
+// its own stream and events and faults in and page-locks its own part of the slab, all
+// workers at once, so that the preparation overlaps the caller's planning and a run
+// starts with the workers ready so far; the loader keeps them (threads included) for
+// every later Load. The outputs' device memory is allocated by the run once its workers
+// have started (CopyDestination), so that the allocation overlaps their first gathers.
 #pragma once
 
 #include <cstdint>
@@ -78,23 +78,27 @@ int BounceBuffers();
 // CKPT_COPY_ORDER=address|spread (TaskMix of the tasks that are not whole-job tasks;
 // default address: spread measured no faster, docs/benchmarks.md) and CKPT_COPY_EARLY=0|1
 // (1, the default: workers start gathering before the device memory exists, see
-// CopyDestination; 0: it is allocated first).
+// CopyDestination; 0: it is allocated first) and CKPT_COPY_SPANS=0|1 (1, the default:
+// on the bounce path, packed destinations are filled in full-size span tasks, see
+// CutIntoTasks; 0: one task per rectangle of a region).
 TaskMix CopyTaskMix();
 bool CopyEarlyStart();
+bool CopySpans();
 
 // True where CKPT_COPY_TRACE=1: every Load then prints its phases' timestamps, one JSON
 // object per line, to stderr (tools/bench_gpu.sh collects them).
 bool CopyTraceEnabled();
 
-// The reusable resources of the copy workers for one (device, options): per worker a
-// stream, its events, its overflow flag on the device and, on the bounce path, its part
-// of one pinned slab. Thread-compatible: one run at a time.
+// The reusable copy workers for one (device, options): per worker a thread, a stream,
+// its events, its overflow flag on the device and, on the bounce path, its part of one
+// pinned slab. Thread-compatible: one run at a time.
 class CopyResources;
 
-// Starts preparing the resources for `options` on `device` on a background thread (the
-// caller's thread and current device are left alone); never fails: a failed preparation
+// Starts the workers for `options` on `device` from a background thread (the caller's
+// thread and current device are left alone); never fails: a failed start or preparation
 // is retried by the run that uses them, which reports the error. The returned object
-// joins the thread when destroyed, then frees everything (synchronising its streams).
+// stops and joins its threads when destroyed, then frees everything (synchronising its
+// streams).
 std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptions& options);
 
 // Runs every job on `device` into `dest` (the calling thread's device is left as it was);

@@ -1,9 +1,88 @@
 #include "cuda/copy_tasks.h"
 
+#include <cstring>
+
+#include "ckpt/dtype.h"
+
 namespace ckpt::cuda {
 
-std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk) {
+namespace {
+
+// A region whose destination is one run of bytes: [dst, dst + bytes) of the CopyDestination.
+struct DenseRegion {
+  uint64_t dst, bytes;
+  size_t job, region;
+};
+
+bool CopiedAsItIs(const CopyJob& job) { return !job.transpose && job.from == job.to; }
+bool DenseDestination(const CopyRegion& r) { return r.rows == 1 || r.dst_pitch == r.row_bytes; }
+
+// Cuts the dense regions into span tasks (CutIntoTasks).
+void CutIntoSpans(const std::vector<CopyJob>& jobs, std::vector<DenseRegion> dense, uint64_t chunk,
+                  std::vector<SpanPiece>* spans, std::vector<Task>* tasks) {
+  std::sort(dense.begin(), dense.end(), [](const DenseRegion& a, const DenseRegion& b) { return a.dst < b.dst; });
+  Task open;
+  bool is_open = false;
+  auto close = [&] {
+    if (is_open) tasks->push_back(open);
+    is_open = false;
+  };
+  for (const DenseRegion& d : dense) {
+    if (is_open && d.dst != open.dst + open.bytes) close();  // a gap (or an overlap): a new span
+    for (uint64_t b = 0; b < d.bytes;) {
+      if (!is_open) {
+        open = Task();
+        open.job = d.job;  // the first piece's, for errors
+        open.dst = d.dst + b;
+        open.first_piece = spans->size();
+        open.lo = UINT64_MAX;
+        is_open = true;
+      }
+      const uint64_t take = std::min(d.bytes - b, chunk - open.bytes);
+      const SpanPiece p{d.job, d.region, b, b + take};
+      const PieceSource s = SourceOf(jobs[d.job], p);
+      spans->push_back(p);
+      ++open.pieces;
+      open.bytes += take;
+      open.lo = std::min(open.lo, s.lo);
+      open.hi = std::max(open.hi, s.hi);
+      open.gather = open.gather || s.gather;
+      b += take;
+      if (open.bytes == chunk) close();
+    }
+  }
+  close();
+}
+
+}  // namespace
+
+PieceSource SourceOf(const CopyJob& job, const SpanPiece& p) {
+  const CopyRegion& r = job.layout->regions[p.region];
+  const auto base = reinterpret_cast<uint64_t>(job.src) + r.src_offset;
+  auto at = [&](uint64_t k) { return base + k / r.row_bytes * r.src_pitch + k % r.row_bytes; };
+  const bool rows = p.begin / r.row_bytes != (p.end - 1) / r.row_bytes;
+  return {at(p.begin), at(p.end - 1) + 1, rows && r.src_pitch != r.row_bytes};
+}
+
+void GatherPiece(const CopyJob& job, const SpanPiece& p, std::byte* out) {
+  const CopyRegion& r = job.layout->regions[p.region];
+  const std::byte* src = job.src + r.src_offset;
+  if (r.src_pitch == r.row_bytes || r.rows == 1) {
+    std::memcpy(out, src + p.begin, p.end - p.begin);
+    return;
+  }
+  for (uint64_t k = p.begin; k < p.end;) {
+    const uint64_t row = k / r.row_bytes, col = k % r.row_bytes;
+    const uint64_t n = std::min(r.row_bytes - col, p.end - k);
+    std::memcpy(out, src + row * r.src_pitch + col, n);
+    out += n;
+    k += n;
+  }
+}
+
+std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk, std::vector<SpanPiece>* spans) {
   std::vector<Task> tasks;
+  std::vector<DenseRegion> dense;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const CopyJob& job = jobs[j];
     const auto base = reinterpret_cast<uint64_t>(job.src);
@@ -24,6 +103,11 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk)
     for (size_t ri = 0; ri < regions.size(); ++ri) {
       const CopyRegion& r = regions[ri];
       if (r.rows == 0 || r.row_bytes == 0) continue;
+      if (spans && CopiedAsItIs(job) && DenseDestination(r)) {
+        const uint64_t dst = job.out_offset + job.piece_first_elem * DTypeSize(job.from) + r.dst_offset;
+        dense.push_back({dst, r.rows * r.row_bytes, j, ri});
+        continue;
+      }
       ForEachRect(r, chunk, [&](const Rect& x) {
         Task t;
         t.job = j;
@@ -37,6 +121,7 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk)
       });
     }
   }
+  if (spans) CutIntoSpans(jobs, std::move(dense), chunk, spans, &tasks);
   std::sort(tasks.begin(), tasks.end(), [](const Task& a, const Task& b) { return a.lo < b.lo; });
   return tasks;
 }
@@ -46,13 +131,13 @@ std::vector<size_t> TaskOrder(const std::vector<Task>& tasks, TaskMix mix) {
   order.reserve(tasks.size());
   for (size_t i = 0; i < tasks.size(); ++i) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const bool wa = tasks[a].region < 0, wb = tasks[b].region < 0;
+    const bool wa = tasks[a].whole_job(), wb = tasks[b].whole_job();
     if (wa != wb) return wa;
     return wa && tasks[a].hi - tasks[a].lo > tasks[b].hi - tasks[b].lo;
   });
   if (mix == TaskMix::kAddress) return order;
   size_t whole = 0;
-  while (whole < order.size() && tasks[order[whole]].region < 0) ++whole;
+  while (whole < order.size() && tasks[order[whole]].whole_job()) ++whole;
   double gather_total = 0, other_total = 0;
   for (size_t k = whole; k < order.size(); ++k) {
     const Task& t = tasks[order[k]];

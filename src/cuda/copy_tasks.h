@@ -28,23 +28,57 @@ void ForEachRect(const CopyRegion& r, uint64_t chunk, F&& f) {
   }
 }
 
-// One unit of work: one rectangle of one region of a job, or, for a transposed job, the
-// whole job (every region, then the transpose kernel).
+// Bytes [begin, end) of one region of one job, counted in the region's row-major order
+// (row k, byte c is k * row_bytes + c), where the region's destination is dense: they land
+// at the region's destination + begin onward.
+struct SpanPiece {
+  size_t job = 0;
+  size_t region = 0;
+  uint64_t begin = 0, end = 0;
+};
+
+// One unit of work: one rectangle of one region of a job; for a transposed job, the whole
+// job (every region, then the transpose kernel); or a span (pieces > 0): consecutive bytes
+// of the run's destination, filled in order by pieces of any number of regions and jobs,
+// one copy to the device.
 struct Task {
   size_t job = 0;
-  int region = -1;  // -1: the whole job
+  int region = -1;  // -1: the whole job (where pieces is 0)
   Rect rect{};
   uint64_t lo = 0, hi = 0;             // source bytes read: [lo, hi), absolute addresses
   size_t reg_first = 0, reg_last = 0;  // registration groups those bytes lie in (PlanGroups)
   uint64_t bytes = 0;                  // bytes copied (a whole-job task: every region's)
   bool gather = false;                 // several rows that are not packed in the source: on the
                                        // bounce path the CPU copies them one row at a time
+  size_t first_piece = 0, pieces = 0;  // a span: SpanPieces [first_piece, first_piece + pieces)
+  uint64_t dst = 0;                    // a span: its first byte's offset in the CopyDestination
+  bool whole_job() const { return region < 0 && pieces == 0; }
 };
 
 // The tasks of `jobs`: a rectangle of at most `chunk` bytes (ForEachRect) for each piece
 // of each region of a job that is not transposed, one whole-job task for each transposed
 // job with any region; empty regions give none. Sorted by lo.
-std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk);
+// With `spans` (the bounce path), the regions of jobs copied as they are (no transpose, no
+// conversion) whose destination is dense (one row, or dst_pitch == row_bytes) become span
+// tasks instead: their destination bytes in address order, cut into spans of `chunk` bytes
+// where they follow each other without a gap (a span ends early only before a gap or at
+// the last byte), so that small tensors and the tails of large ones share full-size
+// copies (the DMA engine pays a few microseconds per copy: 1 MiB copies reach 86 % of the
+// link, 2 MiB 93 %, docs/benchmarks.md). Their pieces are appended to *spans.
+std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk,
+                               std::vector<SpanPiece>* spans = nullptr);
+
+// The source bytes of piece p: [lo, hi) as absolute addresses, and whether it gathers
+// (more than one row, not packed in the source).
+struct PieceSource {
+  uint64_t lo, hi;
+  bool gather;
+};
+PieceSource SourceOf(const CopyJob& job, const SpanPiece& p);
+
+// Copies piece p's source bytes to `out` (end - begin bytes), row by row where they are
+// strided.
+void GatherPiece(const CopyJob& job, const SpanPiece& p, std::byte* out);
 
 // How the tasks that are not whole-job tasks are ordered (TaskOrder).
 enum class TaskMix {

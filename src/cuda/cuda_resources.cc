@@ -5,11 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
+#include <cstring>
 #include <cstdint>
 #include <mutex>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 namespace ckpt::cuda {
@@ -40,81 +38,19 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
 
 namespace {
 
-// Faults [p, p + bytes) in for writing with up to `threads` threads, each a share of whole
-// `unit`s; false where the kernel refused (out of memory). Without MADV_POPULATE_WRITE
-// (older kernels: EINVAL) the pages are left for cudaHostRegister to fault in.
-// Every thread is started before any of them populates: a populate holds the process's
-// mapping lock for reading while it faults its range in, and starting a thread maps its
-// stack (the same lock, for writing), so threads started one after another while the
-// earlier ones populate ran one at a time (the first worker of a loader was ready only
-// 6-8 ms after its creation on the 1 x H200 host, docs/benchmarks.md).
-bool Populate(std::byte* p, size_t bytes, size_t unit, int threads) {
-#ifdef MADV_POPULATE_WRITE
-  const size_t units = (bytes + unit - 1) / unit;
-  const size_t n = std::max<size_t>(1, std::min<size_t>(units, static_cast<size_t>(std::max(1, threads))));
-  const size_t per = (units + n - 1) / n * unit;
-  std::atomic<bool> ok{true};
-  // One `unit` per call: the lock is held for one unit at a time, so that the other
-  // threads of the process (a Load planning, starting its workers) are not held up.
-  auto part = [&](size_t k) {
-    const size_t end = std::min(bytes, (k + 1) * per);
-    for (size_t b = k * per; b < end && ok; b += unit) {
-      if (madvise(p + b, std::min(unit, end - b), MADV_POPULATE_WRITE) != 0 && errno != EINVAL) ok = false;
-    }
-  };
-  std::mutex mu;
-  std::condition_variable cv;
-  bool go = false;
-  std::vector<std::thread> pool;
-  std::vector<size_t> mine;  // parts no thread could be started for: this one does them
-  for (size_t k = 1; k < n; ++k) {
-    try {
-      pool.emplace_back([&, k] {
-        {
-          std::unique_lock<std::mutex> lock(mu);
-          cv.wait(lock, [&] { return go; });
-        }
-        part(k);
-      });
-    } catch (const std::system_error&) {
-      mine.push_back(k);
-    }
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    go = true;
-  }
-  cv.notify_all();
-  part(0);
-  for (size_t k : mine) part(k);
-  for (auto& t : pool) t.join();
-  return ok;
-#else
-  (void)p, (void)bytes, (void)unit, (void)threads;
-  return true;
-#endif
-}
-
 std::atomic<uint64_t> g_pinned_allocations{0};
 
 }  // namespace
 
 uint64_t PinnedBuffer::allocations() { return g_pinned_allocations.load(); }
 
-Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes, int populate_threads) {
-  CKPT_ASSIGN_OR_RETURN(PinnedBuffer b, Map(bytes, populate_threads));
-  if (b.mapped_) {
-    if (Status st = b.Lock(0, b.size_); !st.ok()) {
-      // Registration refused (e.g. the locked-memory limit): cudaMallocHost reports it.
-      b.Reset();
-      CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
-      b.size_ = bytes;
-    }
-  }
+Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
+  CKPT_ASSIGN_OR_RETURN(PinnedBuffer b, Reserve(bytes));
+  CKPT_RETURN_IF_ERROR(b.Prepare(0, b.mapped_ ? b.size_ : 0));
   return b;
 }
 
-Result<PinnedBuffer> PinnedBuffer::Map(size_t bytes, int populate_threads) {
+Result<PinnedBuffer> PinnedBuffer::Reserve(size_t bytes) {
   PinnedBuffer b;
   if (bytes == 0) return b;
   constexpr size_t kHuge = size_t{2} << 20;
@@ -127,18 +63,13 @@ Result<PinnedBuffer> PinnedBuffer::Map(size_t bytes, int populate_threads) {
     const uintptr_t a = (r + kHuge - 1) & ~uintptr_t{kHuge - 1};
     if (a > r) munmap(raw, a - r);
     if (r + kHuge > a) munmap(reinterpret_cast<void*>(a + size), r + kHuge - a);
-    auto* p = reinterpret_cast<std::byte*>(a);
-    madvise(p, size, MADV_HUGEPAGE);  // advice: ignored where THP is off
-    // Fault the pages in first (huge pages where granted), in parallel: the kernel zeroes
-    // every page it hands out. Out of memory: fall back to cudaMallocHost, which reports it.
-    if (Populate(p, size, kHuge, populate_threads)) {
-      b.ptr_ = p;
-      b.size_ = size;
-      b.mapped_ = true;
-      ++g_pinned_allocations;
-      return b;
-    }
-    munmap(p, size);
+    madvise(reinterpret_cast<void*>(a), size, MADV_HUGEPAGE);  // advice: ignored where THP is off
+    b.ptr_ = reinterpret_cast<void*>(a);
+    b.size_ = size;
+    b.mapped_ = true;
+    b.mu_ = std::make_unique<std::mutex>();
+    ++g_pinned_allocations;
+    return b;
   }
   CKPT_CUDA_RETURN("cudaMallocHost", cudaMallocHost(&b.ptr_, bytes));
   b.size_ = bytes;
@@ -146,14 +77,27 @@ Result<PinnedBuffer> PinnedBuffer::Map(size_t bytes, int populate_threads) {
   return b;
 }
 
-Status PinnedBuffer::Lock(size_t offset, size_t bytes) {
+Status PinnedBuffer::Prepare(size_t offset, size_t bytes) {
   if (!mapped_ || bytes == 0) return Status::Ok();
   std::byte* p = get() + offset;
+#ifdef MADV_POPULATE_WRITE
+  // The kernel zeroes every page it hands out; cudaHostRegister would fault them in under
+  // the driver's lock, one range after another. Without MADV_POPULATE_WRITE (older
+  // kernels: EINVAL) the pages are left for cudaHostRegister.
+  constexpr size_t kHuge = size_t{2} << 20;
+  for (size_t b = 0; b < bytes;) {
+    const size_t n = std::min(bytes - b, kHuge - (reinterpret_cast<uintptr_t>(p + b) & (kHuge - 1)));
+    if (madvise(p + b, n, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+      return ResourceExhausted("faulting in " + std::to_string(bytes) + " bytes of bounce buffers: " + std::strerror(errno));
+    b += n;
+  }
+#endif
   cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     cudaGetLastError();
     return CudaError("cudaHostRegister of " + std::to_string(bytes) + " bytes of bounce buffers", err);
   }
+  std::lock_guard<std::mutex> lock(*mu_);
   locked_.push_back(p);
   return Status::Ok();
 }

@@ -6,6 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,34 +46,28 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-// Page-locked host memory. Allocate maps anonymous memory, 2 MiB-aligned with transparent
-// huge pages asked for, faults it in (`populate_threads` threads at once, each a share of
-// whole 2 MiB pages) and registers it (2-3x faster than cudaMallocHost, which pins 4 KiB
-// pages: 256 MiB in 0.05-0.07 s against 0.09-0.16 s on an H200 host); where that fails it
-// falls back to cudaMallocHost.
+// Page-locked host memory: anonymous memory, 2 MiB-aligned with transparent huge pages
+// asked for, faulted in and registered part by part (2-3x faster than cudaMallocHost,
+// which pins 4 KiB pages: 256 MiB in 0.05-0.07 s against 0.09-0.16 s on an H200 host);
+// where mapping fails, cudaMallocHost, page-locked whole.
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  // Map + Lock of the whole. ResourceExhausted / Internal from the driver.
-  static Result<PinnedBuffer> Allocate(size_t bytes, int populate_threads = 1);
-  // Maps and faults in at least `bytes` (whole 2 MiB pages), nothing page-locked yet, so
-  // that parts can be locked one by one (and used as each is); where mapping fails,
-  // falls back to cudaMallocHost, which is page-locked whole. ResourceExhausted /
-  // Internal from the driver.
-  static Result<PinnedBuffer> Map(size_t bytes, int populate_threads);
-  // Page-locks [get() + offset, get() + offset + bytes) for every device (nothing to do
-  // on the cudaMallocHost fallback). Precondition: the range is inside the buffer,
-  // starts and ends on 4 KiB pages and overlaps no range locked before. Errors: the
-  // driver's.
-  Status Lock(size_t offset, size_t bytes);
+  // Reserve + Prepare of the whole. ResourceExhausted / Internal from the kernel or driver.
+  static Result<PinnedBuffer> Allocate(size_t bytes);
+  // Maps at least `bytes` (whole 2 MiB pages), nothing faulted in or page-locked yet, so
+  // that parts can be prepared one by one, each on its own thread, and used as each is;
+  // where mapping fails, falls back to cudaMallocHost (page-locked whole: Prepare has
+  // nothing to do). ResourceExhausted / Internal from the driver.
+  static Result<PinnedBuffer> Reserve(size_t bytes);
+  // Faults [get() + offset, get() + offset + bytes) in (one 2 MiB page per call, so that
+  // the process's mapping lock is held briefly) and page-locks it for every device.
+  // Thread-safe for disjoint ranges. Precondition: the range is inside the buffer, starts
+  // and ends on 4 KiB pages and overlaps no range prepared before. Errors:
+  // ResourceExhausted (the kernel has no memory for it), the driver's.
+  Status Prepare(size_t offset, size_t bytes);
   ~PinnedBuffer() { Reset(); }
-  PinnedBuffer(PinnedBuffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)),
-        size_(std::exchange(o.size_, 0)),
-        mapped_(std::exchange(o.mapped_, false)),
-        locked_(std::move(o.locked_)) {
-    o.locked_.clear();
-  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
     if (this != &o) {
       Reset();
@@ -80,21 +76,24 @@ class PinnedBuffer {
       mapped_ = std::exchange(o.mapped_, false);
       locked_ = std::move(o.locked_);
       o.locked_.clear();
+      mu_ = std::move(o.mu_);
     }
     return *this;
   }
   std::byte* get() const { return static_cast<std::byte*>(ptr_); }
   // At least the bytes asked for (whole 2 MiB pages on the mapped path).
   size_t size() const { return size_; }
+  // Unregisters every prepared range and unmaps. Precondition: no Prepare in progress.
   void Reset();
-  // How many Allocate calls of this process succeeded (tests count them).
+  // How many Allocate / Reserve calls of this process succeeded (tests count them).
   static uint64_t allocations();
 
  private:
   void* ptr_ = nullptr;
   size_t size_ = 0;
-  bool mapped_ = false;  // mmap + cudaHostRegister of parts (else cudaMallocHost)
-  std::vector<void*> locked_;  // mapped_: the starts of the ranges registered
+  bool mapped_ = false;        // mmap + cudaHostRegister of parts (else cudaMallocHost)
+  std::vector<void*> locked_;  // mapped_: the starts of the ranges registered; guarded by *mu_
+  std::unique_ptr<std::mutex> mu_;
 };
 
 class Stream {

@@ -257,5 +257,166 @@ TEST(CopyTasksTest, GatherTasksAreSpreadAmongPackedOnesByBytes) {
   EXPECT_EQ(spread, "GPGPGPGP");
 }
 
+// Issue 14 (full-size copies): on the bounce path the regions copied as they are whose
+// destination is packed become span tasks: the destination's bytes in address order cut
+// into spans of one chunk, each filled by pieces of any number of regions and jobs.
+// Executed as the engine does (pieces gathered one after another into one buffer, the
+// buffer copied to the span's place), the spans write exactly those regions' bytes, each
+// once, with the right source bytes, and nothing else; a span is shorter than a chunk only
+// before a gap; every other region (converted, transposed, strided destination) keeps its
+// rectangle or whole-job tasks.
+TEST(CopyTasksTest, SpansFillEveryPackedDestinationByteOnceInFullSizeCopies) {
+  std::mt19937_64 rng(19);
+  int merged = 0, short_spans = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int njobs = 1 + static_cast<int>(rng() % 10);
+    std::vector<ShardLayout> layouts(static_cast<size_t>(njobs));
+    std::vector<CopyJob> jobs;
+    std::vector<std::byte> src(4 << 20);  // a job reads less than 1 MiB from its src
+    for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<std::byte>(rng());
+    uint64_t dst = 0, src_at = 0;
+    struct Expect {  // a dense region of a job copied as it is: where it lands
+      size_t job, region;
+      uint64_t dst;
+    };
+    std::vector<Expect> dense;
+    for (size_t j = 0; j < static_cast<size_t>(njobs); ++j) {
+      ShardLayout& L = layouts[j];
+      CopyJob job;
+      job.layout = &L;
+      job.src = src.data() + src_at;
+      const int kind = static_cast<int>(rng() % 6);  // 0: converted, 1: transposed, else as it is
+      job.from = DType::kF32;
+      job.to = kind == 0 ? DType::kF16 : DType::kF32;
+      job.transpose = kind == 1;
+      job.out_offset = dst;
+      job.piece_first_elem = rng() % 3 == 0 ? rng() % 50 : 0;
+      uint64_t at = 0, src_end = 0;  // bytes of this piece's destination; of its source
+      const int nregions = 1 + static_cast<int>(rng() % 3);
+      for (int k = 0; k < nregions; ++k) {
+        CopyRegion c;
+        c.row_bytes = 4 * (1 + rng() % (rng() % 2 ? 60 : 1500));
+        c.src_pitch = c.row_bytes + (rng() % 2 ? 0 : 4 * (rng() % 400));
+        c.dst_pitch = rng() % 4 == 0 ? c.row_bytes + 4 * (1 + rng() % 100) : c.row_bytes;
+        c.rows = rng() % 7 == 0 ? 0 : 1 + rng() % 30;
+        c.src_offset = src_end + 4 * (rng() % 100);
+        c.dst_offset = at;
+        if (c.rows > 0) {
+          src_end = c.src_offset + (c.rows - 1) * c.src_pitch + c.row_bytes;
+          at += (c.rows - 1) * c.dst_pitch + c.row_bytes;
+        }
+        const bool is_dense = c.rows == 1 || c.dst_pitch == c.row_bytes;
+        if (kind >= 2 && is_dense && c.rows > 0) dense.push_back({j, L.regions.size(), dst + job.piece_first_elem * 4 + c.dst_offset});
+        L.regions.push_back(c);
+      }
+      src_at += src_end + 4 * (rng() % 50);
+      if (src_at + (1 << 20) > src.size()) src_at = 0;  // sources may overlap: only read
+      jobs.push_back(job);
+      dst += job.piece_first_elem * 4 + at;  // (a converted output's bytes: at most these)
+      if (rng() % 2) dst += 4 * (1 + rng() % 64);  // a gap between outputs
+    }
+    const uint64_t total = dst + (1 << 16);
+    const uint64_t chunk = 256 + rng() % 20000;
+    std::vector<SpanPiece> pieces;
+    std::vector<Task> tasks = CutIntoTasks(jobs, chunk, &pieces);
+    std::vector<std::byte> out(total, std::byte{0xEE}), want(total, std::byte{0xEE});
+    std::vector<int> written(total, 0);
+    for (const Expect& e : dense) {
+      const CopyRegion& c = layouts[e.job].regions[e.region];
+      for (uint64_t row = 0; row < c.rows; ++row)
+        for (uint64_t b = 0; b < c.row_bytes; ++b)
+          want[e.dst + row * c.row_bytes + b] = jobs[e.job].src[c.src_offset + row * c.src_pitch + b];
+    }
+    size_t pieces_seen = 0;
+    for (const Task& t : tasks) {
+      if (t.pieces == 0) {
+        // Not a span: never a region the spans take.
+        if (t.region >= 0) {
+          for (const Expect& e : dense) ASSERT_FALSE(e.job == t.job && e.region == static_cast<size_t>(t.region));
+        }
+        continue;
+      }
+      ASSERT_GT(t.bytes, 0u);
+      ASSERT_LE(t.bytes, chunk);
+      ASSERT_FALSE(t.whole_job());
+      ASSERT_LE(t.first_piece + t.pieces, pieces.size());
+      pieces_seen += t.pieces;
+      if (t.pieces > 1) ++merged;
+      std::vector<std::byte> buf(t.bytes);
+      uint64_t off = 0, lo = UINT64_MAX, hi = 0;
+      bool gather = false;
+      for (size_t k = 0; k < t.pieces; ++k) {
+        const SpanPiece& p = pieces[t.first_piece + k];
+        ASSERT_LT(p.begin, p.end);
+        ASSERT_LE(off + (p.end - p.begin), t.bytes);
+        GatherPiece(jobs[p.job], p, buf.data() + off);
+        const PieceSource ps = SourceOf(jobs[p.job], p);
+        lo = std::min(lo, ps.lo), hi = std::max(hi, ps.hi), gather = gather || ps.gather;
+        off += p.end - p.begin;
+      }
+      ASSERT_EQ(off, t.bytes) << "the pieces do not fill the span";
+      EXPECT_EQ(t.lo, lo);
+      EXPECT_EQ(t.hi, hi);
+      EXPECT_EQ(t.gather, gather);
+      for (uint64_t b = 0; b < t.bytes; ++b) {
+        out[t.dst + b] = buf[b];
+        written[t.dst + b]++;
+      }
+    }
+    ASSERT_EQ(pieces_seen, pieces.size());
+    for (uint64_t b = 0; b < total; ++b) {
+      ASSERT_LE(written[b], 1) << "byte " << b << " written twice";
+      ASSERT_EQ(out[b], want[b]) << "trial " << trial << ", destination byte " << b;
+    }
+    // Full size: a span shorter than a chunk ends before a byte no span writes.
+    for (const Task& t : tasks) {
+      if (t.pieces == 0 || t.bytes == chunk) continue;
+      ++short_spans;
+      EXPECT_EQ(written[t.dst + t.bytes], 0) << "a short span not ended by a gap";
+    }
+  }
+  EXPECT_GT(merged, 100);  // spans that join several regions or jobs
+  EXPECT_GT(short_spans, 50);
+
+  // Without `spans`, no span task.
+  std::vector<CopyJob> none;
+  EXPECT_TRUE(CutIntoTasks(none, 1024, nullptr).empty());
+}
+
+// GPT-Neo at TP=4 in small: a layer norm (10 KiB), a column-parallel shard of whole rows
+// (6.25 MiB) and a row-parallel shard of strided rows (6.25 MiB), one after another in
+// the destination: 2 MiB tasks cut per region leave their tails (and the layer norm)
+// as copies of their own; spans cut the 12.51 MiB into 2 MiB copies and one tail.
+TEST(CopyTasksTest, SpansCutAGptNeoLayerIntoFullSizeCopies) {
+  auto region = [](uint64_t rows, uint64_t row_bytes, uint64_t src_pitch) {
+    CopyRegion c;
+    c.rows = rows;
+    c.row_bytes = row_bytes;
+    c.src_pitch = src_pitch;
+    c.dst_pitch = row_bytes;
+    return c;
+  };
+  ShardLayout norm, column, row;
+  norm.regions.push_back(region(1, 10240, 10240));
+  column.regions.push_back(region(640, 10240, 10240));
+  row.regions.push_back(region(2560, 2560, 10240));
+  std::vector<CopyJob> jobs(3);
+  const ShardLayout* layouts[] = {&norm, &column, &row};
+  uint64_t dst = 0;
+  for (size_t j = 0; j < 3; ++j) {
+    jobs[j].layout = layouts[j];
+    jobs[j].src = reinterpret_cast<const std::byte*>((j + 1) << 30);
+    jobs[j].from = jobs[j].to = DType::kF32;
+    jobs[j].out_offset = dst;
+    dst += layouts[j]->regions[0].rows * layouts[j]->regions[0].row_bytes;
+  }
+  const uint64_t chunk = 2 << 20;
+  EXPECT_EQ(CutIntoTasks(jobs, chunk).size(), 1u + 4u + 4u);
+  std::vector<SpanPiece> pieces;
+  std::vector<Task> tasks = CutIntoTasks(jobs, chunk, &pieces);
+  ASSERT_EQ(tasks.size(), (dst + chunk - 1) / chunk);
+  for (size_t k = 0; k + 1 < tasks.size(); ++k) EXPECT_EQ(tasks[k].bytes, chunk);
+}
+
 }  // namespace
 }  // namespace ckpt::cuda

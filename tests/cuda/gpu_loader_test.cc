@@ -625,7 +625,7 @@ TEST(PinnedBufferTest, IsTwoMiBAlignedWholeHugePagesAndPinned) {
   if (!GpuAvailable()) GTEST_SKIP() << "no CUDA GPU here";
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   const size_t want = (size_t{5} << 20) + 123;
-  auto b = cuda::PinnedBuffer::Allocate(want, 4);
+  auto b = cuda::PinnedBuffer::Allocate(want);
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b->get()) % (size_t{2} << 20), 0u);
   EXPECT_EQ(b->size(), size_t{6} << 20);

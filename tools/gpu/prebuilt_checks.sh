@@ -16,8 +16,9 @@
 #                the same way): before and after in one run
 #     copy       tools/bench_gpu.sh ALONE=1 "1 2 4" (COPY_CONFIGS, COPY_REPS, COPY_WORLDS): the figures
 #     copyvar    the same for each of COPY_VARIANTS="NAME/CONFIG/WORLDS/VAR=VAL,VAR=VAL ..." (the
-#                engine's experiment knobs, e.g. CKPT_COPY_ORDER=address; WORLDS like 1+4;
-#                VAR_REPS repetitions): A/B in one run, output in var-NAME/
+#                engine's experiment knobs, e.g. CKPT_COPY_SPANS=0; WORLDS like 1+4;
+#                VAR_REPS repetitions; VAR_HUGE=1: /dev/shm remounted huge=always for them):
+#                A/B in one run, output in var-NAME/
 #     cold       tools/gpu/warm_huge.sh COLD_ONLY=1: cold loads (page cache dropped) against
 #                dd iflag=direct, 4 KiB and huge pages (COLD_RUNS, COLD_CONFIGS; needs root)
 # Logs go to a scratch directory, packed into OUT_DIR/results.tgz after every step (a
@@ -87,6 +88,7 @@ for step in "$@"; do
     log "rc=$?"; grep -E '^\||pinned' "$work/copy.log" >> "$out/summary.txt" ;;
   copyvar)
     wait_data
+    [ "${VAR_HUGE:-0}" = 1 ] && { mount -o remount,huge=always /dev/shm && log "variants on huge pages" || log "cannot remount /dev/shm"; }
     for v in ${COPY_VARIANTS:-}; do
       IFS=/ read -r name cfg worlds envs <<< "$v"
       log "variant $name: $cfg TP ${worlds//+/ } ${envs:-(defaults)}"
@@ -98,7 +100,8 @@ for step in "$@"; do
       ) > "$work/var-$name.log" 2>&1
       log "rc=$?"; grep -E '^\||pinned' "$work/var-$name.log" >> "$out/summary.txt"
       pack
-    done ;;
+    done
+    [ "${VAR_HUGE:-0}" = 1 ] && mount -o remount,huge=never /dev/shm ;;
   cold)
     wait_data
     log "cold loads against dd iflag=direct, 4 KiB and huge pages"
@@ -110,7 +113,7 @@ for step in "$@"; do
     log "bench_gpu.sh ALONE=1, segment on huge pages (/dev/shm huge=always)"
     if mount -o remount,huge=always /dev/shm; then
       SKIP_BUILD=1 BUILD_DIR=$root/build DATA=$data ALONE=1 ALONE_LEAD_S=${ALONE_LEAD_S:-0.5} REPS=${COPY_REPS:-3} FP16=0 \
-        TRACE=1 BASELINES="" CONFIGS="${COPYHUGE_CONFIGS:-bounce:12:0:1}" tools/bench_gpu.sh "$work/copyhuge" "1 2 4" \
+        TRACE=1 BASELINES="" CONFIGS="${COPYHUGE_CONFIGS:-bounce:12:0:1}" tools/bench_gpu.sh "$work/copyhuge" "${COPY_WORLDS:-1 2 4}" \
         > "$work/copyhuge.log" 2>&1; rc=$?
       grep -E 'ShmemHugePages|ShmemPmdMapped' /proc/meminfo >> "$work/copyhuge.log"
       mount -o remount,huge=never /dev/shm
