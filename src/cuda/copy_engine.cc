@@ -586,15 +586,11 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   if (!dest_.base && !dest_.allocate) return Internal("a copy run without device memory for its outputs");
   // The outputs' device memory: given, or allocated now, before the tasks are cut (so that
   // an allocation that cannot succeed fails before any work: a 1 PiB output is not cut
-  // into 2 MiB tasks first), or, where the device has that much free and
+  // into 2 MiB tasks first), or, where the device has that much memory at all and
   // CKPT_COPY_EARLY is not 0, once the workers have started (below), so that their first
-  // gathers overlap the allocation.
-  bool early = false;
-  if (!dest_.base && CopyEarlyStart()) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) early = free_b >= dest_.bytes;
-    else cudaGetLastError();
-  }
+  // gathers overlap the allocation (which may still fail: the run then ends with its
+  // error). No driver call here: cudaMemGetInfo waits for the workers' registrations.
+  const bool early = !dest_.base && CopyEarlyStart() && dest_.bytes <= DeviceMemoryBytes(device_);
   if (dest_.base) {
     base_ = dest_.base;
   } else if (!early) {
@@ -758,7 +754,24 @@ bool CopyTraceEnabled() {
   return v && std::strcmp(v, "1") == 0;
 }
 
+uint64_t DeviceMemoryBytes(int device) {
+  constexpr int kCached = 64;
+  static std::atomic<uint64_t> totals[kCached];  // 0: not known yet
+  if (device >= 0 && device < kCached) {
+    if (uint64_t t = totals[device].load(std::memory_order_relaxed)) return t;
+  }
+  CurrentDeviceGuard keep_callers_device;
+  size_t free_b = 0, total_b = 0;
+  if (cudaSetDevice(device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  if (device >= 0 && device < kCached) totals[device].store(total_b, std::memory_order_relaxed);
+  return total_b;
+}
+
 std::shared_ptr<CopyResources> StartCopyResources(int device, const GpuLoadOptions& options) {
+  DeviceMemoryBytes(device);  // known before the workers' driver calls begin
   auto r = std::make_shared<CopyResources>(device, options);
   r->StartBackground();
   return r;

@@ -85,6 +85,10 @@ TaskMix CopyTaskMix();
 bool CopyEarlyStart();
 bool CopySpans();
 
+// The device's total memory in bytes (cudaMemGetInfo, asked once per device and
+// process); 0 where the driver does not say.
+uint64_t DeviceMemoryBytes(int device);
+
 // True where CKPT_COPY_TRACE=1: every Load then prints its phases' timestamps, one JSON
 // object per line, to stderr (tools/bench_gpu.sh collects them).
 bool CopyTraceEnabled();

@@ -54,6 +54,15 @@ void CutIntoSpans(const std::vector<CopyJob>& jobs, std::vector<DenseRegion> den
   close();
 }
 
+// How many tasks ForEachRect cuts region r into.
+uint64_t RectCount(const CopyRegion& r, uint64_t chunk) {
+  if (r.row_bytes <= chunk) {
+    const uint64_t per = std::max<uint64_t>(1, chunk / r.row_bytes);
+    return (r.rows + per - 1) / per;
+  }
+  return r.rows * ((r.row_bytes + chunk - 1) / chunk);
+}
+
 }  // namespace
 
 PieceSource SourceOf(const CopyJob& job, const SpanPiece& p) {
@@ -81,8 +90,29 @@ void GatherPiece(const CopyJob& job, const SpanPiece& p, std::byte* out) {
 }
 
 std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk, std::vector<SpanPiece>* spans) {
+  // Sized first: the loader plans while its workers fault their buffers in, and every
+  // reallocation of a large vector is an mmap waiting for them (the process's mapping lock).
+  uint64_t rects = 0, dense_regions = 0, dense_bytes = 0;
+  for (const CopyJob& job : jobs) {
+    if (job.transpose) {
+      ++rects;
+      continue;
+    }
+    for (const CopyRegion& r : job.layout->regions) {
+      if (r.rows == 0 || r.row_bytes == 0) continue;
+      if (spans && CopiedAsItIs(job) && DenseDestination(r)) {
+        ++dense_regions;
+        dense_bytes += r.rows * r.row_bytes;
+      } else {
+        rects += RectCount(r, chunk);
+      }
+    }
+  }
   std::vector<Task> tasks;
   std::vector<DenseRegion> dense;
+  tasks.reserve(rects + dense_regions + dense_bytes / chunk + 1);
+  dense.reserve(dense_regions);
+  if (spans) spans->reserve(spans->size() + 2 * dense_regions + dense_bytes / chunk + 1);
   for (size_t j = 0; j < jobs.size(); ++j) {
     const CopyJob& job = jobs[j];
     const auto base = reinterpret_cast<uint64_t>(job.src);
