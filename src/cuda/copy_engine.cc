@@ -43,7 +43,8 @@ constexpr int kMaxBuffers = 8;
 struct WorkerRes {
   int* flag = nullptr;  // on the device
   std::byte* pinned[kMaxBuffers] = {};
-  bool pinned_ready = false;  // its part of the slab faulted in and page-locked
+  bool populated = false;     // its part of the slab faulted in
+  bool locked = false;        // and page-locked
   Event done[kMaxBuffers];
   DeviceBuffer scratch;  // conversions and transposes; freed at the end of every run
   Stream stream;
@@ -71,6 +72,9 @@ class CopyResources {
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
         nbuf_(BounceBuffers()),
+        turns_(CopyTurns()),
+        populated_at_(static_cast<size_t>(nworkers_)),
+        ready_at_(static_cast<size_t>(nworkers_)),
         workers_(static_cast<size_t>(nworkers_)) {}
   ~CopyResources() {
     {
@@ -91,6 +95,8 @@ class CopyResources {
   void StartBackground() {
     std::lock_guard<std::mutex> lock(mu_);
     start_t0_ = Clock::now();
+    std::fill(populated_at_.begin(), populated_at_.end(), start_t0_);
+    std::fill(ready_at_.begin(), ready_at_.end(), start_t0_);
     start_done_ = false;
     try {
       starter_ = std::thread([this] { RunStart(); });
@@ -147,6 +153,26 @@ class CopyResources {
     run_ = nullptr;
   }
 
+  // Runs f() (a run's device allocation) as soon as no worker is in a driver turn, before
+  // any next turn (TakeTurn), and returns what it returns.
+  template <typename F>
+  auto WithPriorityTurn(F&& f) {
+    if (turns_) {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++priority_waiting_;
+      cv_.wait(lock, [&] { return !in_turn_; });
+      --priority_waiting_;
+      in_turn_ = true;
+    }
+    auto result = f();
+    if (turns_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_turn_ = false;
+      cv_.notify_all();
+    }
+    return result;
+  }
+
   int device() const { return device_; }
   int workers() const { return nworkers_; }
   int buffers() const { return nbuf_; }
@@ -159,10 +185,12 @@ class CopyResources {
   // time where none is yet).
   struct Times {
     Clock::time_point start, first_ready, last_ready;
+    std::vector<Clock::time_point> populated, ready;  // per worker (the start's time: not yet)
   };
   Times times() {
     std::lock_guard<std::mutex> lock(mu_);
-    return {start_t0_, ready_ > 0 ? first_ready_ : start_t0_, ready_ > 0 ? last_ready_ : start_t0_};
+    return {start_t0_, ready_ > 0 ? first_ready_ : start_t0_, ready_ > 0 ? last_ready_ : start_t0_, populated_at_,
+            ready_at_};
   }
 
  private:
@@ -203,13 +231,31 @@ class CopyResources {
     }
     return Status::Ok();
   }
-  // Worker i's stream, events and part of the slab; what a failed attempt made is kept.
-  Status PrepareWorker(size_t i) {
+  // Worker i's part of the slab faulted in (no driver call, all workers at once), then,
+  // in its driver turn, its stream, events and the part page-locked; what a failed
+  // attempt made is kept. `first`: the worker's first attempt (turns in index order).
+  Status PrepareWorker(size_t i, bool first) {
     WorkerRes& w = workers_[i];
+    w.flag = flags() + i;
+    if (bounce_ && !w.populated) {
+      if (Status st = slab_.Populate(i * stride_, stride_); !st.ok()) {
+        EndTurn(i, first, /*held=*/false);
+        return st;
+      }
+      w.populated = true;
+    }
+    const Clock::time_point populated = Clock::now();
+    if (!TakeTurn(i, first)) return Aborted();
+    Status st = DriverPart(w, i);
+    EndTurn(i, first, /*held=*/true);
+    std::lock_guard<std::mutex> lock(mu_);
+    populated_at_[i] = populated;
+    return st;
+  }
+  Status DriverPart(WorkerRes& w, size_t i) {
     if (!w.stream.get()) {
       CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
     }
-    w.flag = flags() + i;
     if (!bounce_) return Status::Ok();
     for (size_t k = 0; k < static_cast<size_t>(nbuf_); ++k) {
       w.pinned[k] = slab_.get() + i * stride_ + k * chunk_;
@@ -217,10 +263,31 @@ class CopyResources {
         CKPT_ASSIGN_OR_RETURN(w.done[k], Event::Create());
       }
     }
-    if (!w.pinned_ready) CKPT_RETURN_IF_ERROR(slab_.Prepare(i * stride_, stride_));
-    w.pinned_ready = true;
+    if (!w.locked) CKPT_RETURN_IF_ERROR(slab_.Lock(i * stride_, stride_));
+    w.locked = true;
     return Status::Ok();
   }
+  // Driver turns (CKPT_COPY_TURNS, on by default): the driver serialises the workers'
+  // calls anyway, so they take turns, first turns in index order, and the first workers
+  // are ready soonest instead of all late; a run's device allocation goes before the next
+  // turn (WithPriorityTurn). False where the resources are being destroyed.
+  bool TakeTurn(size_t i, bool first) {
+    if (!turns_) return true;
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_ || (!in_turn_ && priority_waiting_ == 0 && (!first || i <= first_turns_)); });
+    if (stop_) return false;
+    in_turn_ = true;
+    return true;
+  }
+  void EndTurn(size_t i, bool first, bool held) {
+    if (!turns_) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (held) in_turn_ = false;
+    if (first) first_turns_ = std::max(first_turns_, i + 1);
+    cv_.notify_all();
+  }
+  static Status Aborted() { return Internal("the copy workers are being destroyed"); }
+
   // Worker thread i: prepares itself (at once; after a failure, again for each run that
   // wants it, failing that run if it fails again), then takes part in every run posted
   // for it while the run wants workers.
@@ -241,9 +308,10 @@ class CopyResources {
         ++running_;  // the run's Finish waits for this worker until it is done with it
       }
       if (!prepared) {
+        const bool first = !tried;
         tried = true;
         lock.unlock();
-        Status st = PrepareWorker(i);
+        Status st = PrepareWorker(i, first);
         if (!st.ok() && body) body->Fail(st.WithContext("copy worker " + std::to_string(i)));
         lock.lock();
         if (st.ok()) {
@@ -251,6 +319,7 @@ class CopyResources {
           const auto now = Clock::now();
           if (ready_++ == 0) first_ready_ = now;
           last_ready_ = now;
+          ready_at_[i] = now;
           cv_.notify_all();
         }
       }
@@ -271,6 +340,7 @@ class CopyResources {
   const int nworkers_;
   const uint64_t chunk_;
   const int nbuf_;
+  const bool turns_;  // CKPT_COPY_TURNS
   uint64_t stride_ = 0;  // bytes of the slab per worker; set by Start before any thread
   std::thread starter_;
   std::vector<std::thread> threads_;  // worker i: threads_[i]; grown only by Start
@@ -285,6 +355,10 @@ class CopyResources {
   size_t run_n_ = 0;                                                      // guarded by mu_
   uint64_t run_gen_ = 0;                                                  // guarded by mu_
   size_t running_ = 0;  // guarded by mu_: workers in the posted run's Work or preparing for it
+  bool in_turn_ = false;                                    // guarded by mu_: a driver turn is held
+  size_t first_turns_ = 0;                                  // guarded by mu_: workers [0, n) had their first turn
+  int priority_waiting_ = 0;                                // guarded by mu_: WithPriorityTurn callers waiting
+  std::vector<Clock::time_point> populated_at_, ready_at_;  // guarded by mu_ (trace)
   DeviceBuffer flags_;
   PinnedBuffer slab_;
   std::vector<WorkerRes> workers_;  // sized once; declared last: destroyed (streams synchronised) first
@@ -642,7 +716,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   const double posted_s = Since(t0_);
   if (early) {
     // Every worker waits for this before its first copy to the device (WaitBase).
-    Result<std::byte*> b = dest_.allocate();
+    Result<std::byte*> b = resources->WithPriorityTurn([&] { return dest_.allocate(); });
     std::lock_guard<std::mutex> lock(mu_);
     if (b.ok()) {
       base_.store(*b, std::memory_order_release);
@@ -703,18 +777,29 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     // The workers' preparation, relative to this run's start (negative: before it).
     const CopyResources::Times rt = resources->times();
     auto rel = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0_).count(); };
+    auto list = [&](const std::vector<Clock::time_point>& ts) {
+      std::string out;
+      for (const Clock::time_point& t : ts) {
+        char b[32];
+        std::snprintf(b, sizeof(b), "%s%.4f", out.empty() ? "" : ",", rel(t));
+        out += b;
+      }
+      return out;
+    };
     std::fprintf(stderr,
                  "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
                  "\"order\":\"%s\",\"early\":%d,\"spans\":%d,\"prep_start_s\":%.4f,\"first_ready_s\":%.4f,\"last_ready_s\":%.4f,"
                  "\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,\"posted_s\":%.4f,\"base_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
                  "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
                  "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
-                 "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f}\n",
+                 "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,\"turns\":%d,"
+                 "\"populated_at\":[%s],\"ready_at\":[%s]}\n",
                  tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0,
                  CopyTaskMix() == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, spans ? 1 : 0, rel(rt.start),
                  rel(rt.first_ready), rel(rt.last_ready), planned_s, wait_s, started_s, posted_s, base_at_, first, end_min, end_max, copied_s, Since(t0_),
                  copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
-                 gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0);
+                 gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0,
+                 CopyTurns() ? 1 : 0, list(rt.populated).c_str(), list(rt.ready).c_str());
   }
   return result;
 }
@@ -737,6 +822,11 @@ int BounceBuffers() {
 TaskMix CopyTaskMix() {
   const char* v = std::getenv("CKPT_COPY_ORDER");
   return v && std::strcmp(v, "spread") == 0 ? TaskMix::kSpread : TaskMix::kAddress;
+}
+
+bool CopyTurns() {
+  const char* v = std::getenv("CKPT_COPY_TURNS");
+  return !(v && std::strcmp(v, "0") == 0);
 }
 
 bool CopySpans() {

@@ -46,7 +46,8 @@ uint64_t PinnedBuffer::allocations() { return g_pinned_allocations.load(); }
 
 Result<PinnedBuffer> PinnedBuffer::Allocate(size_t bytes) {
   CKPT_ASSIGN_OR_RETURN(PinnedBuffer b, Reserve(bytes));
-  CKPT_RETURN_IF_ERROR(b.Prepare(0, b.mapped_ ? b.size_ : 0));
+  CKPT_RETURN_IF_ERROR(b.Populate(0, b.mapped_ ? b.size_ : 0));
+  CKPT_RETURN_IF_ERROR(b.Lock(0, b.mapped_ ? b.size_ : 0));
   return b;
 }
 
@@ -77,7 +78,7 @@ Result<PinnedBuffer> PinnedBuffer::Reserve(size_t bytes) {
   return b;
 }
 
-Status PinnedBuffer::Prepare(size_t offset, size_t bytes) {
+Status PinnedBuffer::Populate(size_t offset, size_t bytes) {
   if (!mapped_ || bytes == 0) return Status::Ok();
   std::byte* p = get() + offset;
 #ifdef MADV_POPULATE_WRITE
@@ -91,7 +92,15 @@ Status PinnedBuffer::Prepare(size_t offset, size_t bytes) {
       return ResourceExhausted("faulting in " + std::to_string(bytes) + " bytes of bounce buffers: " + std::strerror(errno));
     b += n;
   }
+#else
+  (void)p;
 #endif
+  return Status::Ok();
+}
+
+Status PinnedBuffer::Lock(size_t offset, size_t bytes) {
+  if (!mapped_ || bytes == 0) return Status::Ok();
+  std::byte* p = get() + offset;
   cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     cudaGetLastError();

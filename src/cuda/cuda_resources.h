@@ -53,19 +53,22 @@ class DeviceBuffer {
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
-  // Reserve + Prepare of the whole. ResourceExhausted / Internal from the kernel or driver.
+  // Reserve + Populate + Lock of the whole. ResourceExhausted / Internal from the kernel
+  // or driver.
   static Result<PinnedBuffer> Allocate(size_t bytes);
   // Maps at least `bytes` (whole 2 MiB pages), nothing faulted in or page-locked yet, so
   // that parts can be prepared one by one, each on its own thread, and used as each is;
-  // where mapping fails, falls back to cudaMallocHost (page-locked whole: Prepare has
-  // nothing to do). ResourceExhausted / Internal from the driver.
+  // where mapping fails, falls back to cudaMallocHost (page-locked whole: Populate and
+  // Lock have nothing to do). ResourceExhausted / Internal from the driver.
   static Result<PinnedBuffer> Reserve(size_t bytes);
   // Faults [get() + offset, get() + offset + bytes) in (one 2 MiB page per call, so that
-  // the process's mapping lock is held briefly) and page-locks it for every device.
-  // Thread-safe for disjoint ranges. Precondition: the range is inside the buffer, starts
-  // and ends on 4 KiB pages and overlaps no range prepared before. Errors:
-  // ResourceExhausted (the kernel has no memory for it), the driver's.
-  Status Prepare(size_t offset, size_t bytes);
+  // the process's mapping lock is held briefly); no driver call. Thread-safe.
+  // ResourceExhausted where the kernel has no memory for it.
+  Status Populate(size_t offset, size_t bytes);
+  // Page-locks [get() + offset, get() + offset + bytes) for every device. Thread-safe for
+  // disjoint ranges. Precondition: the range is inside the buffer, starts and ends on
+  // 4 KiB pages and overlaps no range locked before. Errors: the driver's.
+  Status Lock(size_t offset, size_t bytes);
   ~PinnedBuffer() { Reset(); }
   PinnedBuffer(PinnedBuffer&& o) noexcept { *this = std::move(o); }
   PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
