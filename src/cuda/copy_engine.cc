@@ -72,7 +72,6 @@ class CopyResources {
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
         nbuf_(BounceBuffers()),
-        turns_(CopyTurns()),
         populated_at_(static_cast<size_t>(nworkers_)),
         ready_at_(static_cast<size_t>(nworkers_)),
         workers_(static_cast<size_t>(nworkers_)) {}
@@ -88,15 +87,13 @@ class CopyResources {
   CopyResources(const CopyResources&) = delete;
   CopyResources& operator=(const CopyResources&) = delete;
 
-  // Starts the workers from a background thread: each worker thread makes its own stream
-  // and events and faults in and page-locks its own part of the slab, all at once, then
-  // serves the runs; a run uses each worker as soon as it is ready. Where no thread can be
-  // started, Begin does the start.
+  // Starts the workers from a background thread: each worker thread faults its own part
+  // of the slab in (every worker at once), makes its stream and events and page-locks the
+  // part, then serves the runs; a run uses each worker as soon as it is ready. Where no
+  // thread can be started, Begin does the start.
   void StartBackground() {
     std::lock_guard<std::mutex> lock(mu_);
-    start_t0_ = Clock::now();
-    std::fill(populated_at_.begin(), populated_at_.end(), start_t0_);
-    std::fill(ready_at_.begin(), ready_at_.end(), start_t0_);
+    MarkStart();
     start_done_ = false;
     try {
       starter_ = std::thread([this] { RunStart(); });
@@ -112,7 +109,7 @@ class CopyResources {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!start_done_ || start_status_.ok()) return Status::Ok();
-      start_t0_ = Clock::now();
+      MarkStart();
     }
     if (starter_.joinable()) starter_.join();
     Status st = Start();
@@ -151,26 +148,6 @@ class CopyResources {
       cv_.wait(lock);
     }
     run_ = nullptr;
-  }
-
-  // Runs f() (a run's device allocation) as soon as no worker is in a driver turn, before
-  // any next turn (TakeTurn), and returns what it returns.
-  template <typename F>
-  auto WithPriorityTurn(F&& f) {
-    if (turns_) {
-      std::unique_lock<std::mutex> lock(mu_);
-      ++priority_waiting_;
-      cv_.wait(lock, [&] { return !in_turn_; });
-      --priority_waiting_;
-      in_turn_ = true;
-    }
-    auto result = f();
-    if (turns_) {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_turn_ = false;
-      cv_.notify_all();
-    }
-    return result;
   }
 
   int device() const { return device_; }
@@ -231,28 +208,19 @@ class CopyResources {
     }
     return Status::Ok();
   }
-  // Worker i's part of the slab faulted in (no driver call, all workers at once), then,
-  // in its driver turn, its stream, events and the part page-locked; what a failed
-  // attempt made is kept. `first`: the worker's first attempt (turns in index order).
-  Status PrepareWorker(size_t i, bool first) {
+  // Worker i's part of the slab faulted in (no driver call: every worker at once), then
+  // its stream, events and the part page-locked; what a failed attempt made is kept.
+  Status PrepareWorker(size_t i) {
     WorkerRes& w = workers_[i];
     w.flag = flags() + i;
     if (bounce_ && !w.populated) {
-      if (Status st = slab_.Populate(i * stride_, stride_); !st.ok()) {
-        EndTurn(i, first, /*held=*/false);
-        return st;
-      }
+      CKPT_RETURN_IF_ERROR(slab_.Populate(i * stride_, stride_));
       w.populated = true;
     }
-    const Clock::time_point populated = Clock::now();
-    if (!TakeTurn(i, first)) return Aborted();
-    Status st = DriverPart(w, i);
-    EndTurn(i, first, /*held=*/true);
-    std::lock_guard<std::mutex> lock(mu_);
-    populated_at_[i] = populated;
-    return st;
-  }
-  Status DriverPart(WorkerRes& w, size_t i) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      populated_at_[i] = Clock::now();
+    }
     if (!w.stream.get()) {
       CKPT_ASSIGN_OR_RETURN(w.stream, Stream::Create());
     }
@@ -267,72 +235,69 @@ class CopyResources {
     w.locked = true;
     return Status::Ok();
   }
-  // Driver turns (CKPT_COPY_TURNS, on by default): the driver serialises the workers'
-  // calls anyway, so they take turns, first turns in index order, and the first workers
-  // are ready soonest instead of all late; a run's device allocation goes before the next
-  // turn (WithPriorityTurn). False where the resources are being destroyed.
-  bool TakeTurn(size_t i, bool first) {
-    if (!turns_) return true;
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return stop_ || (!in_turn_ && priority_waiting_ == 0 && (!first || i <= first_turns_)); });
-    if (stop_) return false;
-    in_turn_ = true;
-    return true;
-  }
-  void EndTurn(size_t i, bool first, bool held) {
-    if (!turns_) return;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (held) in_turn_ = false;
-    if (first) first_turns_ = std::max(first_turns_, i + 1);
-    cv_.notify_all();
-  }
-  static Status Aborted() { return Internal("the copy workers are being destroyed"); }
-
-  // Worker thread i: prepares itself (at once; after a failure, again for each run that
-  // wants it, failing that run if it fails again), then takes part in every run posted
-  // for it while the run wants workers.
+  // Worker thread i: prepares itself at once, holding no run (a run the other workers
+  // finish meanwhile does not wait for it; one posted and still wanting workers fails if
+  // the preparation fails), then takes part in every run posted for it while the run
+  // wants workers; after a failed preparation it tries again for each run, which fails
+  // if that fails too.
   void WorkerMain(size_t i) {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return stop_ || start_done_; });
-    bool prepared = false, tried = false;
+    if (stop_) return;
+    lock.unlock();
+    Status prepared = PrepareWorker(i);
+    lock.lock();
     uint64_t seen = 0;  // the last run this worker took part in
+    if (prepared.ok()) {
+      MarkReady(i);
+    } else if (run_ && i < run_n_ && run_->WantsWorkers()) {
+      seen = run_gen_;
+      RunBody* body = run_;
+      ++running_;  // the run's Finish waits until this worker is done with it
+      lock.unlock();
+      body->Fail(prepared.WithContext("copy worker " + std::to_string(i)));
+      lock.lock();
+      --running_;
+      cv_.notify_all();
+    }
     while (!stop_) {
       RunBody* body = run_ && run_gen_ != seen && i < run_n_ ? run_ : nullptr;
-      if (!body && tried) {
+      if (!body) {
         cv_.wait(lock);
         continue;
       }
-      if (body) {
-        seen = run_gen_;
-        ++running_;  // the run's Finish waits for this worker until it is done with it
-      }
-      if (!prepared) {
-        const bool first = !tried;
-        tried = true;
+      seen = run_gen_;
+      ++running_;
+      if (!prepared.ok()) {
         lock.unlock();
-        Status st = PrepareWorker(i, first);
-        if (!st.ok() && body) body->Fail(st.WithContext("copy worker " + std::to_string(i)));
+        prepared = PrepareWorker(i);
+        if (!prepared.ok()) body->Fail(prepared.WithContext("copy worker " + std::to_string(i)));
         lock.lock();
-        if (st.ok()) {
-          prepared = true;
-          const auto now = Clock::now();
-          if (ready_++ == 0) first_ready_ = now;
-          last_ready_ = now;
-          ready_at_[i] = now;
-          cv_.notify_all();
-        }
+        if (prepared.ok()) MarkReady(i);
       }
-      if (body && prepared && body->WantsWorkers()) {
+      if (prepared.ok() && body->WantsWorkers()) {
         lock.unlock();
         body->Work(i, workers_[i]);
         lock.lock();
       }
-      if (body) {
-        --running_;
-        cv_.notify_all();
-      }
+      --running_;
+      cv_.notify_all();
     }
+  }
+  // Precondition: mu_ held.
+  void MarkReady(size_t i) {
+    const auto now = Clock::now();
+    if (ready_++ == 0) first_ready_ = now;
+    last_ready_ = now;
+    ready_at_[i] = now;
+    cv_.notify_all();
+  }
+  // Precondition: mu_ held. The trace's times start here.
+  void MarkStart() {
+    start_t0_ = Clock::now();
+    std::fill(populated_at_.begin(), populated_at_.end(), start_t0_);
+    std::fill(ready_at_.begin(), ready_at_.end(), start_t0_);
   }
 
   const int device_;
@@ -340,7 +305,6 @@ class CopyResources {
   const int nworkers_;
   const uint64_t chunk_;
   const int nbuf_;
-  const bool turns_;  // CKPT_COPY_TURNS
   uint64_t stride_ = 0;  // bytes of the slab per worker; set by Start before any thread
   std::thread starter_;
   std::vector<std::thread> threads_;  // worker i: threads_[i]; grown only by Start
@@ -355,9 +319,6 @@ class CopyResources {
   size_t run_n_ = 0;                                                      // guarded by mu_
   uint64_t run_gen_ = 0;                                                  // guarded by mu_
   size_t running_ = 0;  // guarded by mu_: workers in the posted run's Work or preparing for it
-  bool in_turn_ = false;                                    // guarded by mu_: a driver turn is held
-  size_t first_turns_ = 0;                                  // guarded by mu_: workers [0, n) had their first turn
-  int priority_waiting_ = 0;                                // guarded by mu_: WithPriorityTurn callers waiting
   std::vector<Clock::time_point> populated_at_, ready_at_;  // guarded by mu_ (trace)
   DeviceBuffer flags_;
   PinnedBuffer slab_;
@@ -716,7 +677,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   const double posted_s = Since(t0_);
   if (early) {
     // Every worker waits for this before its first copy to the device (WaitBase).
-    Result<std::byte*> b = resources->WithPriorityTurn([&] { return dest_.allocate(); });
+    Result<std::byte*> b = dest_.allocate();
     std::lock_guard<std::mutex> lock(mu_);
     if (b.ok()) {
       base_.store(*b, std::memory_order_release);
@@ -792,14 +753,14 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
                  "\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,\"posted_s\":%.4f,\"base_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
                  "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
                  "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
-                 "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,\"turns\":%d,"
+                 "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,"
                  "\"populated_at\":[%s],\"ready_at\":[%s]}\n",
                  tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0,
                  CopyTaskMix() == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, spans ? 1 : 0, rel(rt.start),
                  rel(rt.first_ready), rel(rt.last_ready), planned_s, wait_s, started_s, posted_s, base_at_, first, end_min, end_max, copied_s, Since(t0_),
                  copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
                  gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0,
-                 CopyTurns() ? 1 : 0, list(rt.populated).c_str(), list(rt.ready).c_str());
+                 list(rt.populated).c_str(), list(rt.ready).c_str());
   }
   return result;
 }
@@ -822,11 +783,6 @@ int BounceBuffers() {
 TaskMix CopyTaskMix() {
   const char* v = std::getenv("CKPT_COPY_ORDER");
   return v && std::strcmp(v, "spread") == 0 ? TaskMix::kSpread : TaskMix::kAddress;
-}
-
-bool CopyTurns() {
-  const char* v = std::getenv("CKPT_COPY_TURNS");
-  return !(v && std::strcmp(v, "0") == 0);
 }
 
 bool CopySpans() {

@@ -81,13 +81,9 @@ int BounceBuffers();
 // CopyDestination; 0: it is allocated first) and CKPT_COPY_SPANS=0|1 (1, the default:
 // on the bounce path, packed destinations are filled in full-size span tasks, see
 // CutIntoTasks; 0: one task per rectangle of a region).
-// CKPT_COPY_TURNS=0|1 (1, the default: the workers' driver calls while they are prepared
-// are made one worker at a time, first workers first, a run's device allocation before
-// the next; 0: every worker at once).
 TaskMix CopyTaskMix();
 bool CopyEarlyStart();
 bool CopySpans();
-bool CopyTurns();
 
 // The device's total memory in bytes (cudaMemGetInfo, asked once per device and
 // process); 0 where the driver does not say.

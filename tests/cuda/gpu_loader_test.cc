@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "ckpt/gpu.h"
@@ -616,6 +619,90 @@ TEST_F(GpuLoaderTest, AnAllocationThatFailsAfterTheWorkersStartedEndsTheRunClean
     std::vector<std::byte> back(host.size());
     ASSERT_EQ(cudaMemcpy(back.data(), arena->get(), back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_TRUE(back == host);
+  }
+}
+
+// The threads of this process (their ids).
+std::set<int> ThreadIds() {
+  std::set<int> ids;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d))
+      if (e->d_name[0] != '.') ids.insert(std::atoi(e->d_name));
+    closedir(d);
+  }
+  return ids;
+}
+
+// Issue 14 (fixed costs): the copy workers are threads of the resources, started with
+// them and kept: a run starts none (starting threads while the workers fault their
+// buffers in waited for the process's mapping lock), so the threads alive while later
+// runs copy are those of the first run, and every run's bytes arrive. Packed rows of
+// several jobs share span tasks, strided ones are gathered; both paths.
+TEST_F(GpuLoaderTest, RunsStartNoThreadsTheWorkersOfTheResourcesServeEveryRun) {
+  std::vector<std::byte> host(size_t{6} << 20);
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<std::byte>(i * 13 + 5);
+  // Job 0: 1 MiB of whole rows; job 1: the first 1 KiB of each 4 KiB row of 4 MiB.
+  ShardLayout packed, strided;
+  CopyRegion a;
+  a.rows = 256;
+  a.row_bytes = a.src_pitch = a.dst_pitch = 4096;
+  packed.regions.push_back(a);
+  packed.nbytes = a.rows * a.row_bytes;
+  CopyRegion b;
+  b.rows = 1024;
+  b.row_bytes = b.dst_pitch = 1024;
+  b.src_pitch = 4096;
+  strided.regions.push_back(b);
+  strided.nbytes = b.rows * b.row_bytes;
+  const std::string n0 = "packed", n1 = "strided";
+  std::vector<cuda::CopyJob> jobs(2);
+  jobs[0].layout = &packed;
+  jobs[0].src = host.data() + (2 << 20);
+  jobs[0].name = &n0;
+  jobs[0].tag = 1;
+  jobs[1].layout = &strided;
+  jobs[1].src = host.data();
+  jobs[1].name = &n1;
+  jobs[1].tag = 2;
+  jobs[1].out_offset = packed.nbytes;
+  const uint64_t total = packed.nbytes + strided.nbytes;
+  std::vector<std::byte> want(total);
+  std::memcpy(want.data(), jobs[0].src, packed.nbytes);
+  for (uint64_t r = 0; r < b.rows; ++r) std::memcpy(want.data() + packed.nbytes + r * 1024, host.data() + r * 4096, 1024);
+  for (HostPath path : kPaths) {
+    SCOPED_TRACE(HostPathName(path));
+    GpuLoadOptions o;
+    o.path = path;
+    o.streams = 6;
+    o.chunk_bytes = 96 << 10;  // spans cross from one job to the next
+    auto resources = cuda::StartCopyResources(0, o);
+    auto arena = cuda::DeviceBuffer::Allocate(total);
+    ASSERT_TRUE(arena.ok());
+    std::set<int> first;
+    for (int run = 0; run < 4; ++run) {
+      ASSERT_EQ(cudaMemset(arena->get(), 0, total), cudaSuccess);
+      std::set<int> during;
+      cuda::CopyDestination dest;
+      dest.bytes = total;
+      dest.allocate = [&]() -> Result<std::byte*> {  // called once the run has been handed to the workers
+        during = ThreadIds();
+        return static_cast<std::byte*>(arena->get());
+      };
+      GpuLoadStats stats;
+      auto done = cuda::RunCopyJobs(jobs, dest, 0, o, &stats, resources.get());
+      ASSERT_TRUE(done.ok()) << done.status().ToString();
+      EXPECT_EQ(stats.copied_bytes, total);
+      std::vector<std::byte> back(total);
+      ASSERT_EQ(cudaMemcpy(back.data(), arena->get(), total, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_TRUE(back == want) << "run " << run;
+      if (run == 0) {
+        first = during;
+        continue;
+      }
+      size_t fresh = 0;  // threads the first run did not have (the driver may start one of its own)
+      for (int id : during) fresh += first.count(id) == 0;
+      EXPECT_LT(fresh, static_cast<size_t>(o.streams)) << "run " << run << " started its own workers";
+    }
   }
 }
 
