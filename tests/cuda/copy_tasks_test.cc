@@ -13,6 +13,16 @@
 namespace ckpt::cuda {
 namespace {
 
+// `rows` rows of `row_bytes` at `src_pitch` in the source, packed in the destination.
+CopyRegion PackedRows(uint64_t rows, uint64_t row_bytes, uint64_t src_pitch) {
+  CopyRegion c;
+  c.rows = rows;
+  c.row_bytes = row_bytes;
+  c.src_pitch = src_pitch;
+  c.dst_pitch = row_bytes;
+  return c;
+}
+
 struct RandomJobs {
   std::vector<ShardLayout> layouts;
   std::vector<CopyJob> jobs;
@@ -233,17 +243,9 @@ TEST(CopyTasksTest, GatherTasksAreSpreadAmongPackedOnesByBytes) {
 
   // The TP=4 case in small: 8 MiB of packed rows, then 8 MiB of 2.5 KiB rows of a 10 KiB
   // pitch, 2 MiB tasks. Address order: four packed, then four gathers; spread: alternate.
-  auto region = [](uint64_t rows, uint64_t row_bytes, uint64_t src_pitch) {
-    CopyRegion c;
-    c.rows = rows;
-    c.row_bytes = row_bytes;
-    c.src_pitch = src_pitch;
-    c.dst_pitch = row_bytes;
-    return c;
-  };
   ShardLayout packed, strided;
-  packed.regions.push_back(region(816, 10240, 10240));   // 4 tasks of 204 rows
-  strided.regions.push_back(region(3276, 2560, 10240));  // 4 tasks of 819 rows
+  packed.regions.push_back(PackedRows(816, 10240, 10240));   // 4 tasks of 204 rows
+  strided.regions.push_back(PackedRows(3276, 2560, 10240));  // 4 tasks of 819 rows
   std::vector<CopyJob> jobs(2);
   jobs[0].layout = &packed;
   jobs[0].src = reinterpret_cast<const std::byte*>(uint64_t{1} << 30);
@@ -388,18 +390,10 @@ TEST(CopyTasksTest, SpansFillEveryPackedDestinationByteOnceInFullSizeCopies) {
 // the destination: 2 MiB tasks cut per region leave their tails (and the layer norm)
 // as copies of their own; spans cut the 12.51 MiB into 2 MiB copies and one tail.
 TEST(CopyTasksTest, SpansCutAGptNeoLayerIntoFullSizeCopies) {
-  auto region = [](uint64_t rows, uint64_t row_bytes, uint64_t src_pitch) {
-    CopyRegion c;
-    c.rows = rows;
-    c.row_bytes = row_bytes;
-    c.src_pitch = src_pitch;
-    c.dst_pitch = row_bytes;
-    return c;
-  };
   ShardLayout norm, column, row;
-  norm.regions.push_back(region(1, 10240, 10240));
-  column.regions.push_back(region(640, 10240, 10240));
-  row.regions.push_back(region(2560, 2560, 10240));
+  norm.regions.push_back(PackedRows(1, 10240, 10240));
+  column.regions.push_back(PackedRows(640, 10240, 10240));
+  row.regions.push_back(PackedRows(2560, 2560, 10240));
   std::vector<CopyJob> jobs(3);
   const ShardLayout* layouts[] = {&norm, &column, &row};
   uint64_t dst = 0;
