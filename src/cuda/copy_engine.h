@@ -13,10 +13,10 @@
 //
 // Fixed costs: the workers (their threads, streams, events, overflow flags and the pinned
 // slab, allocated on 2 MiB-aligned transparent huge pages) are CopyResources. A loader
-// starts them on a background thread when it is created; each worker thread then makes
-// its own stream and events and faults in and page-locks its own part of the slab, all
-// workers at once, so that the preparation overlaps the caller's planning and a run
-// starts with the workers ready so far; the loader keeps them (threads included) for
+// starts them on a background thread when it is created; each worker thread then faults
+// in its own part of the slab (every worker at once), makes its stream and events and
+// page-locks the part, so that the preparation overlaps the caller's planning and a run
+// starts with the workers ready so far (a run starts no thread); the loader keeps them (threads included) for
 // every later Load. The outputs' device memory is allocated by the run once its workers
 // have started (CopyDestination), so that the allocation overlaps their first gathers.
 #pragma once

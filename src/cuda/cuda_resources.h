@@ -86,7 +86,7 @@ class PinnedBuffer {
   std::byte* get() const { return static_cast<std::byte*>(ptr_); }
   // At least the bytes asked for (whole 2 MiB pages on the mapped path).
   size_t size() const { return size_; }
-  // Unregisters every prepared range and unmaps. Precondition: no Prepare in progress.
+  // Unregisters every locked range and unmaps. Precondition: no Populate or Lock in progress.
   void Reset();
   // How many Allocate / Reserve calls of this process succeeded (tests count them).
   static uint64_t allocations();
