@@ -74,7 +74,9 @@ class CopyResources {
         nbuf_(BounceBuffers()),
         populated_at_(static_cast<size_t>(nworkers_)),
         ready_at_(static_cast<size_t>(nworkers_)),
-        workers_(static_cast<size_t>(nworkers_)) {}
+        workers_(static_cast<size_t>(nworkers_)) {
+    threads_.reserve(workers_.size());  // Start only appends: no reallocation on its thread
+  }
   ~CopyResources() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -112,6 +114,10 @@ class CopyResources {
       MarkStart();
     }
     if (starter_.joinable()) starter_.join();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      start_done_ = false;  // the threads this start makes wait until every one exists
+    }
     Status st = Start();
     std::lock_guard<std::mutex> lock(mu_);
     start_status_ = st;
@@ -262,7 +268,9 @@ class CopyResources {
       cv_.notify_all();
     }
     while (!stop_) {
-      RunBody* body = run_ && run_gen_ != seen && i < run_n_ ? run_ : nullptr;
+      // A run posted for this worker that still has tasks for it (one the others finish
+      // first does not wait for this worker's retry, nor fail with it).
+      RunBody* body = run_ && run_gen_ != seen && i < run_n_ && run_->WantsWorkers() ? run_ : nullptr;
       if (!body) {
         cv_.wait(lock);
         continue;
@@ -272,7 +280,7 @@ class CopyResources {
       if (!prepared.ok()) {
         lock.unlock();
         prepared = PrepareWorker(i);
-        if (!prepared.ok()) body->Fail(prepared.WithContext("copy worker " + std::to_string(i)));
+        if (!prepared.ok() && body->WantsWorkers()) body->Fail(prepared.WithContext("copy worker " + std::to_string(i)));
         lock.lock();
         if (prepared.ok()) MarkReady(i);
       }
@@ -596,13 +604,16 @@ void CopyRun::Work(size_t i, WorkerRes& r) {
   w.active = true;
   w.ready = Since(t0_);
   w.r = &r;
+  // The thread outlives runs: an error an earlier run left as this thread's last CUDA
+  // error must not be reported by this run's kernel launches (Launch reads it).
+  cudaGetLastError();
   cudaStream_t stream = w.r->stream.get();
   if (needs_flags_) {
     if (cudaError_t e = cudaMemsetAsync(w.r->flag, 0, sizeof(int), stream); e != cudaSuccess)
       return Fail(CudaError("cudaMemsetAsync", e));
   }
-  for (size_t i = next_task_++; i < order_.size() && !abort_; i = next_task_++) {
-    const Task& t = tasks_[order_[i]];
+  for (size_t k = next_task_++; k < order_.size() && !abort_; k = next_task_++) {
+    const Task& t = tasks_[order_[k]];
     if (options_.path == HostPath::kRegister && !WaitRegistered(t)) break;
     if (Status s = RunTask(w, t); !s.ok()) {
       Fail(s.WithContext("output '" + *jobs_[t.job].name + "'"));
@@ -624,7 +635,8 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   // into 2 MiB tasks first), or, where the device has that much memory at all and
   // CKPT_COPY_EARLY is not 0, once the workers have started (below), so that their first
   // gathers overlap the allocation (which may still fail: the run then ends with its
-  // error). No driver call here: cudaMemGetInfo waits for the workers' registrations.
+  // error). The total is asked once per process, before the workers start
+  // (StartCopyResources): a cudaMemGetInfo here would wait for their registrations.
   const bool early = !dest_.base && CopyEarlyStart() && dest_.bytes <= DeviceMemoryBytes(device_);
   if (dest_.base) {
     base_ = dest_.base;

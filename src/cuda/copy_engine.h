@@ -52,9 +52,9 @@ struct CopyResult {
 };
 
 // The device memory a run's outputs go to: `base` where it is set; else the run calls
-// `allocate` (of `bytes`) once on the calling thread: right after starting its workers,
-// so that the allocation overlaps their first gathers into the bounce buffers, where the
-// device reports `bytes` free, else before starting them. No copy reaches the device
+// `allocate` (of `bytes`) once on the calling thread: right after handing the run to its
+// workers, so that the allocation overlaps their first gathers into the bounce buffers,
+// where the device has `bytes` of memory at all (DeviceMemoryBytes), else before. No copy reaches the device
 // before it returns; its error ends the run (returned as it is, nothing left in flight).
 struct CopyDestination {
   std::byte* base = nullptr;
