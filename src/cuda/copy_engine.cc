@@ -112,12 +112,9 @@ class CopyResources {
       std::lock_guard<std::mutex> lock(mu_);
       if (!start_done_ || start_status_.ok()) return Status::Ok();
       MarkStart();
-    }
-    if (starter_.joinable()) starter_.join();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
       start_done_ = false;  // the threads this start makes wait until every one exists
     }
+    if (starter_.joinable()) starter_.join();
     Status st = Start();
     std::lock_guard<std::mutex> lock(mu_);
     start_status_ = st;
@@ -254,19 +251,11 @@ class CopyResources {
     lock.unlock();
     Status prepared = PrepareWorker(i);
     lock.lock();
+    if (prepared.ok()) MarkReady(i);
+    // A first preparation that failed is reported to the run posted then, if any, and
+    // tried again for every later one.
+    const uint64_t failed_in = prepared.ok() || !run_ ? 0 : run_gen_;
     uint64_t seen = 0;  // the last run this worker took part in
-    if (prepared.ok()) {
-      MarkReady(i);
-    } else if (run_ && i < run_n_ && run_->WantsWorkers()) {
-      seen = run_gen_;
-      RunBody* body = run_;
-      ++running_;  // the run's Finish waits until this worker is done with it
-      lock.unlock();
-      body->Fail(prepared.WithContext("copy worker " + std::to_string(i)));
-      lock.lock();
-      --running_;
-      cv_.notify_all();
-    }
     while (!stop_) {
       // A run posted for this worker that still has tasks for it (one the others finish
       // first does not wait for this worker's retry, nor fail with it).
@@ -276,10 +265,10 @@ class CopyResources {
         continue;
       }
       seen = run_gen_;
-      ++running_;
+      ++running_;  // the run's Finish waits until this worker is done with it
       if (!prepared.ok()) {
         lock.unlock();
-        prepared = PrepareWorker(i);
+        if (seen != failed_in) prepared = PrepareWorker(i);
         if (!prepared.ok() && body->WantsWorkers()) body->Fail(prepared.WithContext("copy worker " + std::to_string(i)));
         lock.lock();
         if (prepared.ok()) MarkReady(i);
@@ -351,12 +340,10 @@ class CopyRun final : public RunBody {
  private:
   // One worker in this run: its resources and where it is in its ring of buffers.
   struct Lane {
-    size_t index = 0;
     WorkerRes* r = nullptr;  // touched only once `active`
     bool active = false;     // the worker was ready before the tasks ran out
     int which = 0;
     double first_issue = -1, end = 0;  // seconds since the run started (trace)
-    double ready = 0;                  // when its resources were ready, since the run started
     // Seconds spent (trace): copying into bounce buffers (gather tasks / packed ones),
     // waiting for a buffer's last copy to be read, issuing copies.
     double gather_s = 0, packed_s = 0, wait_s = 0, issue_s = 0;
@@ -378,7 +365,6 @@ class CopyRun final : public RunBody {
   const int device_;
   const GpuLoadOptions& options_;
   const uint64_t chunk_;
-  CopyResources* res_ = nullptr;
   int nbuf_ = 2;
   bool needs_flags_ = false;
   Clock::time_point t0_;
@@ -495,9 +481,8 @@ Status CopyRun::CopySpan(Lane& w, const Task& t) {
       const CopyJob& j = jobs_[p.job];
       const auto c1 = Clock::now();
       GatherPiece(j, p, buf);
-      const bool gather = SourceOf(j, p).gather;
-      (gather ? w.gather_s : w.packed_s) += Since(c1);
-      if (gather) w.gather_bytes += p.end - p.begin;
+      (p.gather ? w.gather_s : w.packed_s) += Since(c1);
+      if (p.gather) w.gather_bytes += p.end - p.begin;
       buf += p.end - p.begin;
     }
   };
@@ -517,7 +502,7 @@ Status CopyRun::CopySpan(Lane& w, const Task& t) {
 // into the buffer before the outputs' device memory is waited for (CopyDestination).
 Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const Rect& x) {
   const uint64_t esize = DTypeSize(j.from);
-  const bool direct = !j.transpose && j.from == j.to;
+  const bool direct = CopiedAsItIs(j);
   const uint64_t w_bytes = x.c1 - x.c0, h = x.r1 - x.r0;
   const std::byte* src = j.src + r.src_offset + x.r0 * r.src_pitch + x.c0;
   const uint64_t dst_rel = r.dst_offset + x.r0 * r.dst_pitch + x.c0;  // in the piece, source dtype bytes
@@ -526,7 +511,7 @@ Status CopyRun::CopyRect(Lane& w, const CopyJob& j, const CopyRegion& r, const R
   auto destination = [&](uint64_t* dpitch) -> std::byte* {
     if (direct) {
       *dpitch = r.dst_pitch;
-      return base_.load(std::memory_order_acquire) + j.out_offset + j.piece_first_elem * esize + dst_rel;
+      return base_.load(std::memory_order_acquire) + RegionDestination(j, r) + x.r0 * r.dst_pitch + x.c0;
     }
     if (j.transpose) {
       *dpitch = r.dst_pitch;
@@ -602,7 +587,6 @@ Status CopyRun::RunTask(Lane& w, const Task& t) {
 void CopyRun::Work(size_t i, WorkerRes& r) {
   Lane& w = lanes_[i];
   w.active = true;
-  w.ready = Since(t0_);
   w.r = &r;
   // The thread outlives runs: an error an earlier run left as this thread's last CUDA
   // error must not be reported by this run's kernel launches (Launch reads it).
@@ -648,7 +632,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   const bool spans = options_.path == HostPath::kBounce && CopySpans();
   tasks_ = CutIntoTasks(jobs_, chunk_, spans ? &pieces_ : nullptr);
   order_ = TaskOrder(tasks_, CopyTaskMix());
-  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || j.transpose || j.from != j.to;
+  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || !CopiedAsItIs(j);
   const bool do_register = options_.path == HostPath::kRegister;
   if (do_register) {
     groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
@@ -664,7 +648,6 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     own = std::make_unique<CopyResources>(device_, options_);
     resources = own.get();
   }
-  res_ = resources;
   const auto w0 = Clock::now();
   CKPT_RETURN_IF_ERROR(resources->Begin());
   const double wait_s = Since(w0);
@@ -672,7 +655,6 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   nbuf_ = resources->buffers();
   const size_t n = std::min<size_t>(static_cast<size_t>(resources->workers()), std::max<size_t>(1, tasks_.size()));
   lanes_.resize(n);
-  for (size_t i = 0; i < n; ++i) lanes_[i].index = i;
 
   const double started_s = Since(t0_);
   const auto r0 = Clock::now();

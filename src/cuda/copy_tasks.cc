@@ -2,8 +2,6 @@
 
 #include <cstring>
 
-#include "ckpt/dtype.h"
-
 namespace ckpt::cuda {
 
 namespace {
@@ -14,7 +12,6 @@ struct DenseRegion {
   size_t job, region;
 };
 
-bool CopiedAsItIs(const CopyJob& job) { return !job.transpose && job.from == job.to; }
 bool DenseDestination(const CopyRegion& r) { return r.rows == 1 || r.dst_pitch == r.row_bytes; }
 
 // Cuts the dense regions into span tasks (CutIntoTasks).
@@ -39,8 +36,9 @@ void CutIntoSpans(const std::vector<CopyJob>& jobs, std::vector<DenseRegion> den
         is_open = true;
       }
       const uint64_t take = std::min(d.bytes - b, chunk - open.bytes);
-      const SpanPiece p{d.job, d.region, b, b + take};
+      SpanPiece p{d.job, d.region, b, b + take};
       const PieceSource s = SourceOf(jobs[d.job], p);
+      p.gather = s.gather;
       spans->push_back(p);
       ++open.pieces;
       open.bytes += take;
@@ -90,6 +88,7 @@ void GatherPiece(const CopyJob& job, const SpanPiece& p, std::byte* out) {
 }
 
 std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk, std::vector<SpanPiece>* spans) {
+  auto as_span = [&](const CopyJob& job, const CopyRegion& r) { return spans && CopiedAsItIs(job) && DenseDestination(r); };
   // Sized first: the loader plans while its workers fault their buffers in, and every
   // reallocation of a large vector is an mmap waiting for them (the process's mapping lock).
   uint64_t rects = 0, dense_regions = 0, dense_bytes = 0;
@@ -100,7 +99,7 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk,
     }
     for (const CopyRegion& r : job.layout->regions) {
       if (r.rows == 0 || r.row_bytes == 0) continue;
-      if (spans && CopiedAsItIs(job) && DenseDestination(r)) {
+      if (as_span(job, r)) {
         ++dense_regions;
         dense_bytes += r.rows * r.row_bytes;
       } else {
@@ -133,9 +132,8 @@ std::vector<Task> CutIntoTasks(const std::vector<CopyJob>& jobs, uint64_t chunk,
     for (size_t ri = 0; ri < regions.size(); ++ri) {
       const CopyRegion& r = regions[ri];
       if (r.rows == 0 || r.row_bytes == 0) continue;
-      if (spans && CopiedAsItIs(job) && DenseDestination(r)) {
-        const uint64_t dst = job.out_offset + job.piece_first_elem * DTypeSize(job.from) + r.dst_offset;
-        dense.push_back({dst, r.rows * r.row_bytes, j, ri});
+      if (as_span(job, r)) {
+        dense.push_back({RegionDestination(job, r), r.rows * r.row_bytes, j, ri});
         continue;
       }
       ForEachRect(r, chunk, [&](const Rect& x) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "ckpt/dtype.h"
 #include "cuda/copy_engine.h"
 
 namespace ckpt::cuda {
@@ -28,13 +29,23 @@ void ForEachRect(const CopyRegion& r, uint64_t chunk, F&& f) {
   }
 }
 
+// True for a job whose bytes land in its output as they are (no transpose, no conversion).
+inline bool CopiedAsItIs(const CopyJob& job) { return !job.transpose && job.from == job.to; }
+
+// Where region r of a job copied as it is lands: its first byte's offset in the run's
+// CopyDestination (row k, byte c of the region at + k * r.dst_pitch + c).
+inline uint64_t RegionDestination(const CopyJob& job, const CopyRegion& r) {
+  return job.out_offset + job.piece_first_elem * DTypeSize(job.from) + r.dst_offset;
+}
+
 // Bytes [begin, end) of one region of one job, counted in the region's row-major order
 // (row k, byte c is k * row_bytes + c), where the region's destination is dense: they land
-// at the region's destination + begin onward.
+// at RegionDestination + begin onward.
 struct SpanPiece {
   size_t job = 0;
   size_t region = 0;
   uint64_t begin = 0, end = 0;
+  bool gather = false;  // SourceOf(...).gather, kept for the copy's trace
 };
 
 // One unit of work: one rectangle of one region of a job; for a transposed job, the whole

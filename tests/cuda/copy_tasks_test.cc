@@ -353,6 +353,7 @@ TEST(CopyTasksTest, SpansFillEveryPackedDestinationByteOnceInFullSizeCopies) {
         ASSERT_LE(off + (p.end - p.begin), t.bytes);
         GatherPiece(jobs[p.job], p, buf.data() + off);
         const PieceSource ps = SourceOf(jobs[p.job], p);
+        EXPECT_EQ(p.gather, ps.gather);
         lo = std::min(lo, ps.lo), hi = std::max(hi, ps.hi), gather = gather || ps.gather;
         off += p.end - p.begin;
       }
