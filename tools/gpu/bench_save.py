@@ -238,32 +238,28 @@ def main():
     pages_list = [p for p in args.pages.split(",") if p]
     for pages in pages_list:
         bench_ckptd(args, sd, pages, emit, sync, dev, gib, nbytes)
-    pt = os.path.join(args.workdir, "model.pt")
-    if "torchsave" not in skip:
+    def timed_save(how, save, path):
+        """Runs save(), then fsyncs `path`; emits both times, the host peak and ckptd's speedup."""
         with Sampler() as m:
             t0 = time.perf_counter()
-            torch.save(sd, pt)
+            save()
             t_save = time.perf_counter() - t0
-            fsync_tree(pt)
+            fsync_tree(path)
             t_sync = time.perf_counter() - t0
-        emit(what="save", how="torch.save to local disk", seconds=round(t_save, 3),
+        emit(what="save", how=how, seconds=round(t_save, 3),
              seconds_with_fsync=round(t_sync, 3), GiB_per_s=round(gib / t_save, 2),
              host_peak_over_base_GiB=round((m.peak - m.base) / 2**30, 3),
              speedup_of_ckptd={k: round(t_save / v, 2) for k, v in PUBLISH_SECONDS.items()})
+
+    pt = os.path.join(args.workdir, "model.pt")
+    if "torchsave" not in skip:
+        timed_save("torch.save to local disk", lambda: torch.save(sd, pt), pt)
     dcp_dir = os.path.join(args.workdir, "dcp")
     if "dcp" not in skip:
         import torch.distributed.checkpoint as dcp
         shutil.rmtree(dcp_dir, ignore_errors=True)
-        with Sampler() as m:
-            t0 = time.perf_counter()
-            dcp.save(sd, storage_writer=dcp.FileSystemWriter(dcp_dir))
-            t_dcp = time.perf_counter() - t0
-            fsync_tree(dcp_dir)
-            t_dsync = time.perf_counter() - t0
-        emit(what="save", how="DCP FileSystemWriter to local disk", seconds=round(t_dcp, 3),
-             seconds_with_fsync=round(t_dsync, 3), GiB_per_s=round(gib / t_dcp, 2),
-             host_peak_over_base_GiB=round((m.peak - m.base) / 2**30, 3),
-             speedup_of_ckptd={k: round(t_dcp / v, 2) for k, v in PUBLISH_SECONDS.items()})
+        timed_save("DCP FileSystemWriter to local disk",
+                   lambda: dcp.save(sd, storage_writer=dcp.FileSystemWriter(dcp_dir)), dcp_dir)
 
     # ---- restores to the GPU from the files ----
     dropped = True
