@@ -1,0 +1,153 @@
+"""One rank of test_deepspeed's ZeRO-3 / MiCS checks, run with DeepSpeed's CPU accelerator
+and gloo (DS_ACCELERATOR=cpu, RANK/WORLD_SIZE/MASTER_* from the test).
+
+    deepspeed_worker.py SOCKET WORKDIR MODE [MICS_SHARD_SIZE]
+
+MODE "zero3" or "mics". Rank 0 builds the model under zero.Init / MiCS_Init (DeepSpeed
+initialises and partitions it), gathers every parameter with writes the same model built
+without zero.Init from the same seed (the full tensors DeepSpeed partitioned) as a
+safetensors file that the daemon loads: the checkpoint. Every rank keeps DeepSpeed's own
+partition of each parameter (its ds_tensor, cut by DeepSpeed from the full tensor), builds a second model of another seed under the same Init, fills it with
+ckpt.deepspeed.fill_zero3 and checks: each ds_tensor equals DeepSpeed's own partition of
+the same tensor (the valid elements; the tail past numel is padding, which DeepSpeed leaves
+uninitialised), and the filled partitions, all-gathered, give back the checkpoint.
+Then the bad inputs: a claimed layout that is not DeepSpeed's, a parameter the checkpoint
+lacks, and a DeepSpeed version ckpt.deepspeed does not know. Prints "RANK r OK" at the end."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import deepspeed
+import ckpt
+import ckpt.deepspeed as ckds
+
+sys.path.insert(0, os.environ["CKPT_TOOLS_DIR"])
+import make_checkpoint  # noqa: E402
+
+socket, workdir, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+shard = int(sys.argv[4]) if len(sys.argv) > 4 else None
+H, V, F = 24, 40, 56  # odd sizes for world 3 and 4: the last partition is padded
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(H, H)
+        self.o = nn.Linear(H, H, bias=False)
+        self.up = nn.Linear(H, F)
+        self.down = nn.Linear(F, H)
+        self.norm = nn.LayerNorm(H)
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(V, H)
+        self.blocks = nn.ModuleList([Block() for _ in range(2)])
+        self.lm_head = nn.Linear(H, V, bias=False)
+        self.lm_head.weight = self.embed.weight  # tied: one parameter
+
+
+def ds_config():
+    zero = {"stage": 3}
+    if mode == "mics":
+        zero["mics_shard_size"] = shard
+    return {"train_micro_batch_size_per_gpu": 1, "zero_optimization": zero}
+
+
+def build(seed):
+    torch.manual_seed(seed)
+    init = deepspeed.zero.MiCS_Init if mode == "mics" else deepspeed.zero.Init
+    with init(config_dict_or_path=ds_config()):
+        return Tiny()
+
+
+def expect(error, words, fn):
+    try:
+        fn()
+    except error as e:
+        for w in words:
+            assert w in str(e), f"{w!r} not in {e!r}"
+        return str(e)
+    raise AssertionError(f"no {error.__name__} for {words}")
+
+
+def main():
+    # DS_BUILD_OPS=0 and no compiler use: DeepSpeed's CPU backend would JIT-build its
+    # shared-memory all-reduce op (C++) in init_distributed; marked incompatible, it is not
+    # built and gloo's collectives are used (docs/deepspeed.md).
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    name = f"tiny-{mode}-{world}"
+    ref = build(seed=1)
+    own = {n: p.ds_tensor.detach().clone() for n, p in ref.named_parameters()}
+    # The same model built without zero.Init from the same seed: the full tensors DeepSpeed
+    # partitioned (it initialises modules as they are constructed, in the same order).
+    torch.manual_seed(1)
+    full = {n: p.detach().clone() for n, p in Tiny().named_parameters()}
+    client = ckpt.connect(socket)
+    if rank == 0:
+        path = os.path.join(workdir, f"{name}.safetensors")
+        make_checkpoint.write_safetensors(path, full)
+        client.load(path, name=name)
+    dist.barrier()
+    ck = client.attach(name)
+    group = shard if mode == "mics" else None
+
+    model = build(seed=2)
+    report = ckds.fill_zero3(model, ck, group_size=group)
+    parts = shard if mode == "mics" else world
+    assert report.layout == ((rank % parts), parts), report.layout
+    assert sorted(report.parameters) == sorted(full), report.parameters
+    for n, p in model.named_parameters():
+        numel = full[n].numel()
+        per = ckpt.ds_partition_size(numel, parts)
+        start = per * (rank % parts)
+        valid = max(0, min(per, numel - start))
+        assert p.ds_tensor.numel() == per, (n, p.ds_tensor.numel(), per)
+        assert torch.equal(p.ds_tensor[:valid], own[n][:valid]), f"{n}: ckptd's partition differs from DeepSpeed's"
+        assert torch.equal(p.ds_tensor, ck.partition(n, rank, world, group_size=group)), n
+    # Reassembled over the partition group (all_gather of the list kind: torch 1.13's gloo
+    # has no all_gather_into_tensor, which GatheredParameters uses), the filled partitions
+    # give back the checkpoint.
+    for n, p in model.named_parameters():
+        group_handle = p.comm.param_shard_group if mode == "mics" else None
+        pieces = [torch.empty_like(p.ds_tensor) for _ in range(parts)]
+        dist.all_gather(pieces, p.ds_tensor.contiguous(), group=group_handle)
+        whole = torch.cat(pieces)[:full[n].numel()].view(full[n].shape)
+        assert torch.equal(whole, full[n]), f"{n}: reassembled partitions differ from the checkpoint"
+
+    # Bad input: a layout that is not DeepSpeed's, a parameter the checkpoint lacks, a version.
+    if mode == "mics":
+        expect(ckpt.InvalidArgument, ["does not match the partition layout", "embed.weight"],
+               lambda: ckds.fill_zero3(model, ck))  # no group_size: the whole world claimed
+    else:
+        expect(ckpt.InvalidArgument, [f"world size {world + 1}", f"torch.distributed's {world}"],
+               lambda: ckds.fill_zero3(model, ck, rank=0, world=world + 1))
+        if world % 2 == 0 and world > 2:
+            expect(ckpt.InvalidArgument, ["does not match the partition layout"],
+                   lambda: ckds.fill_zero3(model, ck, group_size=2))
+    before = {n: p.ds_tensor.clone() for n, p in model.named_parameters()}
+    model.blocks[1].extra = nn.Linear(H, H)  # not under zero.Init, not in the checkpoint
+    expect(ckpt.InvalidArgument, ["blocks.1.extra.weight", "parameters the checkpoint lacks"],
+           lambda: ckds.fill_zero3(model, ck, group_size=group))
+    del model.blocks[1].extra
+    real = deepspeed.__version__
+    deepspeed.__version__ = "0.16.2"
+    try:
+        expect(ckpt.Unsupported, ["DeepSpeed 0.16.2", "0.14.x"], lambda: ckds.fill_zero3(model, ck, group_size=group))
+    finally:
+        deepspeed.__version__ = real
+    for n, p in model.named_parameters():
+        assert torch.equal(p.ds_tensor, before[n]), f"{n} changed by a failed fill"
+    del ck
+    dist.barrier()
+    print(f"RANK {rank} OK ({mode}, world {world}, {len(full)} parameters, DeepSpeed {real})", flush=True)
+
+
+if __name__ == "__main__":
+    main()
