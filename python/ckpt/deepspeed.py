@@ -388,6 +388,23 @@ def autotp_layout(module: nn.Module, sources: Dict[str, str], shapes: Dict[str, 
     return out
 
 
+def _retie(module: nn.Module, groups) -> None:
+    """Names that shared one Parameter before DeepSpeed (tied weights) share one again:
+    DeepSpeed's to_empty gives each owner a new tensor."""
+    owners = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        for p_name in mod._parameters:
+            owners[prefix + p_name] = (mod, p_name)
+    for _, aliases in groups.values():
+        if len(aliases) > 1 and all(a in owners for a in aliases):
+            first = owners[aliases[0]]
+            keep = first[0]._parameters[first[1]]
+            for a in aliases[1:]:
+                mod, attr = owners[a]
+                mod._parameters[attr] = keep
+
+
 def _piece_tensor(checkpoint, piece: Piece, device, dtype) -> torch.Tensor:
     view = checkpoint.tensor(piece.source)  # zero-copy view of the shared memory
     if piece.rows is not None:
@@ -482,6 +499,8 @@ def init_inference(checkpoint, *, dtype: Union[None, str, torch.dtype] = None, c
                 b.copy_(ck.tensor(n))
             elif n in saved:
                 b.copy_(saved[n])
+        if place.world == 1:
+            _retie(module, groups)
     engine.ckpt_layout = layout
     if attached:
         del ck

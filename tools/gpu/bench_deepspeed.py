@@ -1,0 +1,332 @@
+#!/usr/bin/env python3
+"""The two DeepSpeed reports measured with DeepSpeed itself (issue 27): per-rank and node host
+memory, time, and logits, with and without ckptd.
+
+  inference  (report 1) each rank: from_pretrained(GPT-Neo folder) + deepspeed.init_inference
+             (AutoTP, replace_with_kernel_inject=False) -- against --
+             ckpt.deepspeed.init_inference(name): the model on the meta device, AutoTP, each
+             rank's shards from ckptd
+  zero3      (report 2) each rank: HfDeepSpeedConfig + zero.MiCS_Init + from_pretrained(bloom
+             folder) -- against -- ckpt.deepspeed.zero3_model(name, ds_config, mics=True)
+
+Models are transformers config classes with random weights of the real shapes, written with
+save_pretrained (no hub). Ranks are processes of this script (--worker); the parent samples
+the node's Shmem + AnonPages (/proc/meminfo) for the peak while they hold what they loaded,
+minus the node before they start (the daemon's shared copy is counted, loaded before: it is
+part of ckptd's figure). Each rank reports its own peak RSS (VmHWM), its load time and its
+logits (or, on the CPU, a checksum of its gathered parameters), compared across modes.
+
+  tools/gpu/bench_deepspeed.py --ckptd BIN --workdir DIR --case inference|zero3
+      [--shape full|small] [--ranks 1] [--device cuda|cpu] [--markdown OUT.md] [--json OUT.jsonl]
+
+DeepSpeed from PYTHONPATH (tools/deepspeed-src/obtain.sh, DS_BUILD_OPS=0).
+"""
+import torch_python  # noqa: F401  (first: a Python with torch)
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPES = {
+    # report 1: EleutherAI/gpt-neo-2.7B's config (fp32, as the report ran it)
+    ("inference", "full"): ("GPTNeoConfig", dict(hidden_size=2560, num_layers=32, num_heads=20,
+                                                 attention_types=[[["global", "local"], 16]],
+                                                 max_position_embeddings=2048, vocab_size=50257), torch.float32),
+    ("inference", "small"): ("GPTNeoConfig", dict(hidden_size=256, num_layers=4, num_heads=8,
+                                                  attention_types=[[["global", "local"], 2]],
+                                                  max_position_embeddings=512, vocab_size=50257), torch.float32),
+    # report 2: bigscience/bloom-7b1's config (fp16, as the report loaded it)
+    ("zero3", "full"): ("BloomConfig", dict(hidden_size=4096, n_layer=30, n_head=32, vocab_size=250880), torch.float16),
+    # bloom-7b1's widths with 2 of its 30 layers: for several CPU ranks in the machine's memory
+    ("zero3", "layers2"): ("BloomConfig", dict(hidden_size=4096, n_layer=2, n_head=32, vocab_size=250880),
+                           torch.float16),
+    ("zero3", "small"): ("BloomConfig", dict(hidden_size=256, n_layer=2, n_head=8, vocab_size=250880), torch.float16),
+}
+
+
+def node_bytes():
+    total = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, value = line.split(":", 1)
+            if key in ("Shmem", "AnonPages"):
+                total += int(value.split()[0]) * 1024
+    return total
+
+
+def own_peak():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM", "RssAnon", "RssShmem")):
+                k, v = line.split(":", 1)
+                out[k] = int(v.split()[0]) * 1024
+    return out
+
+
+def make_folder(folder, case, shape, device):
+    import transformers
+    if os.path.exists(os.path.join(folder, "config.json")):
+        return
+    cfg_name, kwargs, dtype = SHAPES[(case, shape)]
+    config = getattr(transformers, cfg_name)(**kwargs)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    tmp = folder + ".partial"
+    model.save_pretrained(tmp, max_shard_size="1000GB")
+    os.replace(tmp, folder)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def ds_config(world, dtype):
+    half = {"enabled": True}
+    cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, "mics_shard_size": world}}
+    cfg["fp16" if dtype == torch.float16 else "bf16"] = half
+    return cfg
+
+
+def worker(args):
+    """One rank: loads as --mode says, reports, waits for the parent's release (SIGUSR1)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    import deepspeed
+    if args.device == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no JIT build (docs/deepspeed.md)
+    deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo", auto_mpi_discovery=False)
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    import transformers
+    import ckpt
+    import ckpt.deepspeed as ckds
+    _, _, dtype = SHAPES[(args.case, args.shape)]
+    if args.device == "cpu" and dtype == torch.float16:
+        dtype = torch.bfloat16
+    vocab = SHAPES[(args.case, args.shape)][1]["vocab_size"]
+    ids = torch.randint(0, vocab, (1, 32), generator=torch.Generator().manual_seed(1))
+    t0 = time.perf_counter()
+    logits = checksum = None
+    if args.case == "inference":
+        if args.mode == "deepspeed":
+            model = transformers.AutoModelForCausalLM.from_pretrained(args.folder, dtype=dtype)
+            engine = deepspeed.init_inference(model, tensor_parallel={"tp_size": world}, dtype=dtype,
+                                              replace_with_kernel_inject=False)
+        else:
+            engine = ckds.init_inference(args.name, dtype=dtype, socket=args.socket)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        load_s = time.perf_counter() - t0
+        with torch.no_grad():
+            logits = engine.module(ids.to(next(engine.module.parameters()).device)).logits.float().cpu()
+    else:
+        cfg = ds_config(world, dtype)
+        if args.mode == "deepspeed":
+            try:
+                from transformers.integrations import HfDeepSpeedConfig
+            except ImportError:
+                from transformers.integrations.deepspeed import HfDeepSpeedConfig
+            keep = HfDeepSpeedConfig(cfg)  # noqa: F841 (transformers reads it while it lives)
+            with deepspeed.zero.MiCS_Init(config_dict_or_path=cfg):
+                model = transformers.AutoModelForCausalLM.from_pretrained(args.folder, dtype=dtype)
+        else:
+            model = ckds.zero3_model(args.name, cfg, mics=True, socket=args.socket)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        load_s = time.perf_counter() - t0
+        if args.device == "cuda":
+            try:
+                engine, *_ = deepspeed.initialize(model=model, config=cfg)
+                engine.eval()
+                with torch.no_grad():
+                    logits = engine(ids.to(engine.device)).logits.float().cpu()
+            except Exception as e:  # noqa: BLE001 (reported; the partitions are compared instead)
+                import traceback
+                traceback.print_exc()
+                print(f"LOGITS FAILED: {type(e).__name__}: {e}", flush=True)
+        if logits is None:
+            # ZeRO-3's forward gathers with all_gather_into_tensor; a checksum of this rank's
+            # partitions is what such a run compares.
+            checksum = {n: float(p.ds_tensor.double().sum()) for n, p in model.named_parameters()}
+    mem = own_peak()
+    out = {"rank": rank, "load_s": load_s, **mem}
+    if logits is not None:
+        torch.save(logits, os.path.join(args.workdir, f"logits-{args.case}-{args.mode}-{world}-{rank}.pt"))
+    if checksum is not None:
+        with open(os.path.join(args.workdir, f"sums-{args.case}-{args.mode}-{world}-{rank}.json"), "w") as f:
+            json.dump(checksum, f)
+    print("RESULT " + json.dumps(out), flush=True)
+    released = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: released.set())
+    print("READY", flush=True)
+    released.wait(600)
+
+
+def run_ranks(args, mode, world):
+    env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(29500 + (os.getpid() + world) % 1000), DS_BUILD_OPS="0", NDEV_PER_NODE=str(world))
+    if args.device == "cpu":
+        env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // world)),
+                   CUDA_VISIBLE_DEVICES="")
+    base = node_bytes()
+    peak = [base]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], node_bytes())
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t0 = time.perf_counter()
+    procs = []
+    for r in range(world):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode] + args.passthrough
+        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    results, logs = [], []
+    for p in procs:
+        lines = []
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("RESULT "):
+                results.append(json.loads(line[7:]))
+            if line.startswith("READY") or len(lines) > 5000:
+                break
+        logs.append("".join(lines))
+    wall = time.perf_counter() - t0
+    peak[0] = max(peak[0], node_bytes())
+    stop.set()
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGUSR1)
+    for p, log in zip(procs, logs):
+        rest = p.communicate(timeout=120)[0]
+        if p.returncode not in (0, None) or len(results) != world:
+            sys.stderr.write(log + (rest or ""))
+    if len(results) != world:
+        raise RuntimeError(f"{mode} world {world}: {len(results)} of {world} ranks reported "
+                           f"(exit codes {[p.returncode for p in procs]})")
+    return peak[0] - base, sorted(results, key=lambda r: r["rank"]), wall
+
+
+def compare(args, world):
+    """(equal, max abs diff) of the ckptd run's logits (or checksums) against DeepSpeed's."""
+    worst, equal = 0.0, True
+    for r in range(world):
+        if os.path.exists(os.path.join(args.workdir, f"logits-{args.case}-ckptd-{world}-{r}.pt")):
+            a = torch.load(os.path.join(args.workdir, f"logits-{args.case}-deepspeed-{world}-{r}.pt"))
+            b = torch.load(os.path.join(args.workdir, f"logits-{args.case}-ckptd-{world}-{r}.pt"))
+            equal = equal and torch.equal(a, b)
+            worst = max(worst, float((a - b).abs().max()))
+        else:
+            with open(os.path.join(args.workdir, f"sums-{args.case}-deepspeed-{world}-{r}.json")) as f:
+                a = json.load(f)
+            with open(os.path.join(args.workdir, f"sums-{args.case}-ckptd-{world}-{r}.json")) as f:
+                b = json.load(f)
+            equal = equal and a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+            worst = max([worst] + [abs(a[k] - b.get(k, float("nan"))) for k in a])
+    return equal, worst
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--prepare-only", action="store_true", help="write the model folder and stop (no ckpt needed)")
+    ap.add_argument("--mode", default="deepspeed")
+    ap.add_argument("--ckptd")
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--case", required=True, choices=["inference", "zero3"])
+    ap.add_argument("--shape", default="full")
+    ap.add_argument("--ranks", default="1")
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--modes", default="deepspeed,ckptd")
+    ap.add_argument("--markdown")
+    ap.add_argument("--json")
+    ap.add_argument("--folder")
+    ap.add_argument("--name")
+    ap.add_argument("--socket")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+    os.makedirs(args.workdir, exist_ok=True)
+    folder = os.path.join(args.workdir, f"{args.case}-{args.shape}")
+    t0 = time.perf_counter()
+    make_folder(folder, args.case, args.shape, "cuda" if torch.cuda.is_available() else "cpu")
+    if args.prepare_only:
+        print(f"{folder} ready ({time.perf_counter() - t0:.1f} s)", flush=True)
+        return 0
+    import ckpt
+    files = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors")]
+    size = sum(os.path.getsize(f) for f in files)
+    print(f"{folder}: {size / 2**30:.2f} GiB ({time.perf_counter() - t0:.1f} s to write)", flush=True)
+    sock = os.path.join(args.workdir, f"ckptd-{args.case}.sock")
+    name = f"{args.case}-{args.shape}"
+    args.passthrough = ["--workdir", args.workdir, "--case", args.case, "--shape", args.shape, "--device",
+                        args.device, "--folder", folder, "--name", name, "--socket", sock]
+    rows = []
+    daemon = None
+    try:
+        for world in [int(w) for w in args.ranks.split(",")]:
+            for mode in args.modes.split(","):
+                if mode == "ckptd" and daemon is None:
+                    if os.path.exists(sock):
+                        os.unlink(sock)
+                    daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", f"ckds{os.getpid()}",
+                                               "--cleanup-on-exit", "--state-dir", os.path.join(args.workdir, "state"),
+                                               "--load-threads", "16"])
+                    client = ckpt.connect(sock, wait=10)
+                    before = node_bytes()
+                    t1 = time.perf_counter()
+                    client.load(folder, name=name)
+                    daemon_bytes = node_bytes() - before  # the node's one shared copy
+                    print(f"ckptd load {time.perf_counter() - t1:.2f} s, +{daemon_bytes / 2**30:.2f} GiB", flush=True)
+                mem, results, wall = run_ranks(args, mode, world)
+                if mode == "ckptd":
+                    mem += daemon_bytes  # loaded before the ranks started: part of ckptd's figure
+                row = {"case": args.case, "shape": args.shape, "device": args.device, "mode": mode, "world": world,
+                       "checkpoint_bytes": size, "node_bytes": mem, "node_x": mem / size, "wall_s": wall,
+                       "load_s": [r["load_s"] for r in results], "rank_hwm": [r.get("VmHWM", 0) for r in results]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            if "deepspeed" in args.modes and "ckptd" in args.modes:
+                equal, worst = compare(args, world)
+                rows.append({"case": args.case, "world": world, "equal": equal, "max_abs_diff": worst})
+                print(f"world {world}: ckptd's {'logits' if args.device == 'cuda' or args.case == 'inference' else 'partition sums'}"
+                      f" equal to DeepSpeed's: {equal} (max abs diff {worst})", flush=True)
+    finally:
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+    if args.json:
+        with open(args.json, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+    table = [f"### {args.case}, {args.shape} shape, {args.device}, checkpoint {size / 2**30:.2f} GiB", "",
+             "| ranks | loading | node host memory (peak, + GiB) | x checkpoint | per-rank peak RSS (GiB) | "
+             "per-rank load (s) | wall (s) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "mode" in r:
+            label = "DeepSpeed (from_pretrained per rank)" if r["mode"] == "deepspeed" else "ckptd (ckpt.deepspeed)"
+            table.append(f"| {r['world']} | {label} | {r['node_bytes'] / 2**30:.2f} | {r['node_x']:.2f} | "
+                         f"{', '.join(f'{h / 2**30:.2f}' for h in r['rank_hwm'])} | "
+                         f"{', '.join(f'{t:.2f}' for t in r['load_s'])} | {r['wall_s']:.1f} |")
+        else:
+            table.append(f"| {r['world']} | ckptd = DeepSpeed | equal: {r['equal']} (max abs diff {r['max_abs_diff']:g}) "
+                         "| | | | |")
+    print("\n".join(table), flush=True)
+    if args.markdown:
+        with open(args.markdown, "a") as f:
+            f.write("\n".join(table) + "\n\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
