@@ -269,6 +269,7 @@ def zero3_model(checkpoint, ds_config, *, mics: bool = False, config=None, model
     build = getattr(cls, "_from_config", None) or cls
     with init(config_dict_or_path=ds_config, **init_kwargs), ckt._no_init_weights(tf), _no_hf_zero3(tf):
         model = build(cfg)
+        ckt._tie(model)  # tied names one (ZeRO-3) parameter, as from_pretrained leaves them
     report = fill_zero3(model, ck, rank=rank, world=world, group_size=group_size)
     model.ckpt_fill = report
     if attached:

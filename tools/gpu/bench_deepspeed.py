@@ -21,7 +21,6 @@ logits (or, on the CPU, a checksum of its gathered parameters), compared across 
 
 DeepSpeed from PYTHONPATH (tools/deepspeed-src/obtain.sh, DS_BUILD_OPS=0).
 """
-import torch_python  # noqa: F401  (first: a Python with torch)
 import argparse
 import json
 import os
