@@ -224,13 +224,26 @@ def fill_zero3(module: nn.Module, checkpoint, *, rank: Optional[int] = None, wor
     copied = 0
     filled: List[str] = []
     with torch.no_grad():
+        # One partition (world 1, or MiCS groups of 1) is the whole tensor: on a CUDA device
+        # the copy engine moves them all in one call, per (device, dtype).
+        whole: Dict[Tuple[torch.device, torch.dtype], List[str]] = {}
+        if want_parts == 1:
+            for param, name in plan:
+                if param.ds_tensor.device.type == "cuda":
+                    whole.setdefault((param.ds_tensor.device, param.ds_tensor.dtype), []).append(name)
+        fetched: Dict[str, torch.Tensor] = {}
+        for (device, dtype), names in whole.items():
+            fetched.update(checkpoint.state_dict(0, 1, None, names=names, device=device, dtype=dtype))
         for param, name in plan:
-            part = checkpoint.partition(name, place.rank, place.world, group_size=group_size,
-                                        device=param.ds_tensor.device, dtype=param.ds_tensor.dtype)
-            param.ds_tensor.data.copy_(part.view(param.ds_tensor.shape))
+            part = fetched.pop(name, None)
+            if part is None or part.dtype != param.ds_tensor.dtype or part.device != param.ds_tensor.device:
+                part = checkpoint.partition(name, place.rank, place.world, group_size=group_size,
+                                            device=param.ds_tensor.device, dtype=param.ds_tensor.dtype)
+            param.ds_tensor.data.copy_(part.reshape(param.ds_tensor.shape))
             copied += part.numel() * part.element_size()
             filled.append(name)
             del part
+        del fetched
         done_buffers = []
         for b_name, b in buffers.items():
             if b_name in infos:
@@ -481,7 +494,7 @@ def init_inference(checkpoint, *, dtype: Union[None, str, torch.dtype] = None, c
                                   f"{piece.source} {got}")
     whole = sorted({p.source for p in layout.values() if p.dim is None and p.rows is None})
     with torch.no_grad():
-        fetched = ck.state_dict(names=whole, device=device, dtype=dtype) if device.type == "cuda" and whole else {}
+        fetched = ck.state_dict(0, 1, None, names=whole, device=device, dtype=dtype) if device.type == "cuda" and whole else {}
         done = {}
         for n, piece in layout.items():
             p = params[n]

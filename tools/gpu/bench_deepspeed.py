@@ -50,14 +50,35 @@ SHAPES = {
 }
 
 
-def node_bytes():
-    total = 0
+def meminfo():
+    out = {}
     with open("/proc/meminfo") as f:
         for line in f:
             key, value = line.split(":", 1)
-            if key in ("Shmem", "AnonPages"):
-                total += int(value.split()[0]) * 1024
-    return total
+            out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+def node_bytes():
+    """The node's anonymous + shared memory (what private copies and ckptd's segment take)."""
+    m = meminfo()
+    return m["AnonPages"] + m["Shmem"]
+
+
+def file_cache_bytes():
+    """The node's page cache of files (Cached counts shared memory too)."""
+    m = meminfo()
+    return m["Cached"] - m["Shmem"]
+
+
+def drop_file_cache(paths):
+    """Drops the page cache of `paths` (no root needed), so a run's file reads are counted."""
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def own_peak():
@@ -112,7 +133,7 @@ def worker(args):
     vocab = SHAPES[(args.case, args.shape)][1]["vocab_size"]
     ids = torch.randint(0, vocab, (1, 32), generator=torch.Generator().manual_seed(1))
     t0 = time.perf_counter()
-    logits = checksum = None
+    logits = checksum = mem = None
     if args.case == "inference":
         if args.mode == "deepspeed":
             model = transformers.AutoModelForCausalLM.from_pretrained(args.folder, dtype=dtype)
@@ -123,6 +144,7 @@ def worker(args):
         if args.device == "cuda":
             torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
+        mem = own_peak()
         with torch.no_grad():
             logits = engine.module(ids.to(next(engine.module.parameters()).device)).logits.float().cpu()
     else:
@@ -140,6 +162,7 @@ def worker(args):
         if args.device == "cuda":
             torch.cuda.synchronize()
         load_s = time.perf_counter() - t0
+        mem = own_peak()
         if args.device == "cuda":
             try:
                 engine, *_ = deepspeed.initialize(model=model, config=cfg)
@@ -153,8 +176,14 @@ def worker(args):
         if logits is None:
             # ZeRO-3's forward gathers with all_gather_into_tensor; a checksum of this rank's
             # partitions is what such a run compares.
-            checksum = {n: float(p.ds_tensor.double().sum()) for n, p in model.named_parameters()}
-    mem = own_peak()
+            # Only the elements a partition holds: DeepSpeed leaves the padding of the last
+            # partition uninitialised (torch.empty), ckptd zero-fills it.
+            checksum = {}
+            for n, p in model.named_parameters():
+                part_rank, _ = ckds._zero_layout(p, n)
+                per = p.ds_tensor.numel()
+                valid = max(0, min(per, p.ds_numel - per * part_rank))
+                checksum[n] = float(torch.sum(p.ds_tensor[:valid], dtype=torch.float64))
     out = {"rank": rank, "load_s": load_s, **mem}
     if logits is not None:
         torch.save(logits, os.path.join(args.workdir, f"logits-{args.case}-{args.mode}-{world}-{rank}.pt"))
@@ -174,13 +203,15 @@ def run_ranks(args, mode, world):
     if args.device == "cpu":
         env.update(DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 2) // world)),
                    CUDA_VISIBLE_DEVICES="")
-    base = node_bytes()
-    peak = [base]
+    drop_file_cache(args.files)
+    base, fbase = node_bytes(), file_cache_bytes()
+    peak, fpeak = [base], [fbase]
     stop = threading.Event()
 
     def sample():
         while not stop.is_set():
             peak[0] = max(peak[0], node_bytes())
+            fpeak[0] = max(fpeak[0], file_cache_bytes())
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -214,7 +245,7 @@ def run_ranks(args, mode, world):
     if len(results) != world:
         raise RuntimeError(f"{mode} world {world}: {len(results)} of {world} ranks reported "
                            f"(exit codes {[p.returncode for p in procs]})")
-    return peak[0] - base, sorted(results, key=lambda r: r["rank"]), wall
+    return peak[0] - base, fpeak[0] - fbase, sorted(results, key=lambda r: r["rank"]), wall
 
 
 def compare(args, world):
@@ -265,6 +296,7 @@ def main():
         return 0
     import ckpt
     files = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors")]
+    args.files = files
     size = sum(os.path.getsize(f) for f in files)
     print(f"{folder}: {size / 2**30:.2f} GiB ({time.perf_counter() - t0:.1f} s to write)", flush=True)
     sock = os.path.join(args.workdir, f"ckptd-{args.case}.sock")
@@ -288,11 +320,12 @@ def main():
                     client.load(folder, name=name)
                     daemon_bytes = node_bytes() - before  # the node's one shared copy
                     print(f"ckptd load {time.perf_counter() - t1:.2f} s, +{daemon_bytes / 2**30:.2f} GiB", flush=True)
-                mem, results, wall = run_ranks(args, mode, world)
+                mem, cache, results, wall = run_ranks(args, mode, world)
                 if mode == "ckptd":
                     mem += daemon_bytes  # loaded before the ranks started: part of ckptd's figure
                 row = {"case": args.case, "shape": args.shape, "device": args.device, "mode": mode, "world": world,
-                       "checkpoint_bytes": size, "node_bytes": mem, "node_x": mem / size, "wall_s": wall,
+                       "checkpoint_bytes": size, "node_bytes": mem, "file_cache_bytes": cache,
+                       "node_x": (mem + cache) / size, "wall_s": wall,
                        "load_s": [r["load_s"] for r in results], "rank_hwm": [r.get("VmHWM", 0) for r in results]}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -310,17 +343,19 @@ def main():
             for r in rows:
                 f.write(json.dumps(r) + "\n")
     table = [f"### {args.case}, {args.shape} shape, {args.device}, checkpoint {size / 2**30:.2f} GiB", "",
-             "| ranks | loading | node host memory (peak, + GiB) | x checkpoint | per-rank peak RSS (GiB) | "
-             "per-rank load (s) | wall (s) |", "|---|---|---|---|---|---|---|"]
+             "| ranks | loading | node anon + shm (peak, + GiB) | node file cache (peak, + GiB) | node total, "
+             "x checkpoint | per-rank peak RSS (GiB) | per-rank load (s) | wall (s) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "mode" in r:
             label = "DeepSpeed (from_pretrained per rank)" if r["mode"] == "deepspeed" else "ckptd (ckpt.deepspeed)"
-            table.append(f"| {r['world']} | {label} | {r['node_bytes'] / 2**30:.2f} | {r['node_x']:.2f} | "
+            table.append(f"| {r['world']} | {label} | {r['node_bytes'] / 2**30:.2f} | "
+                         f"{r['file_cache_bytes'] / 2**30:.2f} | {r['node_x']:.2f} | "
                          f"{', '.join(f'{h / 2**30:.2f}' for h in r['rank_hwm'])} | "
                          f"{', '.join(f'{t:.2f}' for t in r['load_s'])} | {r['wall_s']:.1f} |")
         else:
             table.append(f"| {r['world']} | ckptd = DeepSpeed | equal: {r['equal']} (max abs diff {r['max_abs_diff']:g}) "
-                         "| | | | |")
+                         "| | | | | |")
     print("\n".join(table), flush=True)
     if args.markdown:
         with open(args.markdown, "a") as f:
