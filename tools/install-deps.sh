@@ -11,6 +11,7 @@ packages=(
   systemd passwd util-linux  # systemd-analyze (unit test), useradd, setpriv (access tests)
   debootstrap systemd-container dpkg-dev  # tests/systemd/nspawn_test.sh; cpack's dpkg-shlibdeps
   python3-venv binutils  # tests/python/pip_install_test.sh (venv + pip), tests/client/install_test.sh (readelf, nm)
+  python3-packaging python3-tqdm python3-cpuinfo numactl  # DeepSpeed's own needs, for python.deepspeed (docs/deepspeed.md)
 )
 missing=()
 for p in "${packages[@]}"; do

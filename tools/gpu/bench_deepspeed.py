@@ -262,7 +262,11 @@ def compare(args, world):
                 a = json.load(f)
             with open(os.path.join(args.workdir, f"sums-{args.case}-ckptd-{world}-{r}.json")) as f:
                 b = json.load(f)
-            equal = equal and a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+            differ = sorted(k for k in a if a[k] != b.get(k))
+            if differ or a.keys() != b.keys():
+                equal = False
+                print(f"rank {r}: {len(differ)} of {len(a)} partition sums differ: " + ", ".join(
+                    f"{k} ({a[k]:.6g} vs {b.get(k, float('nan')):.6g})" for k in differ[:12]), flush=True)
             worst = max([worst] + [abs(a[k] - b.get(k, float("nan"))) for k in a])
     return equal, worst
 
