@@ -84,6 +84,35 @@ def _groups(module: nn.Module) -> Dict[int, Tuple[nn.Parameter, List[str]]]:
     return groups
 
 
+def _all_parameters(module: nn.Module) -> List[Tuple[str, nn.Parameter]]:
+    """(name, parameter) under every name, tied ones repeated (named_parameters'
+    remove_duplicate is torch >= 2.0)."""
+    out = []
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        out.extend((prefix + n, p) for n, p in mod._parameters.items() if p is not None)
+    return out
+
+
+def _ds_tensors(module: nn.Module) -> List[Tuple[str, nn.Module, str, torch.Tensor]]:
+    """What a fill after AutoTP writes: (name, owner, attribute, tensor) for every parameter
+    under every name, and the biases DeepSpeed's LinearLayer holds as plain tensors (AutoTP's
+    fused-QKV path hands it a tensor, not a Parameter: neither parameter nor buffer)."""
+    out = []
+    try:
+        from deepspeed.module_inject.layers import LinearLayer
+    except ImportError:
+        LinearLayer = ()
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        prefix = f"{mod_name}." if mod_name else ""
+        out.extend((prefix + n, mod, n, p) for n, p in mod._parameters.items() if p is not None)
+        if LinearLayer and isinstance(mod, LinearLayer) and "bias" not in mod._parameters:
+            bias = mod.__dict__.get("bias")
+            if isinstance(bias, torch.Tensor):
+                out.append((prefix + "bias", mod, "bias", bias))
+    return out
+
+
 def _persistent_buffers(module: nn.Module) -> Dict[str, torch.Tensor]:
     out = {}
     for mod_name, mod in module.named_modules(remove_duplicate=False):
@@ -363,6 +392,8 @@ def autotp_layout(module: nn.Module, sources: Dict[str, str], shapes: Dict[str, 
     for path, mod in module.named_modules():
         prefix = f"{path}." if path else ""
         own = {n: p for n, p in mod._parameters.items() if p is not None}
+        if isinstance(mod, ds_layers.LinearLayer) and isinstance(mod.__dict__.get("bias"), torch.Tensor):
+            own["bias"] = mod.__dict__["bias"]  # a plain tensor (AutoTP's fused-QKV bias)
         if not own:
             continue
         block = block_of(path)
@@ -371,7 +402,7 @@ def autotp_layout(module: nn.Module, sources: Dict[str, str], shapes: Dict[str, 
             name = path.split(".")[-1] if isinstance(mod, ds_layers.LmHeadLinearAllreduce) else _ds_leaf_name(path, block)
             w = prefix + "weight"
             out[w] = run(sources[w], 1, name)
-            if prefix + "bias" in own:
+            if "bias" in own:  # added after the all-reduce: whole on every rank
                 out[prefix + "bias"] = Piece(sources[prefix + "bias"])
         elif isinstance(mod, ds_layers.LinearLayer):
             name = _ds_leaf_name(path, block)
@@ -427,7 +458,9 @@ def _piece_tensor(checkpoint, piece: Piece, device, dtype) -> torch.Tensor:
         part = view.narrow(piece.dim, piece.start, piece.length)
     else:
         part = view
-    return part.to(device=device, dtype=dtype if part.is_floating_point() and dtype is not None else part.dtype)
+    # On the CPU a copy (copy=True), so that parameters own their memory, as fill_module's.
+    return part.to(device=device, dtype=dtype if part.is_floating_point() and dtype is not None else part.dtype,
+                   copy=torch.device(device).type == "cpu")
 
 
 def init_inference(checkpoint, *, dtype: Union[None, str, torch.dtype] = None, config=None, model_class=None,
@@ -449,7 +482,7 @@ def init_inference(checkpoint, *, dtype: Union[None, str, torch.dtype] = None, c
     a checkpoint tensor no parameter or buffer takes, raises ckpt.InvalidArgument naming
     it. A shard whose shape differs from DeepSpeed's parameter raises InvalidArgument
     naming the parameter and both shapes."""
-    from . import InvalidArgument, as_dtype
+    from . import as_dtype
     from . import transformers as ckt
     ds = _deepspeed()
     dtype = as_dtype(dtype)
@@ -474,16 +507,68 @@ def init_inference(checkpoint, *, dtype: Union[None, str, torch.dtype] = None, c
         kwargs.setdefault("dtype", dtype)
     kwargs.setdefault("tensor_parallel", {"tp_size": place.world})
     engine = ds.init_inference(model, **kwargs)
-    module = engine.module
+    engine.ckpt_layout = _fill_after_autotp(engine.module, ck, sources, shapes, infos, set(buffers), saved, place,
+                                            block_classes, dtype, groups, what)
+    if attached:
+        del ck
+    return engine
+
+
+def fill_autotp(module: nn.Module, checkpoint, *, rank: Optional[int] = None, world: Optional[int] = None,
+                block_classes: Sequence[type] = (), dtype: Union[None, str, torch.dtype] = None,
+                buffers: Optional[Dict[str, torch.Tensor]] = None, tied: Optional[Dict[str, str]] = None,
+                strict: bool = True) -> Dict[str, Piece]:
+    """Fills `module` after deepspeed.init_inference (AutoTP with tensor_parallel tp_size
+    = world, the model built on the meta device) with this rank's parts of `checkpoint`, as
+    init_inference does for a transformers model; for your own model classes.
+    block_classes: the injection policy's layer classes (the keys of init_inference's
+    injection_policy, or AutoTP.tp_parser's); buffers: {name: tensor} to put back (what the
+    model computed before DeepSpeed's to_empty); tied: {parameter name: checkpoint name}
+    for parameters stored under another name (a tied lm_head.weight). Returns the layout.
+    Raises ckpt.InvalidArgument naming a parameter no checkpoint tensor fills, (strict) a
+    tensor nothing takes, or a shard whose shape is not DeepSpeed's."""
+    from . import InvalidArgument, as_dtype
+    _deepspeed()
+    dtype = as_dtype(dtype)
+    place = resolve_rank_world(rank, world)
+    what = getattr(checkpoint, "name", "checkpoint")
+    infos = {t: checkpoint.info(t) for t in checkpoint.keys()}
+    tied = dict(tied or {})
+    names = [n for n, *_ in _ds_tensors(module)]
+    sources = {n: (n if n in infos else tied.get(n)) for n in names}
+    missing = sorted(n for n, src in sources.items() if src not in infos)
+    persistent = set(_persistent_buffers(module))
+    unexpected = sorted(set(infos) - set(sources.values()) - persistent) if strict else []
+    problems = []
+    if missing:
+        problems.append(_listing("parameters the checkpoint lacks", missing))
+    if unexpected:
+        problems.append(_listing("checkpoint tensors no parameter or buffer takes", unexpected))
+    if problems:
+        raise InvalidArgument(f"{what}: " + "; ".join(problems))
+    shapes = {n: [int(d) for d in infos[n]["shape"]] for n in infos}
+    return _fill_after_autotp(module, checkpoint, sources, shapes, infos, persistent, dict(buffers or {}), place,
+                              list(block_classes), dtype, {}, what)
+
+
+def _fill_after_autotp(module, ck, sources, shapes, infos, persistent, saved, place, block_classes, dtype, groups,
+                       what) -> Dict[str, Piece]:
+    """init_inference's and fill_autotp's fill of DeepSpeed's model (see init_inference)."""
+    from . import InvalidArgument
     # AutoTP keeps every parameter's name (a tied lm_head becomes a Parameter of its own,
     # still named lm_head.weight, cut from the embedding it was tied to).
-    new = sorted(n for n, _ in module.named_parameters(remove_duplicate=False) if n not in sources)
+    targets = {n: (owner, attr, t) for n, owner, attr, t in _ds_tensors(module)}
+    new = sorted(n for n in targets if n not in sources)
     if new:
         raise InvalidArgument(f"{what}: " + _listing("parameters of DeepSpeed's model no checkpoint tensor fills", new))
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     layout = autotp_layout(module, sources, shapes, place.rank, place.world, block_classes) if place.world > 1 \
-        else {n: Piece(sources[n]) for n, _ in module.named_parameters(remove_duplicate=False)}
-    params = dict(module.named_parameters(remove_duplicate=False))
+        else {n: Piece(sources[n]) for n in targets}
+    params = {n: t for n, (_, _, t) in targets.items()}
+    unplaced = sorted(set(params) - set(layout))
+    if unplaced:  # a tensor of DeepSpeed's model that the layout does not place would keep garbage
+        raise InvalidArgument(f"{what}: " + _listing("tensors of DeepSpeed's model the AutoTP layout does not place",
+                                                     unplaced))
     for n, piece in layout.items():
         want = tuple(params[n].shape)
         got = tuple(piece.rows.shape[:1]) + tuple(shapes[piece.source][1:]) if piece.rows is not None else \
@@ -505,17 +590,19 @@ def init_inference(checkpoint, *, dtype: Union[None, str, torch.dtype] = None, c
                 t = _piece_tensor(ck, piece, device, dtype)
             elif dtype is None and t.dtype != p.dtype:
                 t = t.to(p.dtype)
-            p.data = t.to(p.dtype) if t.is_floating_point() and t.dtype != p.dtype else t
+            t = t.to(p.dtype) if t.is_floating_point() and t.dtype != p.dtype else t
+            if isinstance(p, nn.Parameter):
+                p.data = t
+            else:  # a plain tensor attribute: replaced
+                owner, attr, _ = targets[n]
+                owner.__dict__[attr] = t
             done[id(p)] = n
         del fetched
         for n, b in module.named_buffers():
-            if n in infos and n in buffers:
+            if n in infos and n in persistent:
                 b.copy_(ck.tensor(n))
             elif n in saved:
                 b.copy_(saved[n])
         if place.world == 1:
             _retie(module, groups)
-    engine.ckpt_layout = layout
-    if attached:
-        del ck
-    return engine
+    return layout

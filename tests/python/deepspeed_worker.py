@@ -3,7 +3,7 @@ and gloo (DS_ACCELERATOR=cpu, RANK/WORLD_SIZE/MASTER_* from the test).
 
     deepspeed_worker.py SOCKET WORKDIR MODE [MICS_SHARD_SIZE]
 
-MODE "zero3" or "mics". Rank 0 builds the model under zero.Init / MiCS_Init (DeepSpeed
+MODE "zero3", "mics" or "autotp" (autotp(): AutoTP inference, its own docstring). Rank 0 builds the model under zero.Init / MiCS_Init (DeepSpeed
 initialises and partitions it), gathers every parameter with writes the same model built
 without zero.Init from the same seed (the full tensors DeepSpeed partitioned) as a
 safetensors file that the daemon loads: the checkpoint. Every rank keeps DeepSpeed's own
@@ -75,6 +75,118 @@ def expect(error, words, fn):
     raise AssertionError(f"no {error.__name__} for {words}")
 
 
+class TpBlock(nn.Module):
+    """A layer AutoTP cuts: q/k/v/up column-parallel, o/down row-parallel (the injection
+    policy names them), a fused qkv_proj (DeepSpeed's fused-QKV path), a norm kept whole.
+    Widths not divisible into DeepSpeed's 64-element grains evenly at worlds 3 and 4."""
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(TP_H)
+        self.q = nn.Linear(TP_H, TP_H)
+        self.k = nn.Linear(TP_H, TP_H)
+        self.v = nn.Linear(TP_H, TP_H)
+        self.qkv_proj = nn.Linear(TP_H, 3 * TP_H)
+        self.o = nn.Linear(TP_H, TP_H)
+        self.up = nn.Linear(TP_H, TP_F)
+        self.down = nn.Linear(TP_F, TP_H)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, TP_H), persistent=False)
+
+    def forward(self, x):
+        x = x + self.o(torch.relu(self.q(self.norm(x) * self.scale)))
+        return x + self.down(torch.relu(self.up(self.norm(x))))
+
+
+class TpModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(V, TP_H)
+        self.layers = nn.ModuleList([TpBlock() for _ in range(2)])
+        self.lm_head = nn.Linear(TP_H, V, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    @property
+    def device(self):  # what deepspeed.init_inference asks of a (transformers) model
+        return next(self.parameters()).device
+
+    def forward(self, ids):
+        x = self.wte(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(x)
+
+
+TP_H, TP_F = 320, 448  # 5 and 7 grains of 64: uneven at worlds 2, 3 and 4
+
+
+def _transformers_names_for_autotp():
+    """DeepSpeed 0.14.5's AutoTP imports transformers only to ask whether the layer class
+    is GPT-2's (GPT2Block, whose Conv1D layers it cuts differently). Where transformers is
+    not installed (Debian has no package), a module holding those two names, classes that
+    no model here is, stands in for it; with transformers installed the real one is used."""
+    import importlib.util
+    import types
+    if importlib.util.find_spec("transformers") is not None:
+        return
+    tf = types.ModuleType("transformers")
+    tf.models = types.SimpleNamespace(gpt2=types.SimpleNamespace(modeling_gpt2=types.SimpleNamespace(
+        GPT2Block=type("GPT2Block", (nn.Module,), {}))))
+    tf.pytorch_utils = types.SimpleNamespace(Conv1D=type("Conv1D", (nn.Module,), {}))
+    sys.modules["transformers"] = tf
+
+
+def autotp(rank, world, client):
+    """deepspeed.init_inference (AutoTP) of a real-weight model against the same model built
+    on the meta device, cut by AutoTP, filled by ckpt.deepspeed.fill_autotp from ckptd."""
+    from ckpt.meta import parameters_on_meta
+    _transformers_names_for_autotp()
+    policy = {TpBlock: (".o", ".down")}
+    name = f"tp-{world}"
+    torch.manual_seed(3)
+    real = TpModel()
+    full = {n: p.detach().clone() for n, p in real.state_dict().items() if n != "lm_head.weight"}
+    if rank == 0:
+        path = os.path.join(workdir, f"{name}.safetensors")
+        make_checkpoint.write_safetensors(path, full)
+        client.load(path, name=name)
+    dist.barrier()
+    ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(4))
+    ref = deepspeed.init_inference(real, tensor_parallel={"tp_size": world}, dtype=torch.float32,
+                                   replace_with_kernel_inject=False, injection_policy=policy)
+    want = {n: t for n, _, _, t in ckds._ds_tensors(ref.module)}
+    with torch.no_grad():
+        want_logits = ref.module(ids)
+    with parameters_on_meta():
+        meta = TpModel()
+    saved = dict(meta.named_buffers())
+    engine = deepspeed.init_inference(meta, tensor_parallel={"tp_size": world}, dtype=torch.float32,
+                                      replace_with_kernel_inject=False, injection_policy=policy)
+    ck = client.attach(name)
+    layout = ckds.fill_autotp(engine.module, ck, block_classes=[TpBlock], buffers=saved,
+                              tied={"lm_head.weight": "wte.weight"})
+    got = {n: t for n, _, _, t in ckds._ds_tensors(engine.module)}  # fused-QKV biases too
+    cut = 0
+    for n, p in got.items():
+        assert not p.is_meta, n
+        if n == "lm_head.weight" and want[n].shape != p.shape:
+            # DeepSpeed cuts a real tied lm_head (LmHeadLinearAllreduce), not a meta one
+            continue
+        assert want[n].shape == p.shape, (n, tuple(want[n].shape), tuple(p.shape))
+        assert torch.equal(want[n], p), f"{n}: ckptd's part differs from DeepSpeed's own cut: {want[n].flatten()[:4]} {p.flatten()[:4]}"
+        cut += layout[n].dim is not None or layout[n].rows is not None
+    for n, b in engine.module.named_buffers():
+        assert torch.equal(b, dict(ref.module.named_buffers())[n]), n
+    assert world == 1 or cut > 0, layout
+    with torch.no_grad():
+        logits = engine.module(ids)
+    assert torch.allclose(logits, want_logits, atol=1e-5, rtol=1e-5), float((logits - want_logits).abs().max())
+    # a parameter the checkpoint does not hold
+    expect(ckpt.InvalidArgument, ["lm_head.weight", "parameters the checkpoint lacks"],
+           lambda: ckds.fill_autotp(engine.module, ck, block_classes=[TpBlock]))
+    ck = None  # the attachment goes with its last view
+    dist.barrier()
+    print(f"RANK {rank} OK (autotp, world {world}, {cut} cut parameters)", flush=True)
+
+
 def main():
     # DS_BUILD_OPS=0 and no compiler use: DeepSpeed's CPU backend would JIT-build its
     # shared-memory all-reduce op (C++) in init_distributed; marked incompatible, it is not
@@ -82,6 +194,8 @@ def main():
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if mode == "autotp":
+        return autotp(rank, world, ckpt.connect(socket))
     name = f"tiny-{mode}-{world}"
     ref = build(seed=1)
     own = {n: p.ds_tensor.detach().clone() for n, p in ref.named_parameters()}
@@ -144,7 +258,7 @@ def main():
         deepspeed.__version__ = real
     for n, p in model.named_parameters():
         assert torch.equal(p.ds_tensor, before[n]), f"{n} changed by a failed fill"
-    del ck
+    ck = None  # the attachment goes with its last view
     dist.barrier()
     print(f"RANK {rank} OK ({mode}, world {world}, {len(full)} parameters, DeepSpeed {real})", flush=True)
 

@@ -1,7 +1,11 @@
 """ckpt.deepspeed against DeepSpeed itself, on the CPU: ZeRO-3 (zero.Init) and MiCS
 (zero.MiCS_Init) partitions filled from ckptd equal DeepSpeed's own partitions of the same
-tensors, at world 1, 2, 3 and 4 (MiCS: shard groups of 2 in a world of 4), with DeepSpeed's
-CPU accelerator and gloo under Debian's torch 1.13; the bad inputs on real ZeRO-3 models.
+tensors, at world 1, 2, 3 and 4 (MiCS: shard groups of 2 in a world of 4); AutoTP
+(deepspeed.init_inference, tensor_parallel 2, 3, 4) of a model built on the meta device and
+filled by ckpt.deepspeed.fill_autotp equals AutoTP's own cut of the real-weight model,
+tensor for tensor (uneven 64-element grains, a fused QKV), with equal logits; with
+DeepSpeed's CPU accelerator and gloo under Debian's torch 1.13; the bad inputs on real
+ZeRO-3 and AutoTP models.
 
 DeepSpeed is not a dependency of ckptd: this runs the source tools/deepspeed-src/obtain.sh puts
 in .carry-ds/ (or CKPT_DEEPSPEED_DIR) and exits 77, which ctest reads as skipped, naming
@@ -89,6 +93,10 @@ class DeepSpeedZero3Test(unittest.TestCase):
 
     def test_mics_shard_groups_of_2_in_4(self):
         self.run_world(4, "mics", shard=2)
+
+    def test_autotp_worlds_2_3_4(self):  # inference: a meta model cut by AutoTP, filled from ckptd
+        for world in (2, 3, 4):
+            self.run_world(world, "autotp")
 
 
 if __name__ == "__main__":
