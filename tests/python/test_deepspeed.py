@@ -41,7 +41,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-class DeepSpeedZero3Test(unittest.TestCase):
+class DeepSpeedTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         from test_ckpt import Daemon  # (needs CKPTD_BIN, CKPT_TOOLS_DIR)
