@@ -95,7 +95,12 @@ wait_until() {
   return 1
 }
 socket_up() { [[ -S $sock ]]; }
-rank_ready() { grep -q "rank $1/" "$work/rank$1.out" 2>/dev/null; }
+rank_ready() {  # rank_ready RANK PID: its line is out; a rank that exited without it fails the demo
+  grep -q "rank $1/" "$work/rank$1.out" 2>/dev/null && return 0
+  kill -0 "$2" 2>/dev/null && return 1
+  echo "demo: rank $1 exited before reading its slice: $(cat "$work/rank$1.out" 2>/dev/null)" >&2
+  exit 1
+}
 
 step="writing the checkpoint"
 echo "== writing a ${mib} MiB GPT-shaped checkpoint with PyTorch"
@@ -128,7 +133,7 @@ for r in $(seq 0 $((ranks - 1))); do
 done
 exec {hold}>"$work/hold"   # the ranks stay attached while this stays open
 for r in $(seq 0 $((ranks - 1))); do
-  wait_until 120 "rank $r to read its slice" rank_ready "$r"
+  wait_until 120 "rank $r to read its slice" rank_ready "$r" "${pids[r]}"
   cat "$work/rank$r.out"
 done
 shmem_during=$(meminfo_bytes Shmem)
@@ -141,9 +146,9 @@ size=$(ctl --json info gpt | /usr/bin/python3 -c 'import json,sys; print(json.lo
 shared=$((shmem_during - shmem_before))
 used=$((shared + ranks_private))
 echo
-echo "checkpoint size:                         $(mib_of "$size")"
-echo "shared memory (Shmem) rose by:           $(mib_of "$shared") (one copy, every rank attached)"
-echo "the $ranks ranks' private memory:            $(mib_of "$ranks_private")"
+printf '%-41s%s\n' "checkpoint size:" "$(mib_of "$size")"
+printf '%-41s%s\n' "shared memory (Shmem) rose by:" "$(mib_of "$shared") (one copy, every rank attached)"
+printf '%-41s%s\n' "the $ranks ranks' private memory:" "$(mib_of "$ranks_private")"
 echo "= $(fixed "$used" "$size" 3) x the checkpoint (per-rank loading would need about $ranks x)"
 echo
 

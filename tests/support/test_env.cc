@@ -23,6 +23,23 @@
 #include "protocol/wire.h"
 
 namespace ckpt::testing {
+namespace {
+
+// Hermetic from the first instruction (tests/CMakeLists.txt): a daemon a test starts reads
+// the build's empty configuration unless the test names one, and no socket, plugin or
+// launcher variable of the shell that ran the binary reaches the test or its children.
+[[maybe_unused]] const bool kHermetic = [] {
+  std::string names = CKPT_TEST_ENV_UNSET;
+  for (size_t at = 0; at <= names.size();) {
+    const size_t end = std::min(names.find(':', at), names.size());
+    if (end > at) ::unsetenv(names.substr(at, end - at).c_str());
+    at = end + 1;
+  }
+  ::setenv("CKPTD_CONFIG", CKPT_HERMETIC_CONFIG, 1);
+  return true;
+}();
+
+}  // namespace
 
 namespace fs = std::filesystem;
 
