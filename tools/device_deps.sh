@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For a build host without the Debian packages (e.g. an Ubuntu GPU machine with no package
 # archive): unpacks the Debian 12 .debs in DIR (apt-get download of spdlog, fmt, CLI11,
-# nlohmann-json, xxhash, boost headers, gtest) into PREFIX and prints the environment and
+# nlohmann-json, xxhash, gtest) into PREFIX and prints the environment and
 # CMake arguments to use. Usage: eval "$(tools/device_deps.sh DEBS_DIR /opt/deps)"
 set -euo pipefail
 debs=$1; prefix=${2:-/opt/deps}

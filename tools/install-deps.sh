@@ -4,7 +4,7 @@
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config ccache
-  libboost-dev libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
+  libspdlog-dev libfmt-dev libcli11-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libxxhash-dev liburing-dev libsystemd-dev libpcre2-dev
   libtorch-dev python3-torch python3-dev pybind11-dev
   clang-14 libclang-rt-14-dev

@@ -13,7 +13,7 @@ build=${PACKAGE_BUILD_DIR:-$root/build-deb}
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
-  -DCMAKE_INSTALL_PREFIX=/usr -DCKPT_BUILD_TESTS=OFF -DCKPT_PYTHON=OFF "${launcher[@]}" "$@" >&2
+  -DCMAKE_INSTALL_PREFIX=/usr -DCKPT_CONFIG_DIR=/etc/ckptd -DCKPT_BUILD_TESTS=OFF -DCKPT_PYTHON=OFF "${launcher[@]}" "$@" >&2
 cmake --build "$build" -j "$(nproc)" >&2
 rm -f "$build"/*.deb
 (cd "$build" && cpack -G DEB >&2)

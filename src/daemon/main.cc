@@ -1,11 +1,13 @@
 // ckptd: the per-node checkpoint daemon. See README.md and docs/.
 #include <signal.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <systemd/sd-daemon.h>
 
 #include <CLI/CLI.hpp>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <system_error>
@@ -15,6 +17,14 @@
 #include "daemon/service_checks.h"
 
 namespace {
+// The configuration file read when --config is not given: $CKPTD_CONFIG when set and not
+// empty (test harnesses and containers point it at their own file), else the installed
+// one. secure_getenv: a set-user-ID ckptd never takes it from its caller.
+std::string DefaultConfigPath() {
+  const char* env = secure_getenv("CKPTD_CONFIG");
+  return env != nullptr && *env != '\0' ? env : CKPTD_DEFAULT_CONFIG;
+}
+
 // "64G", "512MiB", "1000000" -> bytes (binary units). InvalidArgument otherwise.
 ckpt::Result<uint64_t> ParseBytes(const std::string& text) {
   if (text.empty()) return uint64_t{0};
@@ -101,9 +111,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--metrics-file-group", options.metrics_file_group,
                  "group of the metrics file (default: the daemon's; ckptd must be a member)");
-  app.set_config("--config", "/etc/ckptd/ckptd.conf",
+  app.set_config("--config", DefaultConfigPath(),
                  "configuration file (TOML/INI: key = value with the long option names); "
-                 "command-line flags win over it");
+                 "command-line flags win over it (default: $CKPTD_CONFIG, else " CKPTD_DEFAULT_CONFIG ")");
   app.add_flag_callback("--version", [] {
     std::printf("ckptd %s\n", CKPT_VERSION);
     std::exit(0);
@@ -115,6 +125,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help
     return ckpt::daemon::ReportConfigError(ckpt::daemon::DescribeParseError(app, e));
+  }
+
+  // A default file is optional (a node may run on flags alone), but one that $CKPTD_CONFIG
+  // names was meant to be read: its absence is an error, not an empty configuration.
+  if (const char* env = secure_getenv("CKPTD_CONFIG");
+      env != nullptr && *env != '\0' && app.get_config_ptr()->count() == 0 && ::access(env, F_OK) != 0) {
+    return ckpt::daemon::ReportConfigError(std::string("CKPTD_CONFIG names ") + env +
+                                           ", which does not exist: create it or unset CKPTD_CONFIG");
   }
 
   auto logger = spdlog::stderr_color_mt("ckptd");

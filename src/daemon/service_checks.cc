@@ -207,7 +207,7 @@ std::vector<std::string> MemoryBudgetWarnings(uint64_t budget_bytes, const std::
 
 std::string DescribeParseError(const CLI::App& app, const CLI::ParseError& error) {
   const CLI::Option* config = app.get_config_ptr();
-  std::string file = "/etc/ckptd/ckptd.conf";
+  std::string file = "the configuration file";
   if (config != nullptr && !config->results().empty()) file = config->results().front();
   else if (config != nullptr && !config->get_default_str().empty()) file = config->get_default_str();
   const std::string what = error.what();

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "common/pause_point.h"
 #include "loader/strided_copy.h"
 #include "shm/huge_pages.h"
 #include "shm/segment_reader.h"
@@ -133,9 +134,12 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   auto report = [&] {
     if (options.progress) options.progress(done.load(), total);
   };
+  std::atomic<bool> first_landed{false};
   CKPT_RETURN_IF_ERROR(with_change(reader->ReadAll(
       files, ops,
       [&](size_t i) {
+        // Tests stop the load here, with bytes read and more to read (common/pause_point.h).
+        if (!first_landed.exchange(true)) PausePoint("load-mid-read");
         const ReadOp& op = ops[i];
         // The thread that lands a tensor's last bytes checksums it while other reads go on.
         if (remaining[op.tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) {

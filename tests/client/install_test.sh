@@ -20,12 +20,16 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 prefix=$tmp/prefix
-# The library components only: the daemon's installs /etc/ckptd/ckptd.conf, outside any prefix.
-for component in client cuda torch dev; do
+# Every component, the daemon's too: nothing may land outside the prefix (issue 22: the
+# daemon's configuration went to /etc/ckptd whatever the prefix).
+for component in client cuda torch dev daemon; do
   cmake --install "$build" --prefix "$prefix" --component $component >> "$tmp/install.log" ||
     { cat "$tmp/install.log"; fail "cmake --install --component $component"; }
 done
-grep -q "^-- Installing: /etc" "$tmp/install.log" && fail "a library component installs outside the prefix"
+outside=$(grep -E "^-- (Installing|Up-to-date): " "$tmp/install.log" | grep -v -- "-- [A-Za-z-]*: $prefix/" || true)
+[ -z "$outside" ] || fail "installed outside the prefix $prefix: $outside"
+[ -f "$prefix/etc/ckptd/ckptd.conf" ] || fail "the daemon component did not install etc/ckptd/ckptd.conf below the prefix"
+grep -q "^-- Installing: $prefix/bin/ckptd$" "$tmp/install.log" || fail "the daemon component did not install bin/ckptd"
 lib=$(dirname "$(find "$prefix" -name libckptclient.so.0 | head -1)")
 [ -e "$lib/libckptclient.so.0" ] || fail "no libckptclient.so.0 installed"
 [ -e "$lib/libckptclient.so" ] || fail "no link name libckptclient.so installed"

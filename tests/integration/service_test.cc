@@ -29,7 +29,7 @@ class ServiceTest : public ::testing::Test {
   // Runs ckptd in the foreground on a private socket and prefix. `timeout` kills a daemon
   // that (wrongly) starts serving, so a missing refusal fails the test instead of hanging.
   CommandResult RunDaemon(std::vector<std::string> args) {
-    std::vector<std::string> argv = {"timeout", "5", CKPTD_BIN, "--socket", dir_.File("s.sock"),
+    std::vector<std::string> argv = {"timeout", "30", CKPTD_BIN, "--socket", dir_.File("s.sock"),
                                      "--shm-prefix", "cksvc" + std::to_string(::getpid())};
     argv.insert(argv.end(), args.begin(), args.end());
     return testing::RunCommand(argv);
@@ -48,6 +48,33 @@ TEST_F(ServiceTest, AnUnknownConfigKeyExits78NamingTheKeyAndTheClosestOne) {
   EXPECT_NE(r.err.find(dir_.File("ckptd.conf")), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("did you mean 'model-root'"), std::string::npos) << r.err;
   // Only one line of cause and one of consequence: nothing started, nothing listens.
+  EXPECT_EQ(::access(dir_.File("s.sock").c_str(), F_OK), -1);
+}
+
+// CKPTD_CONFIG moves the default configuration (ctest points it at an empty file, so no
+// test reads the node's): a file it names is read, one it names that does not exist is a
+// configuration error, and --config wins over it.
+TEST_F(ServiceTest, CkptdConfigNamesTheDefaultConfigurationAndMustExist) {
+  testing::WriteFile(dir_.File("env.conf"), "modle-root = [\"/srv\"]\n");
+  auto with_env = [&](const std::string& value, std::vector<std::string> args) {
+    std::vector<std::string> argv = {"env", "CKPTD_CONFIG=" + value, "timeout", "30", CKPTD_BIN,
+                                     "--socket", dir_.File("s.sock"), "--shm-prefix",
+                                     "cksvc" + std::to_string(::getpid())};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::RunCommand(argv);
+  };
+  CommandResult read = with_env(dir_.File("env.conf"), {});
+  EXPECT_EQ(read.exit_code, kExConfig) << read.err;
+  EXPECT_NE(read.err.find("unknown key 'modle-root' in " + dir_.File("env.conf")), std::string::npos) << read.err;
+  CommandResult missing = with_env(dir_.File("absent.conf"), {});
+  EXPECT_EQ(missing.exit_code, kExConfig) << missing.err;
+  EXPECT_NE(missing.err.find("CKPTD_CONFIG names " + dir_.File("absent.conf") + ", which does not exist"),
+            std::string::npos) << missing.err;
+  testing::WriteFile(dir_.File("other.conf"), "load-threads = \"many\"\n");
+  CommandResult wins = with_env(dir_.File("env.conf"), {"--config", dir_.File("other.conf")});
+  EXPECT_EQ(wins.exit_code, kExConfig) << wins.err;
+  EXPECT_NE(wins.err.find("load-threads"), std::string::npos) << wins.err;
+  EXPECT_EQ(wins.err.find("modle-root"), std::string::npos) << "--config did not win over CKPTD_CONFIG: " << wins.err;
   EXPECT_EQ(::access(dir_.File("s.sock").c_str(), F_OK), -1);
 }
 

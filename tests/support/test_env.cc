@@ -3,11 +3,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -21,6 +23,23 @@
 #include "protocol/wire.h"
 
 namespace ckpt::testing {
+namespace {
+
+// Hermetic from the first instruction (tests/CMakeLists.txt): a daemon a test starts reads
+// the build's empty configuration unless the test names one, and no socket, plugin or
+// launcher variable of the shell that ran the binary reaches the test or its children.
+[[maybe_unused]] const bool kHermetic = [] {
+  std::string names = CKPT_TEST_ENV_UNSET;
+  for (size_t at = 0; at <= names.size();) {
+    const size_t end = std::min(names.find(':', at), names.size());
+    if (end > at) ::unsetenv(names.substr(at, end - at).c_str());
+    at = end + 1;
+  }
+  ::setenv("CKPTD_CONFIG", CKPT_HERMETIC_CONFIG, 1);
+  return true;
+}();
+
+}  // namespace
 
 namespace fs = std::filesystem;
 
@@ -243,6 +262,7 @@ DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) : extra_args_(
   prefix_ = UniquePrefix();
   log_ = dir_.File("ckptd.log");
   state_ = dir_.File("state");
+  pause_ = dir_.File("pause");
 }
 
 DaemonProcess::~DaemonProcess() {
@@ -254,8 +274,10 @@ bool DaemonProcess::Start() {
   std::vector<std::string> argv = {CKPTD_BIN,    "--socket",    socket_, "--shm-prefix", prefix_,
                                    "--state-dir", state_,       "--log-level", "debug"};
   argv.insert(argv.end(), extra_args_.begin(), extra_args_.end());
+  if (::mkdir(pause_.c_str(), 0700) != 0 && errno != EEXIST) return false;
   pid_ = ::fork();
   if (pid_ == 0) {
+    ::setenv("CKPT_PAUSE_DIR", pause_.c_str(), 1);
     int fd = ::open(log_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
@@ -265,7 +287,9 @@ bool DaemonProcess::Start() {
     ::execv(args[0], args.data());
     ::_exit(127);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  // A deadline for a daemon that never answers, not a race: on a busy one-CPU machine a
+  // start can take seconds.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline) {
     if (protocol::ConnectUnix(socket_).ok()) return true;
     int status;
@@ -331,6 +355,55 @@ uint64_t ProcessPssBytes(pid_t pid) {
     if (line.rfind("Pss:", 0) == 0) return std::stoull(line.substr(4)) * 1024;
   }
   return 0;
+}
+
+PausePointControl::PausePointControl(const std::string& dir, const std::string& name)
+    : reached_(dir + "/" + name + ".reached"), resume_(dir + "/" + name + ".resume") {
+  // The reading end first: the point is armed only once both FIFOs exist.
+  if (::mkfifo(reached_.c_str(), 0600) != 0 || ::mkfifo(resume_.c_str(), 0600) != 0) {
+    ADD_FAILURE() << "cannot make the FIFOs of pause point " << reached_ << ": " << std::strerror(errno);
+    return;
+  }
+  reached_fd_ = ::open(reached_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (reached_fd_ < 0) ADD_FAILURE() << "cannot open " << reached_ << ": " << std::strerror(errno);
+}
+
+PausePointControl::~PausePointControl() {
+  if (stopped_) (void)Resume();
+  ::unlink(resume_.c_str());
+  ::unlink(reached_.c_str());
+  if (reached_fd_ >= 0) ::close(reached_fd_);
+}
+
+bool PausePointControl::WaitReached(int timeout_s) {
+  if (reached_fd_ < 0) return false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{reached_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 100) > 0 && (p.revents & POLLIN)) {
+      char byte;
+      if (::read(reached_fd_, &byte, 1) == 1) return stopped_ = true;
+    }
+  }
+  return false;
+}
+
+bool PausePointControl::Resume(int timeout_s) {
+  if (!stopped_) return false;
+  // The stopped thread opens the resume FIFO for reading; opening it for writing without
+  // blocking fails (ENXIO) until it has.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int fd = -1;
+  while ((fd = ::open(resume_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC)) < 0 && errno == ENXIO &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (fd < 0) return false;
+  ::unlink(resume_.c_str());  // disarmed before the thread goes on
+  ::unlink(reached_.c_str());
+  ::close(fd);  // end of file: the thread goes on
+  stopped_ = false;
+  return true;
 }
 
 }  // namespace ckpt::testing

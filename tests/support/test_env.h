@@ -111,7 +111,8 @@ class DaemonProcess {
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
-  // Starts ckptd and waits up to 10 s for its socket to answer. Returns false on failure.
+  // Starts ckptd (CKPT_PAUSE_DIR set to pause_dir()) and waits up to 60 s for its socket to
+  // answer. Returns false on failure.
   bool Start();
   // SIGTERM and wait; returns the exit status (-1 if killed by a signal).
   int Stop();
@@ -125,6 +126,8 @@ class DaemonProcess {
   std::string segment_dir() const { return shm::SegmentDirectoryPath(prefix_); }
   // Its --state-dir (in its scratch directory, created by the daemon).
   const std::string& state_dir() const { return state_; }
+  // Its CKPT_PAUSE_DIR (common/pause_point.h): where a PausePointControl arms its points.
+  const std::string& pause_dir() const { return pause_; }
   const std::string& log_path() const { return log_; }
   pid_t pid() const { return pid_; }
   // Runs ckptctl against this daemon.
@@ -133,8 +136,31 @@ class DaemonProcess {
  private:
   ScratchDir dir_;
   std::vector<std::string> extra_args_;
-  std::string socket_, prefix_, log_, state_;
+  std::string socket_, prefix_, log_, state_, pause_;
   pid_t pid_ = -1;
+};
+
+// One pause point of a process started with CKPT_PAUSE_DIR=`dir` (common/pause_point.h),
+// armed from construction: the next thread to reach point `name` stops there until
+// Resume(). Forces a race instead of timing it: arm, start the operation, WaitReached(),
+// act, Resume(). The destructor resumes a stopped thread and disarms the point.
+class PausePointControl {
+ public:
+  PausePointControl(const std::string& dir, const std::string& name);
+  ~PausePointControl();
+  PausePointControl(const PausePointControl&) = delete;
+  PausePointControl& operator=(const PausePointControl&) = delete;
+
+  // True once a thread stopped at the point; false after `timeout_s` seconds.
+  bool WaitReached(int timeout_s = 120);
+  // Lets the stopped thread go on and disarms the point (later passes do not stop).
+  // False if no thread had stopped or it could not be told within `timeout_s`.
+  bool Resume(int timeout_s = 120);
+
+ private:
+  std::string reached_, resume_;
+  int reached_fd_ = -1;
+  bool stopped_ = false;
 };
 
 // Shmem + AnonPages from /proc/meminfo, in bytes: node memory that checkpoints occupy.
