@@ -151,7 +151,7 @@ TEST(WritePagesTest, ChecksumsComputedWhileStreamingAndAtPublishEqualTheBytesAnd
 }
 
 TEST(WritePagesTest, ATmpfsTooSmallFailsAWriteAlreadyStreamingAndLeavesNothing) {
-  DaemonProcess daemon({"--load-threads", "2"});
+  DaemonProcess daemon({"--load-threads", "2"}, /*own_segment_dir=*/true);
   TmpfsMount mount(daemon.segment_dir(), "huge=never,size=80m");
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
@@ -201,7 +201,7 @@ TEST(WritePagesTest, ATmpfsTooSmallFailsAWriteAlreadyStreamingAndLeavesNothing) 
 }
 
 TEST(WritePagesTest, AWriterKilledWhileItsSegmentIsReservedLeavesNothingAndFreesItsMemory) {
-  DaemonProcess daemon({"--load-threads", "2"});
+  DaemonProcess daemon({"--load-threads", "2"}, /*own_segment_dir=*/true);
   TmpfsMount mount(daemon.segment_dir(), "huge=never,size=1g");
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
@@ -229,7 +229,7 @@ TEST(WritePagesTest, AWriterKilledWhileItsSegmentIsReservedLeavesNothingAndFrees
 }
 
 TEST(WritePagesTest, ADaemonKilledWhileAWriteIsReservedAndStreamingLeavesNothingAfterItsRestart) {
-  DaemonProcess daemon({"--load-threads", "2"});
+  DaemonProcess daemon({"--load-threads", "2"}, /*own_segment_dir=*/true);
   TmpfsMount mount(daemon.segment_dir(), "huge=never,size=1g");
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
@@ -267,7 +267,7 @@ TEST(WritePagesTest, ADaemonKilledWhileAWriteIsReservedAndStreamingLeavesNothing
 }
 
 TEST(WritePagesTest, AWrittenSegmentOnAHugeTmpfsShowsItsPages) {
-  DaemonProcess daemon({"--load-threads", "2"});
+  DaemonProcess daemon({"--load-threads", "2"}, /*own_segment_dir=*/true);
   TmpfsMount mount(daemon.segment_dir(), "huge=within_size,size=64m");
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   const bool kernel_huge = mount.KernelGivesHugePages();

@@ -18,7 +18,7 @@ using testing::ScratchSegmentDirectory;
 
 std::string FreshPath(const char* tag) {
   static int n = 0;
-  return SegmentDirectoryPath("ckpttest-dir-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++));
+  return std::string(kShmRoot) + "/ckpttest-dir-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++);
 }
 
 struct PathRemover {
