@@ -37,7 +37,10 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
   if (options.create != Create::kMustExist) {
     created = ::mkdir(path.c_str(), 0700) == 0;
     if (!created) {
-      const int err = errno;
+      int err = errno;
+      // A read-only parent (a sandbox) may answer EROFS for a name that exists.
+      struct stat probe;
+      if (err != EEXIST && ::lstat(path.c_str(), &probe) == 0) err = EEXIST;
       if (err == EEXIST && options.create == Create::kMustCreate) return AlreadyExists(what + " already exists");
       if (err == EACCES || err == EPERM || err == EROFS) {
         return PermissionDenied("cannot create " + what + ": " + std::strerror(err));
@@ -45,6 +48,14 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
       if (err != EEXIST) return ErrnoError("creating " + what, err);
     }
   }
+  // A directory made here and then refused (a lock held, ...) is removed again.
+  struct RemoveIfRefused {
+    const std::string& path;
+    bool armed;
+    ~RemoveIfRefused() {
+      if (armed) (void)::rmdir(path.c_str());
+    }
+  } remove_if_refused{path, created};
   struct stat lst;
   if (::lstat(path.c_str(), &lst) != 0) {
     if (errno == ENOENT && options.create == Create::kMustExist) return NotFound("no " + what);
@@ -104,6 +115,7 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
     *fixed = notes;
   }
   PageSupport pages = DetectPageSupport(fd.get(), path);
+  remove_if_refused.armed = false;
   return std::unique_ptr<SegmentDirectory>(
       new SegmentDirectory(path, std::move(fd), actual_group, std::move(pages), created));
 }

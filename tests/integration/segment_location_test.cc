@@ -314,16 +314,22 @@ TEST_F(SegmentLocationTest, ADaemonThatMayNotCreateItsSegmentDirFallsBackToARand
   const std::string prefix = testing::UniqueName("ckfallback");
   const std::string wanted = "/run/" + testing::UniqueName("ckpt-segments-absent");
   const std::string socket = run.File("ckptd.sock");
-  testing::ChildProcess daemon(owner.As({CKPTD_BIN, "--socket", socket, "--socket-mode", "0666", "--shm-prefix",
-                                         prefix, "--state-dir", state.path(), "--segment-dir", wanted,
-                                         "--cleanup-on-exit"}));
+  std::vector<std::string> argv = owner.As({CKPTD_BIN, "--socket", socket, "--socket-mode", "0666", "--shm-prefix",
+                                            prefix, "--state-dir", state.path(), "--segment-dir", wanted,
+                                            "--cleanup-on-exit"});
+  argv[0] = "/usr/bin/setpriv";  // ChildProcess does not search PATH
+  testing::ChildProcess daemon(argv);
   struct KillOnFailure {  // so that a failed assertion does not wait for a daemon forever
     pid_t pid;
     ~KillOnFailure() {
       if (pid > 0) ::kill(pid, SIGKILL);
     }
   } guard{daemon.pid()};
-  ASSERT_TRUE(testing::WaitFor([&] { return protocol::ConnectUnix(socket).ok(); }, 10000));
+  if (!testing::WaitFor([&] { return protocol::ConnectUnix(socket).ok(); }, 10000)) {
+    ::kill(daemon.pid(), SIGKILL);
+    guard.pid = -1;
+    FAIL() << "the daemon did not serve: " << daemon.Wait().err;
+  }
   auto client = Client::Connect(socket);
   ASSERT_TRUE(client.ok());
   auto status = (*client)->GetStatus();
