@@ -1,5 +1,5 @@
-// The real ckptd with its segment directory on a private tmpfs (mounted at
-// /dev/shm/<prefix>, as the shipped dev-shm-ckpt.mount does for /dev/shm/ckpt):
+// The real ckptd with its segment directory on a private tmpfs (its --segment-dir, as the
+// unit's ckptd-mount-segments mounts /run/ckptd-segments):
 //  - huge=within_size: the daemon logs what it got, `ckptctl status --json` and `info`
 //    show 2 MiB pages per segment and for the daemon, a client's own mapping of the
 //    segment uses PMD entries (ShmemPmdMapped in its smaps) and reads the right bytes;
