@@ -67,7 +67,7 @@ static int Die(const std::string& what, const Status& s) {
 #define CHECK_CUDA(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e_)); return 1; } } while (0)
 
 static Result<std::unique_ptr<shm::SegmentDirectory>> Directory(const std::string& shm) {
-  return shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(shm), {std::nullopt, /*lock=*/false});
+  return shm::SegmentDirectory::Open(std::string(shm::kShmRoot) + "/" + shm, {std::nullopt, /*lock=*/false});
 }
 
 // The one segment in directory `shm`, mapped read-only (as an attach maps it).

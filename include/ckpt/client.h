@@ -111,6 +111,7 @@ struct DaemonStatus {
   int64_t uptime_s = 0;
   std::string socket;
   std::string shm_prefix;
+  std::string segment_dir;  // where the segments are (empty from an older daemon)
   uint64_t checkpoints = 0;
   uint64_t loading = 0;
   uint64_t shm_bytes = 0;

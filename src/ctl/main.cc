@@ -327,6 +327,7 @@ int Status(const Options& o) {
                             {"uptime", std::to_string(s.uptime_s) + " s"},
                             {"socket", s.socket},
                             {"shm prefix", s.shm_prefix},
+                            {"segment dir", s.segment_dir.empty() ? "-" : s.segment_dir},
                             {"checkpoints", std::to_string(s.checkpoints)},
                             {"loading", std::to_string(s.loading)},
                             {"shared memory", HumanBytes(s.shm_bytes)},

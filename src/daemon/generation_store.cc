@@ -12,7 +12,6 @@ namespace ckpt::daemon {
 
 namespace {
 constexpr char kFile[] = "generation";
-constexpr char kTempFile[] = "generation.tmp";
 }  // namespace
 
 Result<std::unique_ptr<GenerationStore>> GenerationStore::Open(const std::string& state_dir) {
@@ -40,17 +39,9 @@ Result<std::unique_ptr<GenerationStore>> GenerationStore::Open(const std::string
     return ErrnoError("locking " + what, errno);
   }
   uint64_t last = 0;
-  UniqueFd f(::openat(dir.get(), kFile, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-  if (f.valid()) {
-    struct stat fst;
-    if (::fstat(f.get(), &fst) != 0) return ErrnoError("fstat of " + state_dir + "/" + kFile, errno);
-    if (!S_ISREG(fst.st_mode) || fst.st_size > 64) {
-      return Corrupt(state_dir + "/" + kFile + " is not a generation file");
-    }
-    char buf[65];
-    const ssize_t n = ::pread(f.get(), buf, sizeof(buf) - 1, 0);
-    if (n < 0) return ErrnoError("reading " + state_dir + "/" + kFile, errno);
-    std::string text(buf, static_cast<size_t>(n));
+  auto read = ReadStateFile(dir.get(), state_dir, kFile, 64);
+  if (read.ok()) {
+    std::string text = *read;
     while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
     bool ok = !text.empty() && text.size() <= 20;
     for (char c : text) {
@@ -64,38 +55,67 @@ Result<std::unique_ptr<GenerationStore>> GenerationStore::Open(const std::string
       return Corrupt(state_dir + "/" + kFile + " does not hold a generation number; it records the highest "
                      "generation ever handed out (remove it only if no segment and no client of this daemon remains)");
     }
-  } else if (errno != ENOENT) {
-    return ErrnoError("opening " + state_dir + "/" + kFile, errno);
+  } else if (read.status().code() == StatusCode::kCorrupt) {
+    return Corrupt(state_dir + "/" + kFile + " is not a generation file");
+  } else if (read.status().code() != StatusCode::kNotFound) {
+    return read.status();
   }
   return std::unique_ptr<GenerationStore>(new GenerationStore(state_dir, std::move(dir), last));
 }
 
 Status GenerationStore::Persist(uint64_t generation) {
   if (generation <= last_) return Status::Ok();
-  const std::string what = path_ + "/" + kFile;
-  (void)::unlinkat(dir_.get(), kTempFile, 0);
-  UniqueFd f(::openat(dir_.get(), kTempFile, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  CKPT_RETURN_IF_ERROR(WriteStateFile(dir_.get(), path_, kFile, std::to_string(generation) + "\n"));
+  last_ = generation;
+  return Status::Ok();
+}
+
+Result<std::string> ReadStateFile(int dir_fd, const std::string& dir_path, const std::string& name,
+                                  size_t max_bytes) {
+  const std::string what = dir_path + "/" + name;
+  UniqueFd f(::openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!f.valid()) {
+    if (errno == ENOENT) return NotFound("no " + what);
+    if (errno == ELOOP) return Corrupt(what + " is a symbolic link");
+    return ErrnoError("opening " + what, errno);
+  }
+  struct stat st;
+  if (::fstat(f.get(), &st) != 0) return ErrnoError("fstat of " + what, errno);
+  if (!S_ISREG(st.st_mode) || st.st_size < 0 || static_cast<uint64_t>(st.st_size) > max_bytes) {
+    return Corrupt(what + " is not a regular file of at most " + std::to_string(max_bytes) + " bytes");
+  }
+  std::string text(max_bytes + 1, '\0');
+  const ssize_t n = ::pread(f.get(), text.data(), text.size(), 0);
+  if (n < 0) return ErrnoError("reading " + what, errno);
+  if (static_cast<size_t>(n) > max_bytes) return Corrupt(what + " is larger than " + std::to_string(max_bytes) + " bytes");
+  text.resize(static_cast<size_t>(n));
+  return text;
+}
+
+Status WriteStateFile(int dir_fd, const std::string& dir_path, const std::string& name, const std::string& text) {
+  const std::string what = dir_path + "/" + name;
+  const std::string tmp = name + ".tmp";
+  (void)::unlinkat(dir_fd, tmp.c_str(), 0);
+  UniqueFd f(::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!f.valid()) return ErrnoError("writing " + what, errno);
-  const std::string text = std::to_string(generation) + "\n";
   const ssize_t n = ::write(f.get(), text.data(), text.size());
   if (n != static_cast<ssize_t>(text.size())) {
     const int err = n < 0 ? errno : ENOSPC;
-    (void)::unlinkat(dir_.get(), kTempFile, 0);
+    (void)::unlinkat(dir_fd, tmp.c_str(), 0);
     return ErrnoError("writing " + what, err);
   }
   if (::fsync(f.get()) != 0) {
     const int err = errno;
-    (void)::unlinkat(dir_.get(), kTempFile, 0);
+    (void)::unlinkat(dir_fd, tmp.c_str(), 0);
     return ErrnoError("fsync of " + what, err);
   }
   f.reset();
-  if (::renameat(dir_.get(), kTempFile, dir_.get(), kFile) != 0) {
+  if (::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
     const int err = errno;
-    (void)::unlinkat(dir_.get(), kTempFile, 0);
+    (void)::unlinkat(dir_fd, tmp.c_str(), 0);
     return ErrnoError("renaming into " + what, err);
   }
-  if (::fsync(dir_.get()) != 0) return ErrnoError("fsync of " + path_, errno);
-  last_ = generation;
+  if (::fsync(dir_fd) != 0) return ErrnoError("fsync of " + dir_path, errno);
   return Status::Ok();
 }
 

@@ -27,6 +27,9 @@ class GenerationStore {
   static Result<std::unique_ptr<GenerationStore>> Open(const std::string& state_dir);
 
   const std::string& path() const { return path_; }
+  // The state directory's descriptor (owned by this object; locked while it lives), for
+  // other small state files (ReadStateFile, WriteStateFile).
+  int dir_fd() const { return dir_.get(); }
   // The highest generation persisted so far (0: none).
   uint64_t last() const { return last_; }
   // Makes `generation` the persisted mark if it is higher than last(); durable when it
@@ -40,5 +43,17 @@ class GenerationStore {
   UniqueFd dir_;
   uint64_t last_;
 };
+
+// Reads the small regular file `name` (at most `max_bytes`) of the state directory open at
+// `dir_fd` (named `dir_path` in messages), without following a link or blocking on a
+// FIFO. NotFound if it does not exist; Corrupt if it is not a regular file or is larger;
+// IoError otherwise.
+Result<std::string> ReadStateFile(int dir_fd, const std::string& dir_path, const std::string& name,
+                                  size_t max_bytes);
+
+// Replaces file `name` of the state directory open at `dir_fd` with `text`, atomically
+// and durably: "<name>.tmp" (mode 0600) written, fsync'd, renamed over `name`, then the
+// directory fsync'd. IoError naming the file if any step fails (the old file then stays).
+Status WriteStateFile(int dir_fd, const std::string& dir_path, const std::string& name, const std::string& text);
 
 }  // namespace ckpt::daemon

@@ -60,8 +60,15 @@ int main(int argc, char** argv) {
 
   CLI::App app{"ckptd: holds checkpoints once per node in POSIX shared memory"};
   app.add_option("--socket", options.socket_path, "control socket path")->capture_default_str();
-  app.add_option("--shm-prefix", options.shm_prefix, "segments live in the directory /dev/shm/<prefix>")
+  app.add_option("--shm-prefix", options.shm_prefix,
+                 "without segment-dir, segments live in /dev/shm/<prefix>.<random>, a directory named in the state "
+                 "directory")
       ->capture_default_str();
+  app.add_option("--segment-dir", options.segment_dir,
+                 "directory for the segments, in a place only root or ckptd can create names (every parent "
+                 "owned by root or ckptd, not writable by others), ideally a tmpfs of its own mounted with "
+                 "huge=within_size (the unit mounts /run/ckptd-segments); created if missing and ckptd may, "
+                 "else /dev/shm/<prefix>.<random> is used (default: that)");
   app.add_option("--state-dir", options.state_dir,
                  "directory for the daemon's state (the generation high-water mark); systemd's StateDirectory=")
       ->capture_default_str();
@@ -155,9 +162,6 @@ int main(int argc, char** argv) {
   options.memory_budget_bytes = *budget;
   if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(options); !checked.ok()) {
     return ckpt::daemon::ReportConfigError(checked.message());
-  }
-  for (const std::string& warning : ckpt::daemon::MemoryBudgetWarnings(options.memory_budget_bytes)) {
-    spdlog::warn("{}", warning);
   }
   // One descriptor per connection and per checkpoint: take the hard limit.
   rlimit nofile{};

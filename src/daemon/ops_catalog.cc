@@ -107,6 +107,7 @@ DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller) {
   s.uptime_s = NowUnixSeconds() - ctx.started_unix_s;
   s.socket = ctx.options->socket_path;
   s.shm_prefix = ctx.options->shm_prefix;
+  s.segment_dir = ctx.segments->path();
   s.segment_pages = ctx.segments->pages().Describe();
   s.segment_page_bytes = ctx.segments->pages().segment_alignment();
   s.checkpoints = s.checkpoint_list.size();

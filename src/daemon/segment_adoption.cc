@@ -108,13 +108,14 @@ class Adopter {
   AdoptionReport* report_;
 };
 
-// Counts (never opens) "<prefix>.*" objects directly under /dev/shm.
+// Counts (never opens) "<prefix>.*" objects directly under /dev/shm; directories (the
+// segment directories /dev/shm/<prefix>.<random>) are not such objects.
 uint64_t CountLegacyObjects(const std::string& prefix) {
   uint64_t n = 0;
-  DIR* d = ::opendir("/dev/shm");
+  DIR* d = ::opendir(shm::kShmRoot);
   if (d == nullptr) return 0;
   while (struct dirent* e = ::readdir(d)) {
-    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) ++n;
+    if (e->d_type != DT_DIR && std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) ++n;
   }
   ::closedir(d);
   return n;

@@ -23,6 +23,8 @@
 #include "protocol/messages.h"
 #include "protocol/wire.h"
 #include "daemon/segment_adoption.h"
+#include "daemon/segment_location.h"
+#include "daemon/service_checks.h"
 
 namespace ckpt::daemon {
 
@@ -80,28 +82,45 @@ DaemonContext Server::Context() {
 Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   CKPT_RETURN_IF_ERROR(ValidateOptions(options));
   CKPT_ASSIGN_OR_RETURN(auto access, AccessPolicy::Create(options.admin_group, options.reader_group, options.writer_group));
+  // The state directory first: it names the segment directory (and fails before one is made).
+  CKPT_ASSIGN_OR_RETURN(auto generations, GenerationStore::Open(options.state_dir));
+  SegmentLocationOptions location;
+  location.segment_dir = options.segment_dir;
+  location.shm_prefix = options.shm_prefix;
+  location.group = access->reader_gid();
+  location.state_dir_fd = generations->dir_fd();
+  location.state_dir = options.state_dir;
   std::string fixed;
-  CKPT_ASSIGN_OR_RETURN(auto segments, shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(options.shm_prefix),
-                                                                   {access->reader_gid(), true}, &fixed));
+  CKPT_ASSIGN_OR_RETURN(auto segments, OpenSegmentLocation(location, &fixed));
   if (!fixed.empty()) spdlog::warn("{}", fixed);
   spdlog::info("segment directory {}: {}", segments->path(), segments->pages().Describe());
-  CKPT_ASSIGN_OR_RETURN(auto generations, GenerationStore::Open(options.state_dir));
+  for (const std::string& warning : MemoryBudgetWarnings(options.memory_budget_bytes, segments->path())) {
+    spdlog::warn("{}", warning);
+  }
   std::unique_ptr<Server> server(new Server(options, std::move(segments), std::move(generations)));
   server->access_ = std::move(access);
-  server->started_unix_s_ = std::chrono::duration_cast<std::chrono::seconds>(
-                                std::chrono::system_clock::now().time_since_epoch()).count();
-  server->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!server->wake_fd_.valid()) return ErrnoError("eventfd", errno);
-  CKPT_ASSIGN_OR_RETURN(server->roots_, ModelRoots::Create(options.model_roots));
-  CKPT_ASSIGN_OR_RETURN(server->metrics_gid_, ResolveGroup(options.metrics_file_group));
-  if (!server->roots_->restricted()) spdlog::warn("no model roots configured: loads from any path are allowed");
-  CKPT_ASSIGN_OR_RETURN(server->listen_fd_, protocol::ListenUnix(options.socket_path, options.socket_mode));
-  if (server->access_->reader_gid() &&
-      ::chown(options.socket_path.c_str(), static_cast<uid_t>(-1), *server->access_->reader_gid()) != 0) {
+  if (Status started = server->Start(); !started.ok()) {
+    // Nothing of a failed start stays behind: not even the (empty) directory it made.
+    if (server->segments_->created()) (void)server->segments_->RemoveIfEmpty();
+    return started;
+  }
+  return server;
+}
+
+Status Server::Start() {
+  started_unix_s_ = std::chrono::duration_cast<std::chrono::seconds>(
+                        std::chrono::system_clock::now().time_since_epoch()).count();
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_.valid()) return ErrnoError("eventfd", errno);
+  CKPT_ASSIGN_OR_RETURN(roots_, ModelRoots::Create(options_.model_roots));
+  CKPT_ASSIGN_OR_RETURN(metrics_gid_, ResolveGroup(options_.metrics_file_group));
+  if (!roots_->restricted()) spdlog::warn("no model roots configured: loads from any path are allowed");
+  CKPT_ASSIGN_OR_RETURN(listen_fd_, protocol::ListenUnix(options_.socket_path, options_.socket_mode));
+  if (access_->reader_gid() &&
+      ::chown(options_.socket_path.c_str(), static_cast<uid_t>(-1), *access_->reader_gid()) != 0) {
     spdlog::warn("cannot give the socket to the reader group: {}", std::strerror(errno));
   }
-  CKPT_RETURN_IF_ERROR(server->AdoptExistingSegments());
-  return server;
+  return AdoptExistingSegments();
 }
 
 Status Server::AdoptExistingSegments() {
@@ -227,6 +246,12 @@ void Server::Run() {
       } else {
         spdlog::error("cannot remove segment {}: {}", segments_->PathOf(e.shm_name), st.ToString());
       }
+    }
+    // The directory too, unless it is the mount the unit made (or something is left in it).
+    if (Status st = segments_->RemoveIfEmpty(); st.ok()) {
+      spdlog::info("removed segment directory {}", segments_->path());
+    } else {
+      spdlog::info("{}", st.message());
     }
   }
   ::unlink(options_.socket_path.c_str());

@@ -28,7 +28,8 @@ namespace ckpt::daemon {
 
 struct ServerOptions {
   std::string socket_path = "/run/ckptd/ckptd.sock";
-  std::string shm_prefix = "ckpt";  // [A-Za-z0-9_-]+; segments are /dev/shm/<prefix>/<name>.<gen>.<id>
+  std::string shm_prefix = "ckpt";  // [A-Za-z0-9_-]+; see segment_location.h
+  std::string segment_dir;          // a directory only root or ckptd can create; empty: /dev/shm/<prefix>.<random>
   std::string state_dir = "/var/lib/ckptd";  // the generation high-water mark (GenerationStore)
   uint32_t socket_mode = 0660;
   uint32_t shm_mode = 0640;       // rw for the owner, at most r for group/others; group: reader group
@@ -39,7 +40,7 @@ struct ServerOptions {
   double frame_timeout_s = 30;           // a request must arrive whole, a response be taken, within this
   double idle_timeout_s = 60;            // a connection without an attachment idle this long is closed
   int rendezvous_per_uid = 64;           // live rendezvous entries one uid may hold
-  bool cleanup_on_exit = false;  // unlink every segment on Stop (otherwise re-adopted later)
+  bool cleanup_on_exit = false;  // unlink every segment (and the directory, if ckptd made it) on Stop
   uint64_t memory_budget_bytes = 0;      // 0: no budget (only /dev/shm's size limits loads)
   std::vector<std::string> model_roots;  // empty: loads from any absolute path
   // Most bytes in shared memory per byte of checkpoint file a load may take without an
@@ -79,11 +80,13 @@ class ConnectionLimits;
 
 class Server {
  public:
-  // Validates options, opens the segment directory and the state directory, binds the
-  // socket and adopts the segments an earlier daemon left (see segment_adoption.h).
-  // Errors: InvalidArgument for bad options; FailedPrecondition for a segment or state
-  // directory that is not safe to use (another owner, a symlink, ...) or in use by
-  // another daemon; AlreadyExists if another daemon serves the socket; IoError.
+  // Validates options, opens the state directory and the segment directory (see
+  // segment_location.h), binds the socket and adopts the segments an earlier daemon left
+  // (see segment_adoption.h). A segment directory it created is removed again (if empty)
+  // when a later step fails. Errors: InvalidArgument for bad options; FailedPrecondition
+  // for a segment or state directory that is not safe to use (another owner, a symlink, a
+  // segment-dir others could create first, ...) or in use by another daemon;
+  // AlreadyExists if another daemon serves the socket; IoError.
   static Result<std::unique_ptr<Server>> Create(const ServerOptions& options);
   ~Server();
 
@@ -107,6 +110,8 @@ class Server {
   // Admits or refuses a connection just accepted (in the accept loop; never blocks).
   void Admit(UniqueFd client);
   DaemonContext Context();
+  // The steps of Create after the directories are open.
+  Status Start();
   Status AdoptExistingSegments();
   void Serve(Connection* connection);
   void ReapFinishedConnections();

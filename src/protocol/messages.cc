@@ -412,6 +412,7 @@ json Encode(const DaemonStatus& m) {
               {"your_role", m.your_role},
               {"checkpoint_list", EncodeAll(m.checkpoint_list)},
               {"retired", EncodeAll(m.retired)}};
+  if (!m.segment_dir.empty()) j["segment_dir"] = m.segment_dir;
   if (!m.segment_pages.empty()) j["segment_pages"] = m.segment_pages;
   if (m.segment_page_bytes != 0) j["segment_page_bytes"] = m.segment_page_bytes;
   return j;
@@ -436,6 +437,7 @@ Status Decode(const json& j, DaemonStatus* m) {
   f.Optional("max_connections_per_uid", &m->max_connections_per_uid);
   f.Optional("admin_reserved_connections", &m->admin_reserved_connections);
   f.Optional("model_roots", &m->model_roots);
+  f.Optional("segment_dir", &m->segment_dir);
   f.Optional("segment_pages", &m->segment_pages);
   f.Optional("segment_page_bytes", &m->segment_page_bytes);
   f.Optional("your_role", &m->your_role);

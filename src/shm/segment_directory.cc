@@ -19,8 +19,6 @@ std::string Octal(uint32_t mode) {
 }
 }  // namespace
 
-std::string SegmentDirectoryPath(const std::string& prefix) { return "/dev/shm/" + prefix; }
-
 bool IsPlainFileName(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
          name.find('\0') == std::string::npos;
@@ -29,22 +27,52 @@ bool IsPlainFileName(const std::string& name) {
 Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::string& path,
                                                                 const SegmentDirectoryOptions& options,
                                                                 std::string* fixed) {
+  using Create = SegmentDirectoryOptions::Create;
   const std::string what = "segment directory " + path;
   const uid_t euid = ::geteuid();
   const gid_t group = options.group.value_or(::getegid());
   // Created with no permissions for others and no group write whatever the umask; the
   // checks below treat a directory we just made like one found.
-  bool created = ::mkdir(path.c_str(), 0700) == 0;
-  if (!created && errno != EEXIST) return ErrnoError("creating " + what, errno);
+  bool created = false;
+  if (options.create != Create::kMustExist) {
+    created = ::mkdir(path.c_str(), 0700) == 0;
+    if (!created) {
+      int err = errno;
+      // A read-only parent (a sandbox) may answer EROFS for a name that exists.
+      struct stat probe;
+      if (err != EEXIST && ::lstat(path.c_str(), &probe) == 0) err = EEXIST;
+      if (err == EEXIST && options.create == Create::kMustCreate) return AlreadyExists(what + " already exists");
+      if (err == EACCES || err == EPERM || err == EROFS) {
+        return PermissionDenied("cannot create " + what + ": " + std::strerror(err));
+      }
+      if (err != EEXIST) return ErrnoError("creating " + what, err);
+    }
+  }
+  // A directory made here and then refused (a lock held, ...) is removed again.
+  struct RemoveIfRefused {
+    const std::string& path;
+    bool armed;
+    ~RemoveIfRefused() {
+      if (armed) (void)::rmdir(path.c_str());
+    }
+  } remove_if_refused{path, created};
   struct stat lst;
-  if (::lstat(path.c_str(), &lst) != 0) return ErrnoError("lstat of " + what, errno);
+  if (::lstat(path.c_str(), &lst) != 0) {
+    if (errno == ENOENT && options.create == Create::kMustExist) return NotFound("no " + what);
+    return ErrnoError("lstat of " + what, errno);
+  }
   if (S_ISLNK(lst.st_mode)) {
     return FailedPrecondition(what + " is a symbolic link; refusing to use it (remove it; ckptd creates the directory itself)");
   }
   if (!S_ISDIR(lst.st_mode)) {
     return FailedPrecondition(what + " exists and is not a directory; refusing to use it");
   }
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (lst.st_uid != euid) {  // refused before it is opened
+    return FailedPrecondition(what + " is owned by uid " + std::to_string(lst.st_uid) + ", not by ckptd's uid " +
+                              std::to_string(euid) + "; refusing to use it (another user may have created it)");
+  }
+  // O_DIRECTORY refuses a FIFO swapped in meanwhile before it could block (O_NONBLOCK too).
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!fd.valid()) {
     if (errno == ELOOP || errno == ENOTDIR) return FailedPrecondition(what + " was replaced while it was opened");
     return ErrnoError("opening " + what, errno);
@@ -56,8 +84,7 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
   }
   if (st.st_uid != euid) {
     return FailedPrecondition(what + " is owned by uid " + std::to_string(st.st_uid) + ", not by ckptd's uid " +
-                              std::to_string(euid) + "; refusing to use it (another user may have created it: "
-                              "remove it, or choose another --shm-prefix)");
+                              std::to_string(euid) + "; refusing to use it (another user may have created it)");
   }
   std::string notes;
   gid_t actual_group = st.st_gid;  // segments get the directory's group
@@ -88,7 +115,28 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
     *fixed = notes;
   }
   PageSupport pages = DetectPageSupport(fd.get(), path);
-  return std::unique_ptr<SegmentDirectory>(new SegmentDirectory(path, std::move(fd), actual_group, std::move(pages)));
+  remove_if_refused.armed = false;
+  return std::unique_ptr<SegmentDirectory>(
+      new SegmentDirectory(path, std::move(fd), actual_group, std::move(pages), created));
+}
+
+Status SegmentDirectory::RemoveIfEmpty() const {
+  const std::string what = "segment directory " + path_;
+  struct stat mine, now, parent;
+  if (::fstat(fd_.get(), &mine) != 0) return ErrnoError("fstat of " + what, errno);
+  if (::lstat(path_.c_str(), &now) != 0) {
+    if (errno == ENOENT) return Status::Ok();
+    return ErrnoError("lstat of " + what, errno);
+  }
+  if (now.st_dev != mine.st_dev || now.st_ino != mine.st_ino) {
+    return FailedPrecondition(what + " is no longer the directory ckptd opened; left alone");
+  }
+  // The root of a file system mounted for the daemon (a device of its own) stays.
+  if (::fstatat(fd_.get(), "..", &parent, 0) != 0) return ErrnoError("stat of the parent of " + what, errno);
+  if (parent.st_dev != mine.st_dev) return FailedPrecondition(what + " is a mount point; left in place");
+  if (::rmdir(path_.c_str()) == 0 || errno == ENOENT) return Status::Ok();
+  if (errno == ENOTEMPTY || errno == EEXIST) return FailedPrecondition(what + " is not empty; left in place");
+  return ErrnoError("removing " + what, errno);
 }
 
 Result<UniqueFd> SegmentDirectory::Create(const std::string& name, uint64_t size, uint32_t mode,

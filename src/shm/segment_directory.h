@@ -1,6 +1,8 @@
-// SegmentDirectory: the one directory that holds the daemon's segments, a regular
-// directory on the shm tmpfs (/dev/shm/<prefix>) owned by the daemon's euid, mode 0750,
-// that nobody else can write. The daemon opens it once (O_DIRECTORY|O_NOFOLLOW, checked
+// SegmentDirectory: the one directory that holds the daemon's segments, a directory on a
+// tmpfs owned by the daemon's euid, mode 0750, that nobody else can write. Where it lives
+// (a tmpfs of the daemon's own, or /dev/shm/<prefix>.<random> named in the state
+// directory) is the daemon's choice (daemon/segment_location.h); this class only opens or
+// creates the path it is given. The daemon opens it once (O_DIRECTORY|O_NOFOLLOW, checked
 // with lstat and fstat) and does every later operation relative to that descriptor, so
 // nothing another user does under /dev/shm (symlinks, renames, squatted names) can make
 // it create, open or remove a file elsewhere.
@@ -23,8 +25,8 @@
 
 namespace ckpt::shm {
 
-// Where the segment directory of prefix `prefix` lives: /dev/shm/<prefix>.
-std::string SegmentDirectoryPath(const std::string& prefix);
+// The world-writable shared-memory file system (sticky, mode 1777).
+inline constexpr char kShmRoot[] = "/dev/shm";
 
 struct SegmentDirectoryOptions {
   // Group of the directory and of the segments created in it; nullopt: our egid.
@@ -32,6 +34,9 @@ struct SegmentDirectoryOptions {
   // Take an exclusive flock(2) on the directory: a second daemon using the same
   // directory is refused (FailedPrecondition) instead of removing the first's segments.
   bool lock = true;
+  // Whether Open may, must or must not create the directory.
+  enum class Create { kIfMissing, kMustCreate, kMustExist };
+  Create create = Create::kIfMissing;
 };
 
 // What List() reports of one entry.
@@ -45,12 +50,16 @@ class SegmentDirectory {
   // The permission bits of the directory.
   static constexpr uint32_t kMode = 0750;
 
-  // Opens `path`, creating it (mode kMode) if it does not exist. Refuses
-  // (FailedPrecondition, naming the path and what is wrong) a symlink, something that is
-  // not a directory, or a directory owned by another uid; a directory of ours with other
-  // permission bits is fixed with fchmod (reported in *fixed, if given). Its group is set
-  // to options.group when it differs (a failure there is reported in *fixed too, not an
-  // error). IoError for other failures.
+  // Opens `path`, creating it (mode kMode) if it does not exist and options.create
+  // allows. Refuses (FailedPrecondition, naming the path and what is wrong) a symlink,
+  // something that is not a directory, or a directory owned by another uid -- each seen
+  // with lstat before anything is opened, so a planted FIFO, file or link is never
+  // opened; a directory of ours with other permission bits is fixed with fchmod (reported
+  // in *fixed, if given). Its group is set to options.group when it differs (a failure
+  // there is reported in *fixed too, not an error). kMustCreate: AlreadyExists if the name
+  // exists (whatever it is); kMustExist: NotFound if it does not. PermissionDenied when
+  // it cannot be created for lack of permission (EACCES, EPERM, EROFS); IoError for other
+  // failures.
   static Result<std::unique_ptr<SegmentDirectory>> Open(const std::string& path,
                                                         const SegmentDirectoryOptions& options = {},
                                                         std::string* fixed = nullptr);
@@ -63,6 +72,15 @@ class SegmentDirectory {
   std::string PathOf(const std::string& name) const { return path_ + "/" + name; }
   // The directory's descriptor (owned by this object).
   int fd() const { return fd_.get(); }
+  // Whether Open created the directory (it did not exist before).
+  bool created() const { return created_; }
+
+  // Removes the directory itself (rmdir of path()) if it is empty, is still the directory
+  // this object opened (same device and inode) and is not a mount point (the root of a
+  // tmpfs mounted for the daemon stays). OK when removed or already gone;
+  // FailedPrecondition (naming why) when it is not empty, was replaced, or is a mount
+  // point; IoError otherwise. The descriptor stays open (and useless for new files).
+  Status RemoveIfEmpty() const;
 
   // How Create() reserves a new file's pages.
   enum class Reserve {
@@ -104,12 +122,13 @@ class SegmentDirectory {
   Result<std::vector<DirectoryEntry>> List() const;
 
  private:
-  SegmentDirectory(std::string path, UniqueFd fd, gid_t group, PageSupport pages)
-      : path_(std::move(path)), fd_(std::move(fd)), group_(group), pages_(std::move(pages)) {}
+  SegmentDirectory(std::string path, UniqueFd fd, gid_t group, PageSupport pages, bool created)
+      : path_(std::move(path)), fd_(std::move(fd)), group_(group), pages_(std::move(pages)), created_(created) {}
   std::string path_;
   UniqueFd fd_;
   gid_t group_;
   PageSupport pages_;
+  bool created_;
 };
 
 // True if `name` is a plain file name: not empty, not "." or "..", no '/', no NUL.

@@ -36,7 +36,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   plan.side_files.push_back({"config.json", std::string(reinterpret_cast<const char*>(data), std::min<size_t>(size, 64))});
 
   static const auto segments =
-      ckpt::shm::SegmentDirectory::Open(ckpt::shm::SegmentDirectoryPath("ckptfuzz-" + std::to_string(::getpid())));
+      ckpt::shm::SegmentDirectory::Open(std::string(ckpt::shm::kShmRoot) + "/ckptfuzz-" + std::to_string(::getpid()));
   if (!segments.ok()) __builtin_trap();  // cannot test anything without a place for segments
   ckpt::shm::SegmentSpec spec;
   spec.directory = segments->get();

@@ -315,7 +315,7 @@ TEST_F(ConnsTest, AConnectionWithoutAThreadIsRefusedAndTheDaemonServesOn) {
   ASSERT_EQ(::chown(state.path().c_str(), ::getpwnam(owner.name().c_str())->pw_uid, 0), 0);
   ASSERT_EQ(::chmod(state.path().c_str(), 0700), 0);
   std::vector<std::string> argv = owner.As({CKPTD_BIN, "--socket", socket, "--shm-prefix", prefix, "--socket-mode",
-                                            "0666", "--state-dir", state.path()});
+                                            "0666", "--state-dir", state.path(), "--cleanup-on-exit"});
   argv[0] = "/usr/bin/setpriv";
   argv.insert(argv.begin(), {"/usr/bin/prlimit", "--nproc=5", "--"});
   ChildProcess daemon(argv);
@@ -349,8 +349,7 @@ TEST_F(ConnsTest, AConnectionWithoutAThreadIsRefusedAndTheDaemonServesOn) {
   }, 10000));
   ::kill(daemon.pid(), SIGTERM);
   std::printf("ckptd limited to 5 threads refused %d of 12 connections cleanly\n", refused);
-  (void)daemon.Wait();
-  testing::RemoveSegmentDirectory(prefix);
+  (void)daemon.Wait();  // --cleanup-on-exit: its segment directory goes with it
 }
 
 TEST_F(ConnsTest, CtlEscapesControlCharactersInTensorNames) {

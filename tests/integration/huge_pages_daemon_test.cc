@@ -1,5 +1,5 @@
-// The real ckptd with its segment directory on a private tmpfs (mounted at
-// /dev/shm/<prefix>, as the shipped dev-shm-ckpt.mount does for /dev/shm/ckpt):
+// The real ckptd with its segment directory on a private tmpfs (its --segment-dir, as the
+// unit's ckptd-mount-segments mounts /run/ckptd-segments):
 //  - huge=within_size: the daemon logs what it got, `ckptctl status --json` and `info`
 //    show 2 MiB pages per segment and for the daemon, a client's own mapping of the
 //    segment uses PMD entries (ShmemPmdMapped in its smaps) and reads the right bytes;
@@ -52,7 +52,7 @@ int64_t AttachAndRead(const DaemonProcess& daemon, const std::string& name, uint
 TEST(HugePagesDaemonTest, SegmentsOnAHugeTmpfsAreShownMappedHugeAndReadopted) {
   ScratchDir files;
   testing::WritePatternCheckpoint(files.File("c.safetensors"), 4, 1, 10 * 1024);  // 10 MiB
-  DaemonProcess daemon;
+  DaemonProcess daemon({}, /*own_segment_dir=*/true);
   TmpfsMount mount(daemon.segment_dir(), "huge=within_size,size=64m");
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   const bool kernel_huge = mount.KernelGivesHugePages();
@@ -104,7 +104,7 @@ TEST(HugePagesDaemonTest, AHugeTmpfsTooSmallFailsTheLoadCleanlyAndTheDaemonKeeps
   testing::WritePatternCheckpoint(files.File("small.safetensors"), 6, 1, 1024);     // 1 MiB
   for (const char* threads : {"1", "4"}) {
     SCOPED_TRACE(threads);
-    DaemonProcess daemon({"--load-threads", threads});
+    DaemonProcess daemon({"--load-threads", threads}, /*own_segment_dir=*/true);
     TmpfsMount mount(daemon.segment_dir(), "huge=within_size,size=8m");
     if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
     ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
@@ -127,7 +127,7 @@ TEST(HugePagesDaemonTest, AHugeTmpfsTooSmallFailsTheLoadCleanlyAndTheDaemonKeeps
 TEST(HugePagesDaemonTest, WithoutHugePagesTheDaemonSaysSoAndUsesSmallPages) {
   ScratchDir files;
   testing::WritePatternCheckpoint(files.File("c.safetensors"), 7, 1, 3 * 1024);
-  DaemonProcess daemon;
+  DaemonProcess daemon({}, /*own_segment_dir=*/true);
   TmpfsMount mount(daemon.segment_dir(), "huge=never,size=64m");
   if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());

@@ -240,14 +240,20 @@ TEST_F(OpsTest, TheUnitFilePassesSystemdAnalyzeVerify) {
   std::string unit = ReadFile(CKPT_UNIT_FILE);
   ASSERT_NE(unit.find("Type=notify"), std::string::npos);
   for (const char* directive : {"RuntimeDirectory=ckptd", "ProtectSystem=strict", "PrivateTmp=yes", "NoNewPrivileges=yes",
-                                "ReadWritePaths=/dev/shm", "User=ckptd", "RemoveIPC=no", "RestartPreventExitStatus=78",
-                                "StateDirectory=ckptd"}) {
+                                "ReadWritePaths=-/run/ckptd-segments /dev/shm", "User=ckptd", "RemoveIPC=no",
+                                "RestartPreventExitStatus=78", "StateDirectory=ckptd",
+                                "Environment=CKPTD_SEGMENT_DIR=/run/ckptd-segments",
+                                "--segment-dir ${CKPTD_SEGMENT_DIR}"}) {
     EXPECT_NE(unit.find(directive), std::string::npos) << directive;
   }
-  // verify checks that ExecStart exists: point it at the binary just built.
+  // verify checks that ExecStart and ExecStartPre exist: point them at what was just built.
   const size_t at = unit.find("ExecStart=");
   const size_t end = unit.find(' ', at);
   unit.replace(at, end - at, std::string("ExecStart=") + CKPTD_BIN);
+  const size_t pre = unit.find("ExecStartPre=+");
+  ASSERT_NE(pre, std::string::npos);
+  const size_t pre_end = unit.find('\n', pre);
+  unit.replace(pre, pre_end - pre, std::string("ExecStartPre=+") + CKPT_TOOLS_DIR + "/systemd/ckptd-mount-segments");
   testing::WriteFile(files_.File("ckptd.service"), unit);
   CommandResult r = testing::RunCommand({"systemd-analyze", "verify", files_.File("ckptd.service")});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;

@@ -4,8 +4,8 @@
 // with a higher generation, FIFOs and links under the daemon's prefix, pre-creates the
 // segment directory or every predictable segment name; root-planted entries inside the
 // directory with the wrong owner, mode, name or data. None of it is ever adopted or
-// served, none of it blocks start-up, a load still succeeds, the directory owned by
-// someone else stops the daemon with a clear error. Generation numbers are never reused
+// served, none of it blocks start-up, a load still succeeds (squatting the directory
+// itself: segment_location_test.cc). Generation numbers are never reused
 // across restarts, and a lease names the segment's identity, not just its generation.
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -285,41 +285,8 @@ TEST_F(PlantedSegmentTest, DataCorruptedWhileTheDaemonWasDownIsNeverServed) {
   EXPECT_NE(attach.exit_code, 0);
 }
 
-TEST_F(PlantedSegmentTest, ASegmentDirectoryThatIsNotTheDaemonsOwnStopsStartUp) {
-  TempUser attacker;
-  daemon_.Stop();
-  testing::RemoveSegmentDirectory(daemon_.shm_prefix());
-  const std::string dir = daemon_.segment_dir();
-  // 1. Pre-created by another user, even with a safe-looking mode.
-  ASSERT_EQ(testing::RunCommand(attacker.As({"mkdir", "-m", "0750", dir})).exit_code, 0);
-  CommandResult r = RunDaemon();
-  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
-  EXPECT_NE(r.err.find("segment directory " + dir + " is owned by uid"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("refusing to use it"), std::string::npos) << r.err;
-  ASSERT_EQ(::rmdir(dir.c_str()), 0);
-  // 2. A symbolic link (to a directory the attacker controls).
-  ScratchDir theirs;
-  ASSERT_EQ(::chown(theirs.path().c_str(), ::getpwnam(attacker.name().c_str())->pw_uid, 0), 0);
-  ASSERT_EQ(testing::RunCommand(attacker.As({"ln", "-s", theirs.path(), dir})).exit_code, 0);
-  r = RunDaemon();
-  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
-  EXPECT_NE(r.err.find("segment directory " + dir + " is a symbolic link"), std::string::npos) << r.err;
-  EXPECT_TRUE(fs::is_empty(theirs.path())) << "the daemon wrote through the link";
-  ASSERT_EQ(::unlink(dir.c_str()), 0);
-  // 3. A file.
-  ASSERT_EQ(testing::RunCommand(attacker.As({"touch", dir})).exit_code, 0);
-  r = RunDaemon();
-  EXPECT_EQ(r.exit_code, 78) << r.err;  // EX_CONFIG: the unit does not restart
-  EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
-  ASSERT_EQ(::unlink(dir.c_str()), 0);
-  // Gone: the daemon creates its own and starts.
-  ASSERT_TRUE(daemon_.Start()) << ReadFile(daemon_.log_path());
-  struct stat st;
-  ASSERT_EQ(::lstat(dir.c_str(), &st), 0);
-  EXPECT_TRUE(S_ISDIR(st.st_mode));
-  EXPECT_EQ(st.st_uid, ::geteuid());
-  EXPECT_EQ(st.st_mode & 07777, 0750u);
-}
+// A squatted segment directory (the old /dev/shm/<prefix>, or the recorded name once the
+// directory is gone): tests/integration/segment_location_test.cc.
 
 TEST_F(PlantedSegmentTest, SquattingEveryPredictableNameDoesNotBlockALoad) {
   TempUser attacker;

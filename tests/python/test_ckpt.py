@@ -56,10 +56,20 @@ class Daemon:
             self.proc.send_signal(sig)
             self.proc.wait(timeout=20)
 
+    def segment_dir(self):
+        """The daemon's segment directory, /dev/shm/<prefix>.<random>, named in its state
+        directory ("" before it made one)."""
+        try:
+            with open(os.path.join(self.workdir, "state", "segment-directory")) as f:
+                return os.path.join("/dev/shm", f.read().strip())
+        except FileNotFoundError:
+            return ""
+
     def cleanup(self):
         self.stop()
         self.log.close()
-        shutil.rmtree(os.path.join("/dev/shm", self.prefix), ignore_errors=True)
+        if self.segment_dir():
+            shutil.rmtree(self.segment_dir(), ignore_errors=True)
 
 
 class CkptModuleTest(unittest.TestCase):
@@ -266,7 +276,7 @@ class CkptModuleTest(unittest.TestCase):
                     self.client.load(big, "big", progress=callback)
                 # Nothing published: not listed, not loading, no segment left.
                 self.assertNotIn("big", [c["name"] for c in self.client.list()])
-                segment_dir = os.path.join("/dev/shm", self.daemon.prefix)
+                segment_dir = self.daemon.segment_dir()
                 self.assertFalse([n for n in os.listdir(segment_dir) if n.startswith("big.")])
                 # The next calls get their own answers, not the cancelled load's.
                 with self.assertRaises(ckpt.NotFound):

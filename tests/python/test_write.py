@@ -18,9 +18,9 @@ import ckpt
 from test_ckpt import Daemon, ds_partition
 
 
-def segments(prefix):
-    d = os.path.join("/dev/shm", prefix)
-    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+def segments(daemon):
+    d = daemon.segment_dir()
+    return sorted(os.listdir(d)) if d and os.path.isdir(d) else []
 
 
 RANK_SCRIPT = textwrap.dedent("""
@@ -77,10 +77,10 @@ class WriteTest(unittest.TestCase):
         while time.monotonic() < deadline:
             st = self.client.status()
             if st["loading"] == 0 and st["memory_used_bytes"] == self._used_before and \
-                    not [s for s in segments(self.daemon.prefix) if s.startswith(name + ".")]:
+                    not [s for s in segments(self.daemon) if s.startswith(name + ".")]:
                 return
             time.sleep(0.02)
-        self.fail(f"'{name}' left something: {self.client.status()} {segments(self.daemon.prefix)}")
+        self.fail(f"'{name}' left something: {self.client.status()} {segments(self.daemon)}")
 
     def setUp(self):
         self._used_before = self.client.status()["memory_used_bytes"]
@@ -218,7 +218,7 @@ class WriteTest(unittest.TestCase):
         self.assertEqual(p.stdout.readline().strip(), "streaming")
         st = self.client.status()
         self.assertEqual(st["loading"], 1)
-        self.assertEqual(len([s for s in segments(self.daemon.prefix) if s.startswith("doomed.")]), 1)
+        self.assertEqual(len([s for s in segments(self.daemon) if s.startswith("doomed.")]), 1)
         p.kill()
         p.wait()
         self.assertNothingLeft("doomed")

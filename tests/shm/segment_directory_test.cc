@@ -9,6 +9,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "shm/huge_tmpfs.h"
 #include "support/test_env.h"
 
 namespace ckpt::shm {
@@ -18,7 +19,7 @@ using testing::ScratchSegmentDirectory;
 
 std::string FreshPath(const char* tag) {
   static int n = 0;
-  return SegmentDirectoryPath("ckpttest-dir-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++));
+  return std::string(kShmRoot) + "/ckpttest-dir-" + std::to_string(::getpid()) + "-" + tag + std::to_string(n++);
 }
 
 struct PathRemover {
@@ -81,6 +82,64 @@ TEST(SegmentDirectoryTest, RefusesSymlinksFilesAndOtherOwners) {
   r = SegmentDirectory::Open(theirs);
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("owned by uid 65534"), std::string::npos) << r.status().ToString();
+}
+
+TEST(SegmentDirectoryTest, MustCreateAndMustExistAreHonouredAndAFifoIsNeverOpened) {
+  using Create = SegmentDirectoryOptions::Create;
+  const std::string path = FreshPath("modes");
+  PathRemover cleanup{path};
+  auto absent = SegmentDirectory::Open(path, {std::nullopt, true, Create::kMustExist});
+  EXPECT_EQ(absent.status().code(), StatusCode::kNotFound) << absent.status().ToString();
+  EXPECT_FALSE(std::filesystem::exists(path)) << "kMustExist created it";
+  {
+    auto made = SegmentDirectory::Open(path, {std::nullopt, true, Create::kMustCreate});
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    EXPECT_TRUE((*made)->created());
+    // Taken (by ourselves, here): kMustCreate never uses an existing name.
+    auto again = SegmentDirectory::Open(path, {std::nullopt, false, Create::kMustCreate});
+    EXPECT_EQ(again.status().code(), StatusCode::kAlreadyExists) << again.status().ToString();
+  }
+  auto found = SegmentDirectory::Open(path, {std::nullopt, true, Create::kMustExist});
+  ASSERT_TRUE(found.ok()) << found.status().ToString();
+  EXPECT_FALSE((*found)->created());
+  // A FIFO where the directory should be: refused at once, never opened (no block).
+  const std::string fifo = FreshPath("fifo");
+  PathRemover cleanup_fifo{fifo};
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0666), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = SegmentDirectory::Open(fifo, {std::nullopt, true, Create::kMustExist});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_NE(r.status().message().find("not a directory"), std::string::npos) << r.status().ToString();
+}
+
+TEST(SegmentDirectoryTest, RemoveIfEmptyRemovesOnlyAnEmptyDirectoryThatIsNotAMountPoint) {
+  const std::string path = FreshPath("remove");
+  PathRemover cleanup{path};
+  auto dir = SegmentDirectory::Open(path);
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  ASSERT_TRUE((*dir)->Create("a", 4096, 0640).ok());
+  Status st = (*dir)->RemoveIfEmpty();
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("not empty"), std::string::npos) << st.ToString();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  ASSERT_TRUE((*dir)->Remove("a").ok());
+  EXPECT_TRUE((*dir)->RemoveIfEmpty().ok());
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_TRUE((*dir)->RemoveIfEmpty().ok()) << "gone already: OK";
+  // Another directory now at the path is not ours to remove.
+  ASSERT_EQ(::mkdir(path.c_str(), 0750), 0);
+  st = (*dir)->RemoveIfEmpty();
+  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  ASSERT_EQ(::rmdir(path.c_str()), 0);
+  // A mount point (the unit's tmpfs) stays.
+  testing::TmpfsMount mount(path, "size=1m");
+  if (!mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << mount.error();
+  auto mounted = SegmentDirectory::Open(path);
+  ASSERT_TRUE(mounted.ok()) << mounted.status().ToString();
+  st = (*mounted)->RemoveIfEmpty();
+  EXPECT_NE(st.message().find("is a mount point"), std::string::npos) << st.ToString();
+  EXPECT_TRUE(std::filesystem::exists(path));
 }
 
 TEST(SegmentDirectoryTest, CreateIsExclusiveAndNeverFollowsALink) {

@@ -19,7 +19,11 @@
 #include <sstream>
 #include <thread>
 
+#include <map>
+#include <mutex>
+
 #include "common/unique_fd.h"
+#include "daemon/segment_location.h"
 #include "protocol/wire.h"
 
 namespace ckpt::testing {
@@ -210,10 +214,30 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+namespace {
+// The live DaemonProcess of each shm prefix (prefixes are unique per process).
+std::mutex daemons_mu;
+std::map<std::string, const DaemonProcess*>& Daemons() {
+  static std::map<std::string, const DaemonProcess*> daemons;
+  return daemons;
+}
+}  // namespace
+
+std::string SegmentDirOf(const std::string& prefix) {
+  {
+    std::lock_guard<std::mutex> lock(daemons_mu);
+    auto it = Daemons().find(prefix);
+    if (it != Daemons().end()) return it->second->segment_dir();
+  }
+  return std::string(shm::kShmRoot) + "/" + prefix;
+}
+
 std::vector<std::string> ListSegments(const std::string& prefix, const std::string& name_prefix) {
   std::vector<std::string> names;
+  const std::string dir = SegmentDirOf(prefix);
+  if (dir.empty()) return names;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(shm::SegmentDirectoryPath(prefix), ec)) {
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.compare(0, name_prefix.size(), name_prefix) == 0) names.push_back(name);
   }
@@ -232,8 +256,11 @@ Result<std::unique_ptr<shm::SegmentReader>> OpenSegmentReader(const shm::Segment
 }
 
 void RemoveSegmentDirectory(const std::string& prefix) {
+  const std::string dir = SegmentDirOf(prefix);
+  if (dir.empty()) return;
   std::error_code ec;
-  fs::remove_all(shm::SegmentDirectoryPath(prefix), ec);
+  for (const auto& e : fs::directory_iterator(dir, ec)) fs::remove_all(e.path(), ec);
+  fs::remove(dir, ec);  // EBUSY for a mount point: it stays
 }
 
 namespace {
@@ -244,7 +271,7 @@ std::string UniquePrefix() {
 }  // namespace
 
 ScratchSegmentDirectory::ScratchSegmentDirectory() : prefix_(UniquePrefix()) {
-  auto dir = shm::SegmentDirectory::Open(shm::SegmentDirectoryPath(prefix_));
+  auto dir = shm::SegmentDirectory::Open(std::string(shm::kShmRoot) + "/" + prefix_);
   if (!dir.ok()) {
     ADD_FAILURE() << dir.status().ToString();
     std::abort();
@@ -257,17 +284,35 @@ ScratchSegmentDirectory::~ScratchSegmentDirectory() {
   RemoveSegmentDirectory(prefix_);
 }
 
-DaemonProcess::DaemonProcess(std::vector<std::string> extra_args) : extra_args_(std::move(extra_args)) {
+DaemonProcess::DaemonProcess(std::vector<std::string> extra_args, bool own_segment_dir)
+    : extra_args_(std::move(extra_args)) {
   socket_ = dir_.File("ckptd.sock");
   prefix_ = UniquePrefix();
   log_ = dir_.File("ckptd.log");
   state_ = dir_.File("state");
   pause_ = dir_.File("pause");
+  if (own_segment_dir) {
+    extra_args_.push_back("--segment-dir");
+    extra_args_.push_back(dir_.File("segments"));
+  }
+  std::lock_guard<std::mutex> lock(daemons_mu);
+  Daemons()[prefix_] = this;
 }
 
 DaemonProcess::~DaemonProcess() {
   if (Running()) Stop();
   RemoveSegmentDirectory(prefix_);
+  std::lock_guard<std::mutex> lock(daemons_mu);
+  Daemons().erase(prefix_);
+}
+
+std::string DaemonProcess::segment_dir() const {
+  for (size_t i = 0; i + 1 < extra_args_.size(); ++i) {
+    if (extra_args_[i] == "--segment-dir") return extra_args_[i + 1];
+  }
+  std::string name = ReadFile(state_ + "/" + daemon::kSegmentDirectoryRecord);
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  return name.empty() ? "" : std::string(shm::kShmRoot) + "/" + name;
 }
 
 bool DaemonProcess::Start() {

@@ -74,11 +74,15 @@ std::string Le64(uint64_t n);
 // A safetensors file's bytes: the header's length, `header` (JSON), then `data`.
 std::string SafetensorsBytes(const std::string& header, const std::string& data);
 
-// File names in the segment directory of shm prefix `prefix` (/dev/shm/<prefix>) that
-// start with `name_prefix` (e.g. "gpt." for the segments of checkpoint "gpt"), sorted;
-// empty if the directory does not exist.
+// The segment directory of shm prefix `prefix`: that of the live DaemonProcess with this
+// prefix (see DaemonProcess::segment_dir()), else /dev/shm/<prefix> (a
+// ScratchSegmentDirectory); "" when that daemon has not made one yet.
+std::string SegmentDirOf(const std::string& prefix);
+// File names in SegmentDirOf(prefix) that start with `name_prefix` (e.g. "gpt." for the
+// segments of checkpoint "gpt"), sorted; empty if the directory does not exist.
 std::vector<std::string> ListSegments(const std::string& prefix, const std::string& name_prefix = "");
-// Removes /dev/shm/<prefix> with everything in it (no error if absent).
+// Removes SegmentDirOf(prefix) with everything in it (no error if absent; a mount point
+// itself stays).
 void RemoveSegmentDirectory(const std::string& prefix);
 
 // Opens segment `file` of `dir` read-only (no owner or mode checks) and validates it.
@@ -103,10 +107,13 @@ class ScratchSegmentDirectory {
 
 // A ckptd child process on a private socket, shm prefix and state directory. Start()
 // waits until the daemon answers; the destructor stops it (SIGTERM, then SIGKILL) and
-// removes its segment directory.
+// removes its segment directory. By default the daemon chooses that directory
+// (/dev/shm/<prefix>.<random>, named in its state directory); with own_segment_dir it
+// gets --segment-dir <its scratch directory>/segments (where a test may mount a tmpfs
+// before Start(), as the unit does at /run/ckptd-segments).
 class DaemonProcess {
  public:
-  explicit DaemonProcess(std::vector<std::string> extra_args = {});
+  explicit DaemonProcess(std::vector<std::string> extra_args = {}, bool own_segment_dir = false);
   ~DaemonProcess();
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
@@ -122,8 +129,9 @@ class DaemonProcess {
 
   const std::string& socket() const { return socket_; }
   const std::string& shm_prefix() const { return prefix_; }
-  // /dev/shm/<prefix>, where its segments live.
-  std::string segment_dir() const { return shm::SegmentDirectoryPath(prefix_); }
+  // Where its segments live: the --segment-dir it was given, else the directory its
+  // state directory names (/dev/shm/<prefix>.<random>); "" before the daemon made one.
+  std::string segment_dir() const;
   // Its --state-dir (in its scratch directory, created by the daemon).
   const std::string& state_dir() const { return state_; }
   // Its CKPT_PAUSE_DIR (common/pause_point.h): where a PausePointControl arms its points.

@@ -3,7 +3,10 @@
 # Debian 12 tree (debootstrap), boots it with systemd-nspawn and checks, with systemctl,
 # journalctl and the shipped tools run inside the machine (nsenter):
 #   - the unit starts and is ready (Type=notify, STATUS=serving ...), not enabled by the
-#     package; a budget above /dev/shm is a warning in the journal;
+#     package, although a user with no role squatted /dev/shm/ckpt (the segment directory
+#     of earlier releases) first; its segments are in the tmpfs /run/ckptd-segments that
+#     ExecStartPre= mounted (owner ckptd, mode 0750, huge=within_size where the kernel has
+#     shmem THP); a budget above that tmpfs is a warning in the journal;
 #   - roles: an admin-group user loads, a reader-group user attaches (ckpt-shard-reader),
 #     a user in neither is refused; model roots outside /srv need no drop-in (under /data,
 #     under /home with ProtectHome=read-only);
@@ -14,8 +17,8 @@
 #   - a config error (an unknown key; a model root under /tmp, hidden by PrivateTmp=) fails
 #     the unit once: exit status 78, NRestarts=0, the cause in the journal;
 #   - an upgrade restarts a running ckptd (checkpoints and attachment kept) and enables
-#     nothing; apt-get remove stops the service and frees its shared memory; purge removes
-#     /etc/ckptd.
+#     nothing; apt-get remove stops the service, unmounts /run/ckptd-segments and frees its
+#     shared memory; purge removes /etc/ckptd.
 #
 #   tests/systemd/nspawn_test.sh [ckptd_*.deb libckptclient0_*.deb]     (as root)
 #
@@ -175,6 +178,8 @@ generation() {
 # ---- 5. start, readiness, journal
 [[ $(in_machine systemctl is-enabled ckptd || true) == disabled ]] || fail "the package enabled ckptd"
 [[ $(prop ActiveState) == inactive ]] || fail "the package started ckptd"
+# carol (no role) squats the old predictable segment directory before the first start.
+as_user carol mkdir -m 0777 /dev/shm/ckpt || fail "carol could not create /dev/shm/ckpt"
 step "systemctl start ckptd"
 in_machine systemctl start ckptd || fail "systemctl start ckptd"
 [[ $(prop ActiveState)/$(prop SubState) == active/running ]] || fail "not active/running: $(prop ActiveState)/$(prop SubState)"
@@ -185,7 +190,18 @@ in_machine systemctl start ckptd || fail "systemctl start ckptd"
 first_pid=$(prop MainPID)
 in_machine journalctl -u ckptd --no-pager >"$work/journal" || true
 grep -q "serving on $sock" "$work/journal" || fail "journalctl -u ckptd lacks the daemon's 'serving on' line"
-grep -q "memory-budget (1024.0 GiB) is larger than /dev/shm" "$work/journal" || fail "no warning for a budget above /dev/shm"
+grep -q "memory-budget (1024.0 GiB) is larger than /run/ckptd-segments" "$work/journal" ||
+  fail "no warning for a budget above the segment tmpfs"
+seg=/run/ckptd-segments
+in_machine mountpoint -q "$seg" || fail "ExecStartPre= mounted no tmpfs on $seg"
+[[ $(in_machine stat -c %U:%a "$seg") == ckptd:750 ]] || fail "$seg is $(in_machine stat -c %U:%a "$seg"), not ckptd:750"
+if [[ -e /sys/kernel/mm/transparent_hugepage/shmem_enabled ]]; then
+  in_machine findmnt -no OPTIONS "$seg" | grep -q "huge=within_size" ||
+    fail "$seg is not mounted huge=within_size: $(in_machine findmnt -no OPTIONS "$seg")"
+fi
+[[ $(ctl_json status | python3 -c 'import json,sys; print(json.load(sys.stdin)["segment_dir"])') == "$seg" ]] ||
+  fail "ckptd does not use $seg: $(ctl_json status)"
+[[ $(in_machine stat -c %U /dev/shm/ckpt) == carol ]] || fail "carol's /dev/shm/ckpt was touched"
 
 # ---- 6. roles and model roots
 step "admin bob loads from /srv, /data and /home; carol (no group) is refused"
@@ -269,10 +285,11 @@ in_machine systemctl start ckptd || fail "start with the fixed configuration"
 
 # ---- 10. remove and purge
 step "apt-get remove ckptd; dpkg --purge ckptd"
-[[ -n $(in_machine find /dev/shm -user ckptd) ]] || fail "no segments in /dev/shm before the removal"
+[[ -n $(in_machine find "$seg" -user ckptd -type f) ]] || fail "no segments in $seg before the removal"
 in_machine env DEBIAN_FRONTEND=noninteractive apt-get remove -y -q ckptd >"$work/remove.log" 2>&1 || { cat "$work/remove.log"; fail "apt-get remove"; }
 [[ $(prop ActiveState) != active ]] || fail "ckptd still runs after its removal"
-[[ -z $(in_machine find /dev/shm -user ckptd) ]] || fail "segments left in /dev/shm: $(in_machine find /dev/shm -user ckptd)"
+if in_machine mountpoint -q "$seg"; then fail "$seg is still mounted after the removal"; fi
+[[ -z $(in_machine find /dev/shm "$seg" -user ckptd 2>/dev/null) ]] || fail "segments left: $(in_machine find /dev/shm "$seg" -user ckptd 2>/dev/null)"
 in_machine test -e /etc/ckptd/ckptd.conf || fail "remove deleted the conffile"
 in_machine dpkg --purge ckptd >/dev/null || fail "dpkg --purge"
 if in_machine test -e /etc/ckptd/ckptd.conf; then fail "purge left /etc/ckptd/ckptd.conf"; fi

@@ -7,7 +7,7 @@ from_pretrained.
 
 First, buffers: build_model(masks_device=cuda) against a CPU build for every family of
 tools/gpu/check_hf_families.py and the GPT-Neo 2.7B shape (every buffer equal, no float
-buffer made on the GPU). Then one pass on 4 KiB pages and, with --huge-prefix, one with the
+buffer made on the GPU). Then one pass on 4 KiB pages and, with --huge-dir, one with the
 segment on huge pages. Methods, in pairs that do the same attach work:
   engine, attached       Checkpoint.state_dict on a checkpoint attached once (its mapping
                          faulted in by the warm-up round)
@@ -25,7 +25,7 @@ Also: the model build alone (no copy beside it), load_model's own phase times
 
   python3 tools/gpu/bench_load_model.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo
       [--shape 2.7B|small] [--reps 5] [--markdown OUT.md] [--profile OUT.txt] [--prepare-only]
-      [--huge-prefix PREFIX (/dev/shm/PREFIX a huge=within_size tmpfs)] [--no-variants]
+      [--huge-dir DIR (a huge=within_size tmpfs, e.g. /run/benchlmhuge)] [--no-variants]
 
 The model folder is WORKDIR/SHAPE (config.json + model.safetensors), the one
 tools/gpu/check_gpt_neo.py writes; it is made here (random weights) when missing
@@ -155,8 +155,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--markdown", help="also write the table here")
     ap.add_argument("--profile", help="write a cProfile of one load_model call here")
-    ap.add_argument("--huge-prefix", help="a second pass on huge pages: a ckptd with --shm-prefix this, whose "
-                    "directory /dev/shm/PREFIX is a tmpfs mounted huge=within_size")
+    ap.add_argument("--huge-dir", help="a second pass on huge pages: a ckptd with --segment-dir this, a tmpfs "
+                    "mounted huge=within_size where only root can create names (e.g. /run/benchlmhuge)")
     ap.add_argument("--no-variants", action="store_true", help="skip the load_model ablations")
     ap.add_argument("--prepare-only", action="store_true", help="write the model folder and exit")
     args = ap.parse_args()
@@ -206,17 +206,18 @@ def main():
     def from_pretrained():
         return GPTNeoForCausalLM.from_pretrained(folder, device_map=str(dev))
 
-    passes = [("4 KiB pages (/dev/shm)", f"benchlm{os.getpid()}", True)]
-    if args.huge_prefix:
-        passes.append(("huge pages (tmpfs huge=within_size)", args.huge_prefix, False))
+    passes = [("4 KiB pages (/dev/shm)", f"benchlm{os.getpid()}", True, [])]
+    if args.huge_dir:
+        passes.append(("huge pages (tmpfs huge=within_size)", f"benchlmhuge{os.getpid()}", False,
+                       ["--segment-dir", args.huge_dir]))
     fp_median = None
     all_same = masks_ok
-    for label, prefix, full in passes:
+    for label, prefix, full, segment_args in passes:
         sock = os.path.join(args.workdir, f"bench-lm-{prefix}.sock")
         if os.path.exists(sock):
             os.unlink(sock)
         daemon = subprocess.Popen([args.ckptd, "--socket", sock, "--shm-prefix", prefix,
-                                   "--cleanup-on-exit", "--load-threads", "16"])
+                                   "--cleanup-on-exit", "--load-threads", "16"] + segment_args)
         try:
             out = run_pass(args, label, sock, folder, config, dev, full, from_pretrained, ckpt, lm)
         except Exception as e:  # noqa: BLE001 (reported; the next pass still runs)

@@ -117,13 +117,14 @@ for step in $steps; do
   benchlm)
     log "load_model benchmark, GPT-Neo ${BENCH_SHAPE:-2.7B}"
     [ -n "$prepare_pid" ] && { wait "$prepare_pid"; log "model folder: rc=$?"; prepare_pid=; }
-    # BENCH_HUGE=1: a second pass with the segment on a huge=within_size tmpfs mounted on the
-    # daemon's segment directory (docs/operations.md, "Huge pages"; needs root).
+    # BENCH_HUGE=1: a second pass with the segments on a huge=within_size tmpfs given to the
+    # daemon as --segment-dir, under /run (only root can create names there; docs/operations.md,
+    # "Huge pages"; needs root).
     huge_args=()
     if [ "${BENCH_HUGE:-0}" = 1 ]; then
-      mkdir -p /dev/shm/benchlmhuge
-      if mount -t tmpfs -o "size=${BENCH_HUGE_SIZE:-16G},huge=within_size,mode=0750" tmpfs /dev/shm/benchlmhuge; then
-        huge_args=(--huge-prefix benchlmhuge)
+      mkdir -p /run/benchlmhuge
+      if mount -t tmpfs -o "size=${BENCH_HUGE_SIZE:-16G},huge=within_size,mode=0750" tmpfs /run/benchlmhuge; then
+        huge_args=(--huge-dir /run/benchlmhuge)
       else
         log "no huge-page tmpfs (mount failed): 4 KiB pages only"
       fi
@@ -132,7 +133,7 @@ for step in $steps; do
       --shape "${BENCH_SHAPE:-2.7B}" --reps "${BENCH_REPS:-5}" --markdown "$out/bench_load_model.md" \
       --profile "$out/bench_load_model_profile.txt" "${huge_args[@]}" > "$out/bench_load_model.log" 2>&1
     log "rc=$?"
-    [ ${#huge_args[@]} -gt 0 ] && umount /dev/shm/benchlmhuge ;;
+    [ ${#huge_args[@]} -gt 0 ] && umount /run/benchlmhuge ;;
   layout)
     log "issue 13 layout: no GPU library at load time"
     (
