@@ -43,6 +43,9 @@ Status ValidateOptions(const ServerOptions& o) {
   if (!(o.frame_timeout_s > 0 && o.frame_timeout_s <= 3600)) return InvalidArgument("frame timeout must be 0 to 3600 s");
   if (!(o.idle_timeout_s > 0 && o.idle_timeout_s <= 86400)) return InvalidArgument("idle timeout must be 0 to 86400 s");
   if (o.rendezvous_per_uid < 1) return InvalidArgument("rendezvous entries per uid must be >= 1");
+  if (!(o.write_idle_timeout_s > 0 && o.write_idle_timeout_s <= 86400)) {
+    return InvalidArgument("write idle timeout must be 0 to 86400 s");
+  }
   if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
   if (o.metrics_file_mode > 0777) return InvalidArgument("metrics file mode must be at most 0777");
   if ((o.shm_mode & 07133) != 0 || (o.shm_mode & 0600) != 0600) {
@@ -64,10 +67,12 @@ Server::Server(ServerOptions options, std::unique_ptr<shm::SegmentDirectory> seg
     : options_(std::move(options)),
       segments_(std::move(segments)),
       generations_(std::move(generations)),
-      catalog_(options_.memory_budget_bytes, segments_.get(), generations_.get()),
+      catalog_(options_.memory_budget_bytes, segments_.get(), generations_.get(),
+               Quotas{options_.max_shm_bytes_per_uid, options_.max_segments_per_uid, options_.max_writes_per_uid}),
       rendezvous_(RendezvousOptionsOf(options_)),
       writes_(std::make_unique<WriteSessions>(WriteSession::Environment{
-          &catalog_, segments_.get(), options_.shm_mode, options_.load_threads})),
+          &catalog_, segments_.get(), options_.shm_mode, options_.load_threads, options_.write_idle_timeout_s,
+          options_.max_writes_per_uid})),
       limits_(std::make_unique<ConnectionLimits>(ConnectionLimits::Options{
           options_.max_connections, options_.max_connections_per_uid, options_.admin_reserved_connections})) {}
 
@@ -309,6 +314,17 @@ void Server::Serve(Connection* connection) {
       UniqueFd request_fd;  // a write's ring comes with its request
       auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes, &request_fd,
                                          protocol::DeadlineIn(options_.frame_timeout_s));
+      if (!request.ok() && request.status().code() == StatusCode::kResourceExhausted) {
+        // Read whole, but the descriptor sent with it was dropped (ckptd is out of
+        // descriptors): the request is answered with that, the connection stays in step.
+        spdlog::warn("a request of uid {} lost its descriptor: {}", connection->peer.uid, request.status().message());
+        if (!protocol::WriteFrame(fd, protocol::ErrorResponse(request.status()),
+                                  protocol::DeadlineIn(options_.frame_timeout_s)).ok()) {
+          break;
+        }
+        idle_since = std::chrono::steady_clock::now();
+        continue;
+      }
       if (!request.ok()) {
         // A malformed or late frame loses the framing: answer once, then drop the connection.
         const StatusCode code = request.status().code();
