@@ -67,7 +67,7 @@ Status Internal(std::string message);
 Status PermissionDenied(std::string message);
 Status DeadlineExceeded(std::string message);
 Status Cancelled(std::string message);
-// IoError whose message is "what: strerror(err)" (ResourceExhausted for EMFILE and ENFILE).
+// IoError whose message is "what: strerror(err)".
 Status ErrnoError(const std::string& what, int err);
 
 template <typename T>

@@ -68,7 +68,7 @@ TEST(SegmentAdoptionTest, NewestValidGenerationWinsAndCorruptDataIsNeverAdopted)
   EXPECT_EQ(::fcntl(m->fd->get(), F_GETFL) & O_ACCMODE, O_RDONLY);
   EXPECT_EQ(dir.List(), (std::vector<std::string>{g2, other}));
   // New generations come above every adopted one.
-  auto next = catalog.BeginLoad("new", false, 1);
+  auto next = catalog.BeginLoad("new", false, 1, Owner{0, true, "root"});
   ASSERT_TRUE(next.ok());
   EXPECT_EQ(*next, 8u);
 }
