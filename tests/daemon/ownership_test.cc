@@ -93,8 +93,8 @@ TEST_F(OwnershipTest, ABudgetEvictionForAUserTakesOnlyItsOwnAndSaysWhat) {
   ASSERT_TRUE(Load(c, "admin-a", 40, kAdmin).ok());
   ASSERT_TRUE(Load(c, "alice-a", 20, kAlice).ok());
   ASSERT_TRUE(Load(c, "bob-a", 20, kBob).ok());
-  // 80 used; alice needs 40: only her own 20 may go, which is not enough: nothing goes.
-  auto refused = c.BeginLoad("alice-b", false, 40, kAlice);
+  // 80 used; alice needs 45: only her own 20 may go, which is not enough: nothing goes.
+  auto refused = c.BeginLoad("alice-b", false, 45, kAlice);
   EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
   EXPECT_NE(refused.status().message().find("uid 1001"), std::string::npos) << refused.status().ToString();
   EXPECT_EQ(c.List().size(), 3u);
