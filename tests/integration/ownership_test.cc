@@ -313,7 +313,7 @@ TEST_F(OwnershipTest, QuotasBoundAWriterButNotAnAdminOrAnotherWriter) {
 
 TEST_F(OwnershipTest, AnIdleWriteIsReapedAndFreesItsBudgetForTheAdmin) {
   // A 400 KiB write reserves about 1.4 MiB: the budget holds one of them, not two.
-  StartDaemon({"--memory-budget", "2000K", "--write-idle-timeout", "1"});
+  StartDaemon({"--memory-budget", "2000K", "--max-shm-bytes-per-uid", "0", "--write-idle-timeout", "1"});
   const std::string s = socket();
   std::string r = AsUser(w1_, [&] {
     auto sock = protocol::ConnectUnix(s);

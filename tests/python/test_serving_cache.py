@@ -274,7 +274,8 @@ if mode == "attack":
     out = []
     for name in (sc.cache_name(key), sc.cache_name(key)[len("u%d." % victim):]):  # its name; the old, flat one
         try:
-            client.publish(name, poison, side_files={sc.KEY_FILE: json.dumps(key, sort_keys=True).encode()})
+            client.publish(name, poison, replace=True,
+                           side_files={sc.KEY_FILE: json.dumps(key, sort_keys=True).encode()})
             out.append("published " + name)
         except ckpt.PermissionDenied as e:
             out.append("refused: " + str(e))
