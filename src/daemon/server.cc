@@ -95,6 +95,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   server->access_ = std::move(access);
   server->started_unix_s_ = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch()).count();
+  server->spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   server->wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!server->wake_fd_.valid()) return ErrnoError("eventfd", errno);
   CKPT_ASSIGN_OR_RETURN(server->roots_, ModelRoots::Create(options.model_roots));
@@ -126,6 +127,26 @@ Server::~Server() {
     if (c->thread.joinable()) c->thread.join();
   }
   ensures_.JoinAll();  // before any member their threads use is destroyed
+}
+
+void Server::RefuseForDescriptors() {
+  // The spare descriptor makes room to take the waiting connection and tell it why; the
+  // listening socket would otherwise stay readable and the loop spin.
+  ++counters_.connections_refused;
+  if (spare_fd_.valid()) {
+    spare_fd_.reset();
+    UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (client.valid()) {
+      (void)protocol::WriteFrame(client.get(),
+                                 protocol::ErrorResponse(ResourceExhausted(
+                                     "ckptd is out of file descriptors (RLIMIT_NOFILE); try again later")),
+                                 protocol::DeadlineIn(0.05));
+    }
+    client.reset();
+    spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  }
+  spdlog::warn("refused a connection: ckptd is out of file descriptors (RLIMIT_NOFILE)");
+  if (!spare_fd_.valid()) ::usleep(50000);  // none to spare: wait for descriptors to be freed
 }
 
 void Server::Stop() {
@@ -206,7 +227,10 @@ void Server::Run() {
     ReapFinishedConnections();
     if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
     UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!client.valid()) continue;
+    if (!client.valid()) {
+      if (errno == EMFILE || errno == ENFILE) RefuseForDescriptors();
+      continue;
+    }
     ++counters_.connections_total;
     Admit(std::move(client));
   }

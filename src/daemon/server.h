@@ -136,6 +136,9 @@ class Server {
   DaemonCounters counters_;
   UniqueFd listen_fd_;
   UniqueFd wake_fd_;  // eventfd that wakes Run() for Stop()
+  UniqueFd spare_fd_;  // /dev/null, given up to refuse a connection when out of descriptors
+  // accept() failed with EMFILE/ENFILE: answers one waiting connection resource_exhausted.
+  void RefuseForDescriptors();
   std::atomic<bool> stopping_{false};
   std::mutex connections_mu_;
   std::list<std::unique_ptr<Connection>> connections_;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -345,7 +346,7 @@ TEST_F(OwnershipTest, AnIdleWriteIsReapedAndFreesItsBudgetForTheAdmin) {
 }
 
 TEST_F(OwnershipTest, TinyPublishesDoNotExhaustTheDaemonsDescriptors) {
-  StartDaemon({"--max-segments-per-uid", "0"});
+  StartDaemon();  // 160 generations: within the default max-segments-per-uid (256)
   const std::string s = socket();
   // The daemon's descriptors: far fewer than the publishes below.
   CommandResult limited = testing::RunCommand(
@@ -369,6 +370,37 @@ TEST_F(OwnershipTest, TinyPublishesDoNotExhaustTheDaemonsDescriptors) {
   });
   EXPECT_EQ(r, "ok");
   EXPECT_TRUE(daemon_->Running());
+}
+
+TEST_F(OwnershipTest, ADaemonOutOfDescriptorsRefusesClearlyAndServesOnceTheyAreFree) {
+  StartDaemon();
+  ASSERT_EQ(AsUser(w1_, [&] { return Publish(socket(), "m", 1.0f); }).rfind("ok", 0), 0u);
+  CommandResult limited = testing::RunCommand({"prlimit", "--pid", std::to_string(daemon_->pid()), "--nofile=48:48"});
+  ASSERT_EQ(limited.exit_code, 0) << limited.err;
+  // Hold connections until the daemon has no descriptor left for the next one.
+  std::vector<UniqueFd> held;
+  std::string refusal;
+  for (int i = 0; i < 80 && refusal.empty(); ++i) {
+    auto fd = protocol::ConnectUnix(socket());
+    ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+    pollfd p{fd->get(), POLLIN, 0};
+    if (::poll(&p, 1, 300) == 1) {  // admitted connections stay silent; a refusal is one frame
+      auto frame = protocol::ReadFrame(fd->get(), protocol::kMaxResponseBytes, nullptr, protocol::DeadlineIn(5));
+      refusal = frame.ok() ? Text(protocol::StatusOf(*frame)) : Text(frame.status());
+    }
+    held.push_back(std::move(fd).value());
+  }
+  EXPECT_EQ(refusal.rfind("resource_exhausted", 0), 0u) << refusal;
+  EXPECT_NE(refusal.find("out of file descriptors"), std::string::npos) << refusal;
+  held.clear();
+  // Descriptors free again: a reader attaches (the daemon closed the refused ones itself).
+  std::string r;
+  for (int i = 0; i < 100; ++i) {
+    r = AsUser(reader_, [&] { return std::to_string(FirstFloat(socket(), "m")); });
+    if (r == std::to_string(1.0f)) break;
+    ::usleep(50000);  // the daemon notices the closed connections within its poll interval
+  }
+  EXPECT_EQ(r, std::to_string(1.0f));
 }
 
 TEST_F(OwnershipTest, AReaderOutOfDescriptorsIsToldSoNotCorrupt) {
