@@ -532,7 +532,10 @@ Result<LoadResult> WriteSession::Publish() {
   entry.owner = owner_;
   {
     UniqueFd read_only = segment->TakeReadOnlyFd();
-    CKPT_RETURN_IF_ERROR(RecordSegmentIdentity(read_only.get(), &entry));
+    if (Status identified = RecordSegmentIdentity(read_only.get(), &entry); !identified.ok()) {
+      (void)env_.segments->Remove(segment->file_name());  // complete already: never to be adopted
+      return identified;
+    }
   }  // attach and verify open the segment again when they need it
   std::lock_guard<std::mutex> lock(mu_);
   LoadResult result{SummaryOf(entry), evicted_};
