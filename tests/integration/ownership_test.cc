@@ -243,7 +243,9 @@ TEST_F(OwnershipTest, AWritersBudgetEvictionTakesOnlyItsOwnAndReportsIt) {
   EXPECT_EQ(list->size(), 3u);
   ExpectNothingHeld();
   // An admin's load may evict a writer's, and says which.
-  auto loaded = Root()->Load(models_.File("llama.safetensors"), LoadOptions{"llama"});
+  LoadOptions llama;
+  llama.name = "llama";
+  auto loaded = Root()->Load(models_.File("llama.safetensors"), llama);
   ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
 }
 
