@@ -53,6 +53,12 @@ struct CheckpointSummary {
   // The identity of the files this generation was loaded from (see Client::Ensure), 16 hex
   // characters; empty for a generation adopted after a daemon restart or not reported.
   std::string source_fingerprint;
+  // Who owns the name now: the uid that loaded or published this generation, its user
+  // name ("" if it has none or was not reported) and whether it had the admin role. Only
+  // the owner or an admin may replace or evict it (docs/operations.md, *Ownership*).
+  uint32_t owner_uid = 0;
+  std::string owner_user;
+  bool owner_admin = false;
 };
 
 // The published checkpoints and the names of loads in progress.
@@ -124,7 +130,15 @@ struct DaemonStatus {
   int64_t admin_reserved_connections = 0;
   std::vector<std::string> model_roots;
   EvictionCounters evictions;
-  std::string your_role;  // "admin", "reader" (a caller with no role is refused at connect)
+  std::string your_role;  // "admin", "writer", "reader" (a caller with no role is refused at connect)
+  // The caller's uid, what it holds, and its per-uid limits (0: none; admins are exempt).
+  uint32_t your_uid = 0;
+  uint64_t your_shm_bytes = 0;
+  uint64_t your_segments = 0;
+  uint64_t your_writes = 0;
+  uint64_t max_shm_bytes_per_uid = 0;
+  uint64_t max_segments_per_uid = 0;
+  uint64_t max_writes_per_uid = 0;
   std::vector<CheckpointSummary> checkpoint_list;
   std::vector<CheckpointSummary> retired;  // replaced or force-evicted generations still attached
   // What the segment directory's file system gives new segments, e.g. "tmpfs
@@ -176,6 +190,13 @@ class Checkpoint {
 
   const std::string& name() const;
   uint64_t generation() const;
+  // The owner the daemon recorded in the segment's header for this generation (only the
+  // daemon writes it): the uid that loaded or published it, and whether it had the admin
+  // role. For a segment of an older ckptd, which recorded none: kUnknownOwnerUid and true.
+  // What the serving cache checks before it trusts an entry (python/ckpt/serving_cache.py).
+  static constexpr uint32_t kUnknownOwnerUid = 0xffffffffu;
+  uint32_t owner_uid() const;
+  bool owner_admin() const;
   uint64_t mapped_bytes() const;
   const std::vector<TensorInfo>& tensors() const;
 

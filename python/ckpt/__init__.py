@@ -141,6 +141,17 @@ class Checkpoint:
     def generation(self) -> int:
         return self._h.generation
 
+    @property
+    def owner_uid(self) -> int:
+        """The uid that loaded or published this generation, as the daemon recorded it in the
+        segment (only the daemon writes it); 0xffffffff for a segment of an older ckptd."""
+        return self._h.owner_uid
+
+    @property
+    def owner_admin(self) -> bool:
+        """Whether the owner had the admin role when it created this generation."""
+        return self._h.owner_admin
+
     def keys(self):
         return list(self._infos)
 

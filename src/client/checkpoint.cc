@@ -198,6 +198,14 @@ Checkpoint::~Checkpoint() {
 
 const std::string& Checkpoint::name() const { return name_; }
 uint64_t Checkpoint::generation() const { return segment_->generation(); }
+uint32_t Checkpoint::owner_uid() const {
+  const auto& h = segment_->header();
+  return (h.owner_flags & shm::kOwnerRecorded) != 0 ? h.owner_uid : kUnknownOwnerUid;
+}
+bool Checkpoint::owner_admin() const {
+  const auto& h = segment_->header();
+  return (h.owner_flags & shm::kOwnerRecorded) == 0 || (h.owner_flags & shm::kOwnerAdmin) != 0;
+}
 uint64_t Checkpoint::mapped_bytes() const { return segment_->segment_bytes(); }
 const std::vector<TensorInfo>& Checkpoint::tensors() const { return segment_->tensors(); }
 

@@ -1,5 +1,6 @@
 #include "ckpt/status.h"
 
+#include <cerrno>
 #include <cstring>
 
 namespace ckpt {
@@ -50,6 +51,8 @@ Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, 
 Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
 Status ErrnoError(const std::string& what, int err) {
+  // Out of descriptors is a resource limit, never an I/O (or data) problem.
+  if (err == EMFILE || err == ENFILE) return ResourceExhausted(what + ": " + std::strerror(err));
   return IoError(what + ": " + std::strerror(err));
 }
 

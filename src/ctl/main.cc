@@ -86,6 +86,25 @@ std::string LocalTime(int64_t unix_s) {
 
 ckpt::Result<std::unique_ptr<ckpt::Client>> Connect(const Options& o) { return ckpt::Client::Connect(o.socket); }
 
+// "2.0 MiB in 3 generations, 1 write (limits: 8.0 GiB, 256, 32)": what the caller holds.
+std::string UsageText(const ckpt::DaemonStatus& s) {
+  auto limit = [](uint64_t v, bool bytes) { return v == 0 ? std::string("none") : bytes ? HumanBytes(v) : std::to_string(v); };
+  std::string text = "uid " + std::to_string(s.your_uid) + ": " + HumanBytes(s.your_shm_bytes) + " in " +
+                     std::to_string(s.your_segments) + " generation(s), " + std::to_string(s.your_writes) + " write(s)";
+  if (s.your_role == "admin") return text + " (admins have no per-user limits)";
+  return text + " (limits: " + limit(s.max_shm_bytes_per_uid, true) + ", " + limit(s.max_segments_per_uid, false) +
+         " generations, " + limit(s.max_writes_per_uid, false) + " writes)";
+}
+
+// "alice (uid 1001)", "root (uid 0, admin)", "uid 1001" (no user name).
+std::string OwnerText(const ckpt::CheckpointSummary& c) {
+  std::string text = c.owner_user.empty() ? "uid " + std::to_string(c.owner_uid)
+                                          : Printable(c.owner_user) + " (uid " + std::to_string(c.owner_uid);
+  if (c.owner_admin) text += c.owner_user.empty() ? " (admin)" : ", admin";
+  if (!c.owner_user.empty()) text += ")";
+  return text;
+}
+
 std::vector<std::string> CheckpointRow(const ckpt::CheckpointSummary& c) {
   return {c.name,
           std::to_string(c.generation),
@@ -94,6 +113,7 @@ std::vector<std::string> CheckpointRow(const ckpt::CheckpointSummary& c) {
           std::to_string(c.attached),
           Seconds(c.load_seconds),
           LocalTime(c.loaded_unix_s),
+          OwnerText(c),
           c.source};
 }
 // "2 MiB, 9.8 GiB of 9.9 GiB on huge pages", "4 KiB", "-" when the daemon did not say.
@@ -108,7 +128,7 @@ std::string PagesText(const ckpt::CheckpointSummary& c) {
   return out;
 }
 const std::vector<std::string> kCheckpointHeader = {"NAME", "GEN", "TENSORS", "SIZE", "ATTACHED",
-                                                    "LOAD TIME", "LOADED", "SOURCE"};
+                                                    "LOAD TIME", "LOADED", "OWNER", "SOURCE"};
 
 // SIGINT during a load: the first one cancels it (the daemon publishes nothing), a
 // second one ends ckptctl at once.
@@ -254,7 +274,7 @@ int List(const Options& o) {
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& c : list->checkpoints) rows.push_back(CheckpointRow(c));
-  for (const auto& n : list->loading) rows.push_back({n, "-", "-", "-", "-", "loading", "-", "-"});
+  for (const auto& n : list->loading) rows.push_back({n, "-", "-", "-", "-", "loading", "-", "-", "-"});
   std::cout << RenderTable(kCheckpointHeader, rows, {1, 2, 3, 4, 5});
   return 0;
 }
@@ -275,7 +295,9 @@ int Info(const Options& o, const std::string& name) {
     return 0;
   }
   std::cout << RenderTable(kCheckpointHeader, {CheckpointRow(info->checkpoint)}, {1, 2, 3, 4, 5}) << "\n";
-  std::cout << "pages: " << PagesText(info->checkpoint) << "\n\n";
+  std::cout << "pages: " << PagesText(info->checkpoint) << "\n";
+  std::cout << "owner: " << OwnerText(info->checkpoint)
+            << " (only the owner or an admin may replace or evict it)\n\n";
   std::vector<std::vector<std::string>> rows;
   for (const ckpt::TensorInfo& t : info->tensors) {
     char checksum[17];
@@ -340,7 +362,8 @@ int Status(const Options& o) {
                                                                          : HumanBytes(s.memory_budget_bytes)},
                             {"memory used", HumanBytes(s.memory_used_bytes)},
                             {"segment pages", s.segment_pages.empty() ? "-" : s.segment_pages},
-                            {"your role", s.your_role}});
+                            {"your role", s.your_role},
+                            {"your usage", UsageText(s)}});
   // Per generation: current ones, then retired ones still attached.
   std::vector<std::vector<std::string>> rows;
   auto add = [&](const ckpt::CheckpointSummary& c, const char* state) {

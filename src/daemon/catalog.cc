@@ -25,7 +25,7 @@ uint64_t Catalog::UsedBytesLocked() const {
   uint64_t used = 0;
   for (const auto& [name, e] : entries_) used += e.segment_bytes;
   for (const auto& [key, e] : retired_) used += e.segment_bytes;
-  for (const auto& [name, bytes] : loading_) used += bytes;
+  for (const auto& [name, r] : loading_) used += r.bytes;
   return used;
 }
 
@@ -34,41 +34,101 @@ uint64_t Catalog::UsedBytes() const {
   return UsedBytesLocked();
 }
 
+Usage Catalog::UsageLocked(uint32_t uid) const {
+  Usage u;
+  for (const auto& [name, e] : entries_) {
+    if (e.owner.uid == uid) u.shm_bytes += e.segment_bytes, ++u.segments;
+  }
+  for (const auto& [key, e] : retired_) {
+    if (e.owner.uid == uid) u.shm_bytes += e.segment_bytes, ++u.segments;
+  }
+  for (const auto& [name, r] : loading_) {
+    if (r.owner.uid == uid) u.shm_bytes += r.bytes, ++u.segments;
+  }
+  return u;
+}
+
+Usage Catalog::UsageOf(uint32_t uid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return UsageLocked(uid);
+}
+
 EvictionCounts Catalog::evictions() const {
   std::lock_guard<std::mutex> lock(mu_);
   return evictions_;
 }
 
-Result<uint64_t> Catalog::BeginLoad(const std::string& name, bool replace, uint64_t bytes,
+Status Catalog::CheckNameLocked(const std::string& name, bool replace, const Owner& actor) const {
+  if (auto it = loading_.find(name); it != loading_.end()) {
+    CKPT_RETURN_IF_ERROR(MayAlter(actor, it->second.owner, name, "load or write"));
+    return AlreadyExists("checkpoint '" + name + "' is being loaded (by " + Describe(it->second.owner) + ")");
+  }
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return MayClaim(actor, name);
+  if (!replace) {
+    return AlreadyExists("checkpoint '" + name + "' is already loaded (owned by " + Describe(it->second.owner) +
+                         "; use --replace for a new generation)");
+  }
+  return MayAlter(actor, it->second.owner, name, "replace");
+}
+
+Status Catalog::CheckName(const std::string& name, bool replace, const Owner& actor) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckNameLocked(name, replace, actor);
+}
+
+Status Catalog::ChooseVictimsLocked(const std::string& name, uint64_t bytes, const Owner& actor,
+                                    std::vector<std::string>* victims) const {
+  const uint64_t used = UsedBytesLocked();
+  const Usage mine = actor.admin ? Usage{} : UsageLocked(actor.uid);
+  const bool replacing_own = entries_.count(name) != 0;  // its old generation goes at publish
+  const uint64_t new_segments = replacing_own ? 0 : 1;
+  const uint64_t byte_quota = actor.admin ? 0 : quotas_.shm_bytes;
+  const uint64_t segment_quota = actor.admin ? 0 : quotas_.segments;
+  // Candidates: unattached checkpoints the actor may evict (all for an admin, its own
+  // otherwise), other than the one being replaced, LRU first. Every one the actor may
+  // evict is its own unless it is an admin, so what they free counts for its quotas too.
+  std::vector<const CatalogEntry*> candidates;
+  for (const auto& [n, e] : entries_) {
+    if (e.attached == 0 && n != name && MayAlter(actor, e.owner, n, "evict").ok()) candidates.push_back(&e);
+  }
+  std::sort(candidates.begin(), candidates.end(),
+            [](const CatalogEntry* a, const CatalogEntry* b) { return a->last_used < b->last_used; });
+  uint64_t freed = 0, taken = 0;
+  auto over_budget = [&] { return budget_bytes_ > 0 && used - freed + bytes > budget_bytes_; };
+  auto over_bytes = [&] { return byte_quota > 0 && mine.shm_bytes - freed + bytes > byte_quota; };
+  auto over_segments = [&] { return segment_quota > 0 && mine.segments - taken + new_segments > segment_quota; };
+  while (taken < candidates.size() && (over_budget() || over_bytes() || over_segments())) {
+    freed += candidates[taken++]->segment_bytes;
+  }
+  const std::string evictable = actor.admin ? "unattached checkpoints" : "unattached checkpoints of " + Describe(actor);
+  if (over_budget()) {
+    return ResourceExhausted("loading '" + name + "' needs " + std::to_string(bytes) + " bytes; the memory budget is " +
+                             std::to_string(budget_bytes_) + " bytes, " + std::to_string(used) + " in use, and only " +
+                             std::to_string(freed) + " bytes of it could be freed by evicting " + evictable +
+                             (actor.admin ? "" : " (a user evicts only its own)"));
+  }
+  if (over_bytes()) {
+    return ResourceExhausted("loading '" + name + "' needs " + std::to_string(bytes) + " bytes; " + Describe(actor) +
+                             " holds " + std::to_string(mine.shm_bytes) + " bytes of shared memory, its limit is " +
+                             std::to_string(byte_quota) + " (max-shm-bytes-per-uid), and only " +
+                             std::to_string(freed) + " bytes could be freed by evicting " + evictable);
+  }
+  if (over_segments()) {
+    return ResourceExhausted("'" + name + "' would be generation " + std::to_string(mine.segments + 1) + " held by " +
+                             Describe(actor) + "; its limit is " + std::to_string(segment_quota) +
+                             " (max-segments-per-uid) and no more " + evictable + " can be evicted");
+  }
+  for (size_t i = 0; i < taken; ++i) victims->push_back(candidates[i]->name);
+  return Status::Ok();
+}
+
+Result<uint64_t> Catalog::BeginLoad(const std::string& name, bool replace, uint64_t bytes, const Owner& actor,
                                     std::vector<std::string>* evicted) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (loading_.count(name)) return AlreadyExists("checkpoint '" + name + "' is being loaded");
-  if (entries_.count(name) && !replace) {
-    return AlreadyExists("checkpoint '" + name + "' is already loaded (use --replace for a new generation)");
-  }
+  CKPT_RETURN_IF_ERROR(CheckNameLocked(name, replace, actor));
   std::vector<std::string> victims;
-  if (budget_bytes_ > 0) {
-    const uint64_t used = UsedBytesLocked();
-    if (used + bytes > budget_bytes_) {
-      // Candidates: unattached checkpoints other than the one being replaced, LRU first.
-      std::vector<const CatalogEntry*> candidates;
-      for (const auto& [n, e] : entries_) {
-        if (e.attached == 0 && n != name) candidates.push_back(&e);
-      }
-      std::sort(candidates.begin(), candidates.end(),
-                [](const CatalogEntry* a, const CatalogEntry* b) { return a->last_used < b->last_used; });
-      uint64_t freed = 0;
-      size_t take = 0;
-      while (take < candidates.size() && used - freed + bytes > budget_bytes_) freed += candidates[take++]->segment_bytes;
-      if (used - freed + bytes > budget_bytes_) {
-        return ResourceExhausted("loading '" + name + "' needs " + std::to_string(bytes) +
-                                 " bytes; the memory budget is " + std::to_string(budget_bytes_) + " bytes, " +
-                                 std::to_string(used) + " in use, and only " + std::to_string(freed) +
-                                 " bytes of it could be freed by evicting unattached checkpoints");
-      }
-      for (size_t i = 0; i < take; ++i) victims.push_back(candidates[i]->name);
-    }
-  }
+  CKPT_RETURN_IF_ERROR(ChooseVictimsLocked(name, bytes, actor, &victims));
   // The number is durable before anyone sees it (or anything is evicted for it).
   const uint64_t generation = next_generation_;
   if (generations_) {
@@ -81,14 +141,15 @@ Result<uint64_t> Catalog::BeginLoad(const std::string& name, bool replace, uint6
   ++next_generation_;
   for (const std::string& v : victims) {
     auto it = entries_.find(v);
-    spdlog::info("evicting '{}' generation {} ({} bytes, least recently used) to make room for '{}'", v,
-                 it->second.generation, it->second.segment_bytes, name);
+    spdlog::info("evicting '{}' generation {} ({} bytes, owned by {}, least recently used) to make room for '{}' "
+                 "of {}", v, it->second.generation, it->second.segment_bytes, Describe(it->second.owner), name,
+                 Describe(actor));
     Unlink(it->second);
     entries_.erase(it);
     ++evictions_.for_budget;
     if (evicted) evicted->push_back(v);
   }
-  loading_[name] = bytes;
+  loading_[name] = Reservation{bytes, actor};
   return generation;
 }
 
@@ -103,14 +164,16 @@ void Catalog::RetireLocked(CatalogEntry entry, bool unlink_now) {
     entry.unlinked = true;
   }
   if (entry.attached == 0) return;  // freed once the last mapping goes
-  entry.fd.reset();
   auto key = std::make_pair(entry.name, entry.generation);
   retired_[key] = std::move(entry);
 }
 
 void Catalog::Publish(CatalogEntry entry) {
   std::lock_guard<std::mutex> lock(mu_);
-  loading_.erase(entry.name);
+  if (auto r = loading_.find(entry.name); r != loading_.end()) {
+    entry.owner = r->second.owner;  // who reserved it: the one source of the owner
+    loading_.erase(r);
+  }
   entry.last_used = ++clock_;
   std::string name = entry.name;
   auto it = entries_.find(name);
@@ -177,13 +240,17 @@ void Catalog::Detach(const std::string& name, uint64_t generation, int32_t pid) 
   }
 }
 
-Result<CatalogEntry> Catalog::Evict(const std::string& name, bool force) {
+Result<CatalogEntry> Catalog::Evict(const std::string& name, bool force, const Owner& actor) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(name);
   if (it == entries_.end()) {
-    if (loading_.count(name)) return FailedPrecondition("checkpoint '" + name + "' is still loading");
+    if (auto r = loading_.find(name); r != loading_.end()) {
+      CKPT_RETURN_IF_ERROR(MayAlter(actor, r->second.owner, name, "evict"));
+      return FailedPrecondition("checkpoint '" + name + "' is still loading");
+    }
     return NotFound("no checkpoint named '" + name + "'");
   }
+  CKPT_RETURN_IF_ERROR(MayAlter(actor, it->second.owner, name, "evict"));
   if (it->second.attached > 0 && !force) {
     return FailedPrecondition("checkpoint '" + name + "' is attached by " +
                               std::to_string(it->second.attached) +
@@ -193,7 +260,6 @@ Result<CatalogEntry> Catalog::Evict(const std::string& name, bool force) {
   entries_.erase(it);
   ++evictions_.by_request;
   RetireLocked(entry, /*unlink_now=*/true);
-  entry.fd.reset();
   return entry;
 }
 
@@ -236,7 +302,7 @@ std::vector<CatalogEntry> Catalog::Retired() const {
 std::vector<std::string> Catalog::Loading() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> names;
-  for (const auto& [name, bytes] : loading_) names.push_back(name);
+  for (const auto& [name, r] : loading_) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }

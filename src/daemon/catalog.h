@@ -8,6 +8,12 @@
 // BeginLoad makes room by evicting the least-recently-used unattached checkpoints, or
 // fails (ResourceExhausted) without evicting anything when even that would not suffice.
 //
+// Ownership (daemon/ownership.h): every entry and reservation has an owner. Replacing,
+// evicting and budget evictions on someone's behalf take only what that caller may alter
+// (MayAlter: its own, or anything for an admin), and a caller without the admin role
+// stays within its Quotas (bytes and generations per uid). Every check is made before
+// anything is evicted or reserved: a refused call changes nothing.
+//
 // Generations: numbers come from BeginLoad, increasing, each persisted in the
 // GenerationStore (if any) before it is handed out, so none is ever reused, across
 // restarts too. Publishing a name that already exists (a replace) makes the new
@@ -30,6 +36,7 @@
 #include "ckpt/tensor.h"
 #include "common/unique_fd.h"
 #include "daemon/generation_store.h"
+#include "daemon/ownership.h"
 #include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
@@ -52,7 +59,10 @@ struct CatalogEntry {
   std::vector<int32_t> attached_pids;  // peer pid of each attachment (0 if unknown)
   uint64_t last_used = 0;            // catalog clock: publish, attach or detach
   bool unlinked = false;             // retired entries only: object already removed
-  std::shared_ptr<const UniqueFd> fd;  // O_RDONLY descriptor passed to clients
+  Owner owner;                       // who loaded or published this generation (set by Publish)
+  // The segment file's identity, checked whenever the daemon opens it again by name (it
+  // keeps no descriptor per segment: attach and verify open it when they need it).
+  uint64_t dev = 0, ino = 0;
   std::shared_ptr<const std::vector<TensorInfo>> tensors;
 };
 
@@ -69,22 +79,29 @@ class Catalog {
   // is persisted there before it is handed out (null: start at 1, nothing persisted).
   // Neither is owned; both must outlive the catalog.
   explicit Catalog(uint64_t budget_bytes = 0, const shm::SegmentDirectory* segments = nullptr,
-                   GenerationStore* generations = nullptr)
-      : budget_bytes_(budget_bytes), segments_(segments), generations_(generations),
+                   GenerationStore* generations = nullptr, Quotas quotas = {})
+      : budget_bytes_(budget_bytes), quotas_(quotas), segments_(segments), generations_(generations),
         next_generation_(generations ? generations->last() + 1 : 1) {}
 
-  // Reserves `name` for a load of about `bytes` and returns the generation to use.
-  // AlreadyExists if `name` is being loaded, or is loaded and !replace.
-  // ResourceExhausted if `bytes` cannot fit in the budget even after evicting every
-  // unattached checkpoint (then nothing is evicted); otherwise the LRU unattached ones
-  // are evicted (unlinked) as needed and their names appended to `evicted`.
-  // IoError if the generation cannot be persisted (then nothing is reserved or evicted).
-  Result<uint64_t> BeginLoad(const std::string& name, bool replace, uint64_t bytes,
+  // Whether `actor` may reserve `name` now (what BeginLoad checks first, without the
+  // budget): PermissionDenied naming the owner when the name is held (published or being
+  // loaded) by a uid the actor may not alter, or is reserved for another uid (MayClaim);
+  // AlreadyExists if it is being loaded (by the actor), or is loaded and !replace.
+  Status CheckName(const std::string& name, bool replace, const Owner& actor) const;
+  // Reserves `name` for `actor`'s load of about `bytes` and returns the generation to use.
+  // First CheckName's errors. Then ResourceExhausted, naming the limit, if `bytes` cannot
+  // fit in the budget, or (actor not an admin) in the actor's quotas, even after evicting
+  // every unattached checkpoint the actor may evict (then nothing is evicted); otherwise
+  // the LRU ones of those are evicted (unlinked) as needed and their names appended to
+  // `evicted`. IoError if the generation cannot be persisted (then nothing is reserved or
+  // evicted).
+  Result<uint64_t> BeginLoad(const std::string& name, bool replace, uint64_t bytes, const Owner& actor,
                              std::vector<std::string>* evicted = nullptr);
   // Ends a reservation without publishing.
   void AbortLoad(const std::string& name);
-  // Publishes a complete segment under entry.name, ending its reservation. A generation
-  // it replaces is unlinked now or, if attached, retired until its last detach.
+  // Publishes a complete segment under entry.name, ending its reservation; the entry's
+  // owner is the reservation's. A generation it replaces is unlinked now or, if attached,
+  // retired until its last detach.
   void Publish(CatalogEntry entry);
   // Adds an entry found at start-up. AlreadyExists if the name is present (the caller
   // keeps the newer generation); raises the next generation above it.
@@ -100,9 +117,10 @@ class Catalog {
   void Detach(const std::string& name, uint64_t generation, int32_t pid = 0);
 
   // Removes `name` and unlinks its segment; returns the entry as it was.
-  // NotFound if unknown; FailedPrecondition if attached and !force, or still loading.
-  // With force, attached clients keep their mapping; its memory counts until they detach.
-  Result<CatalogEntry> Evict(const std::string& name, bool force);
+  // NotFound if unknown; PermissionDenied (naming the owner) if `actor` may not alter it;
+  // FailedPrecondition if attached and !force, or still loading. With force, attached
+  // clients keep their mapping; its memory counts until they detach.
+  Result<CatalogEntry> Evict(const std::string& name, bool force, const Owner& actor);
   // Removes and returns every entry (shutdown with clean-up); the caller unlinks them.
   std::vector<CatalogEntry> TakeAll();
 
@@ -111,12 +129,25 @@ class Catalog {
   std::vector<CatalogEntry> Retired() const;  // superseded or force-evicted, still attached
   std::vector<std::string> Loading() const;
   uint64_t budget_bytes() const { return budget_bytes_; }
+  const Quotas& quotas() const { return quotas_; }
+  // What `uid` holds now (published, retired and reserved generations it owns).
+  Usage UsageOf(uint32_t uid) const;
   // Bytes of published, retired and reserved segments.
   uint64_t UsedBytes() const;
   EvictionCounts evictions() const;
 
  private:
+  struct Reservation {
+    uint64_t bytes = 0;
+    Owner owner;
+  };
   uint64_t UsedBytesLocked() const;
+  Usage UsageLocked(uint32_t uid) const;
+  Status CheckNameLocked(const std::string& name, bool replace, const Owner& actor) const;
+  // The LRU unattached checkpoints `actor` may evict to fit `bytes` into the budget and
+  // its quotas (appended to *victims), or ResourceExhausted naming the limit.
+  Status ChooseVictimsLocked(const std::string& name, uint64_t bytes, const Owner& actor,
+                             std::vector<std::string>* victims) const;
   // Moves `entry` out of the table: unlinked now, or kept as retired while attached.
   void RetireLocked(CatalogEntry entry, bool unlink_now);
   // Removes the entry's segment file; a failure is logged as an error (the entry goes
@@ -124,11 +155,12 @@ class Catalog {
   void Unlink(const CatalogEntry& entry) const;
 
   const uint64_t budget_bytes_;
+  const Quotas quotas_;
   const shm::SegmentDirectory* const segments_;
   GenerationStore* const generations_;
   mutable std::mutex mu_;
   std::unordered_map<std::string, CatalogEntry> entries_;
-  std::unordered_map<std::string, uint64_t> loading_;  // name -> reserved bytes
+  std::unordered_map<std::string, Reservation> loading_;
   std::map<std::pair<std::string, uint64_t>, CatalogEntry> retired_;
   uint64_t next_generation_;
   uint64_t clock_ = 0;

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   std::string socket_mode = "0660", shm_mode = "0640";
   std::string memory_budget;
+  std::string shm_bytes_per_uid;
   std::string metrics_file_mode = "0644";
 
   CLI::App app{"ckptd: holds checkpoints once per node in POSIX shared memory"};
@@ -99,6 +100,18 @@ int main(int argc, char** argv) {
   app.add_option("--memory-budget", memory_budget,
                  "shared memory all checkpoints may use, e.g. 64G (default: no budget); a load "
                  "that does not fit evicts the least recently used unattached checkpoints or fails");
+  app.add_option("--max-shm-bytes-per-uid", shm_bytes_per_uid,
+                 "shared memory one user without the admin role may hold (published, retired and being written), "
+                 "e.g. 16G; 0: no limit (default: half the memory budget, no limit without a budget)");
+  app.add_option("--max-segments-per-uid", options.max_segments_per_uid,
+                 "generations one user without the admin role may hold; 0: no limit")
+      ->capture_default_str();
+  app.add_option("--max-writes-per-uid", options.max_writes_per_uid,
+                 "concurrent writes one user without the admin role may have in progress; 0: no limit")
+      ->capture_default_str();
+  app.add_option("--write-idle-timeout", options.write_idle_timeout_s,
+                 "seconds a write may go without any of its parts sending a frame before it fails and frees its memory")
+      ->capture_default_str();
   app.add_option("--model-root", options.model_roots,
                  "directory loads may come from (repeatable; default: any path)");
   app.add_option("--max-expansion", options.max_expansion,
@@ -160,6 +173,9 @@ int main(int argc, char** argv) {
     return ckpt::daemon::ReportConfigError("memory-budget: " + budget.status().message());
   }
   options.memory_budget_bytes = *budget;
+  auto per_uid = ParseBytes(shm_bytes_per_uid);
+  if (!per_uid.ok()) return ckpt::daemon::ReportConfigError("max-shm-bytes-per-uid: " + per_uid.status().message());
+  options.max_shm_bytes_per_uid = shm_bytes_per_uid.empty() ? options.memory_budget_bytes / 2 : *per_uid;
   if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(options); !checked.ok()) {
     return ckpt::daemon::ReportConfigError(checked.message());
   }

@@ -53,11 +53,19 @@ struct Caller {
   int fd = -1;  // the connection (progress events, cancel and hang-up checks); -1: none
   PeerCredentials peer;
   Role role = Role::kNone;
+  Owner actor;  // who acts (peer.uid, admin role): what ownership and quotas judge
 };
 
 // The summary of a catalog entry, as list, load, attach and status report it.
 CheckpointSummary SummaryOf(const CatalogEntry& entry);
 int64_t NowUnixSeconds();
+// Records the device and inode of segment descriptor `fd` in `entry` (the daemon keeps no
+// descriptor per segment); IoError if fstat fails.
+Status RecordSegmentIdentity(int fd, CatalogEntry* entry);
+// Opens `entry`'s segment read-only again (relative to the segment directory, no link
+// followed) and checks that it is the same file. NotFound if it is gone or another file;
+// ResourceExhausted when the daemon is out of descriptors.
+Result<UniqueFd> OpenSegment(const DaemonContext& ctx, const CatalogEntry& entry);
 
 // What a load learned about its connection while it ran.
 struct LoadWatch {
@@ -76,7 +84,9 @@ Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const pr
 // alone (Cancelled; `watch` says which), and the load is cancelled once nobody waits.
 Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
                             LoadWatch* watch);
-Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const protocol::EvictRequest& request);
+// Evicts for `caller` (its owner or an admin only, see Catalog::Evict).
+Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const Caller& caller,
+                                           const protocol::EvictRequest& request);
 // The attachment is recorded for `caller` (released by RequestHandler); `*segment_fd`
 // gets the read-only descriptor to pass with the response.
 Result<protocol::CheckpointResponse> Attach(const DaemonContext& ctx, const Caller& caller,

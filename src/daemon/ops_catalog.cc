@@ -1,5 +1,6 @@
 // The catalog ops: evict, attach, info, list, status.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -8,6 +9,8 @@
 
 #include "daemon/connection_limits.h"
 #include "daemon/ops.h"
+#include "daemon/write_sessions.h"
+#include "shm/segment_format.h"
 #include "shm/segment_name.h"
 #include "protocol/wire.h"
 
@@ -36,25 +39,55 @@ CheckpointSummary SummaryOf(const CatalogEntry& e) {
   s.loaded_unix_s = e.loaded_unix_s;
   s.attached = e.attached;
   s.attached_pids.assign(e.attached_pids.begin(), e.attached_pids.end());
+  s.owner_uid = e.owner.uid;
+  s.owner_user = e.owner.user;
+  s.owner_admin = e.owner.admin;
   return s;
 }
 
-Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const protocol::EvictRequest& request) {
+Status RecordSegmentIdentity(int fd, CatalogEntry* entry) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return ErrnoError("fstat of segment " + entry->shm_name, errno);
+  entry->dev = static_cast<uint64_t>(st.st_dev);
+  entry->ino = static_cast<uint64_t>(st.st_ino);
+  return Status::Ok();
+}
+
+Result<UniqueFd> OpenSegment(const DaemonContext& ctx, const CatalogEntry& entry) {
+  struct stat st;
+  auto fd = ctx.segments->OpenOwned(entry.shm_name, ctx.options->shm_mode, sizeof(shm::SegmentHeader), &st);
+  if (!fd.ok()) {
+    if (fd.status().code() == StatusCode::kResourceExhausted) {
+      return ResourceExhausted("ckptd cannot open the segment of '" + entry.name + "': " + fd.status().message());
+    }
+    return NotFound("the segment of '" + entry.name + "' generation " + std::to_string(entry.generation) +
+                    " is gone (evicted or replaced meanwhile): " + fd.status().message());
+  }
+  if (static_cast<uint64_t>(st.st_dev) != entry.dev || static_cast<uint64_t>(st.st_ino) != entry.ino) {
+    return NotFound("the segment file of '" + entry.name + "' generation " + std::to_string(entry.generation) +
+                    " is not the one the daemon published");
+  }
+  return fd;
+}
+
+Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const Caller& caller,
+                                           const protocol::EvictRequest& request) {
   const std::string& name = request.name;
   // With a wait, retry until the last client detached (or the deadline passed).
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(request.wait_s);
-  auto evicted = ctx.catalog->Evict(name, request.force);
+  auto evicted = ctx.catalog->Evict(name, request.force, caller.actor);
   while (!evicted.ok() && evicted.status().code() == StatusCode::kFailedPrecondition &&
          std::chrono::steady_clock::now() < deadline && !ctx.stopping->load()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    evicted = ctx.catalog->Evict(name, request.force);
+    evicted = ctx.catalog->Evict(name, request.force, caller.actor);
   }
   if (!evicted.ok() && request.wait_s > 0 && evicted.status().code() == StatusCode::kFailedPrecondition) {
     return FailedPrecondition("still attached after waiting " + std::to_string(request.wait_s) + " s: " +
                               evicted.status().message());
   }
   CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, std::move(evicted));
-  spdlog::info("evicted '{}' generation {} ({} attached)", name, entry.generation, entry.attached);
+  spdlog::info("evicted '{}' generation {} ({} attached; owned by {}) at the request of {}", name, entry.generation,
+               entry.attached, Describe(entry.owner), Describe(caller.actor));
   return protocol::CheckpointResponse{SummaryOf(entry)};
 }
 
@@ -66,9 +99,14 @@ Result<protocol::CheckpointResponse> Attach(const DaemonContext& ctx, const Call
   }
   CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx.catalog->Attach(request.name, caller.peer.pid, request.generation,
                                                                 request.segment_id));
-  ++ctx.counters->attaches;
   // The client maps this read-only descriptor: it needs no access to /dev/shm by name.
-  if (entry.fd) segment_fd->reset(::fcntl(entry.fd->get(), F_DUPFD_CLOEXEC, 0));
+  auto fd = OpenSegment(ctx, entry);
+  if (!fd.ok()) {
+    ctx.catalog->Detach(entry.name, entry.generation, caller.peer.pid);
+    return fd.status();
+  }
+  *segment_fd = std::move(fd).value();
+  ++ctx.counters->attaches;
   spdlog::debug("attached '{}' generation {}", request.name, entry.generation);
   return protocol::CheckpointResponse{SummaryOf(entry)};
 }
@@ -121,6 +159,14 @@ DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller) {
   s.model_roots = ctx.roots->roots();
   s.evictions = EvictionCounters{ev.by_request, ev.for_budget, ev.replaced};
   s.your_role = RoleName(caller.role);
+  const Usage usage = ctx.catalog->UsageOf(caller.peer.uid);
+  s.your_uid = caller.peer.uid;
+  s.your_shm_bytes = usage.shm_bytes;
+  s.your_segments = usage.segments;
+  s.your_writes = ctx.writes->ActiveOf(caller.peer.uid);
+  s.max_shm_bytes_per_uid = ctx.catalog->quotas().shm_bytes;
+  s.max_segments_per_uid = ctx.catalog->quotas().segments;
+  s.max_writes_per_uid = ctx.catalog->quotas().writes;
   return s;
 }
 

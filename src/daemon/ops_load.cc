@@ -158,9 +158,9 @@ Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string
 // segment spec, LoadIntoSegment and the catalog publish. Nothing is visible unless it
 // returns OK. With `shared` (an ensure's runner), each tick's progress is posted there for
 // the callers waiting on it.
-Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& path, const std::string& name,
-                                  bool replace, const format::LoadPlan& plan, ConnectionWatch* watch,
-                                  SharedLoad* shared = nullptr) {
+Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, const std::string& path,
+                                  const std::string& name, bool replace, const format::LoadPlan& plan,
+                                  ConnectionWatch* watch, SharedLoad* shared = nullptr) {
   // The segment adds a header, an aligned index and the side files to the tensor bytes.
   CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
   CheckedSum side_sum;
@@ -169,7 +169,7 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& p
   CKPT_ASSIGN_OR_RETURN(const uint64_t estimate,
                         shm::EstimateSegmentBytes(*ctx.segments, stored, plan.tensors.size(), side_bytes));
   std::vector<std::string> evicted;
-  CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, replace, estimate, &evicted));
+  CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, replace, estimate, actor, &evicted));
   struct Reservation {
     Catalog* catalog;
     const std::string& name;
@@ -187,6 +187,8 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& p
   spec.source_path = path;
   spec.generation = generation;
   spec.mode = ctx.options->shm_mode;
+  spec.owner_uid = actor.uid;
+  spec.owner_admin = actor.admin;
 
   loader::LoadOptions load_options;
   load_options.threads = ctx.options->load_threads;
@@ -225,7 +227,11 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const std::string& p
   entry.huge_bytes = static_cast<int64_t>(loaded->huge_bytes);
   entry.loaded_unix_s = NowUnixSeconds();
   entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(loaded->tensors));
-  entry.fd = std::make_shared<const UniqueFd>(std::move(loaded->fd));
+  if (Status identified = RecordSegmentIdentity(loaded->fd.get(), &entry); !identified.ok()) {
+    (void)ctx.segments->Remove(loaded->file_name);
+    return identified;
+  }
+  loaded->fd.reset();  // attach and verify open the segment again when they need it
   LoadResult result{SummaryOf(entry), std::move(evicted)};
   ++ctx.counters->loads;
   ctx.counters->loaded_bytes += loaded->data_bytes;
@@ -253,7 +259,7 @@ Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const pr
   ConnectionWatch connection(ctx, caller, request.progress, watch);
   auto plan = OpenAndPlan(ctx, request.path, name, request.allow_expansion);
   if (!plan.ok()) return plan.status();
-  auto result = LoadAndPublish(ctx, request.path, name, request.replace, *plan, &connection);
+  auto result = LoadAndPublish(ctx, caller.actor, request.path, name, request.replace, *plan, &connection);
   if (connection.cancelled_by_client()) {
     // Whatever else happened, a load whose cancel was read answers Cancelled (the client
     // counts on it to stay in step), and a published one cannot be: see LoadAndPublish.
@@ -270,13 +276,13 @@ namespace {
 // Starts the ensure load of `shared` on a thread of its own (EnsureTable::Run): no
 // connection is tied to it, every caller (the first one too) waits for it with
 // WaitForSharedLoad and may withdraw at any time; it is cancelled once none is left.
-Status StartSharedLoad(const DaemonContext& ctx, const std::string& path, const std::string& name, bool replace,
-                       format::LoadPlan plan, const std::shared_ptr<SharedLoad>& shared) {
-  auto body = [ctx, path, name, replace, plan = std::move(plan), shared] {
+Status StartSharedLoad(const DaemonContext& ctx, const Owner& actor, const std::string& path, const std::string& name,
+                       bool replace, format::LoadPlan plan, const std::shared_ptr<SharedLoad>& shared) {
+  auto body = [ctx, actor, path, name, replace, plan = std::move(plan), shared] {
     const Caller no_connection;  // fd -1: only the stopping flag and the shared flag count
     LoadWatch unused;
     ConnectionWatch watch(ctx, no_connection, false, &unused, shared.get());
-    auto result = LoadAndPublish(ctx, path, name, replace, plan, &watch, shared.get());
+    auto result = LoadAndPublish(ctx, actor, path, name, replace, plan, &watch, shared.get());
     if (!result.ok() && shared->cancel_flag()->load()) {  // the loader says FailedPrecondition "load cancelled"
       ++ctx.counters->loads_cancelled;
       const char* why = ctx.stopping->load() ? "ckptd is stopping" : "every caller withdrew";
@@ -357,7 +363,7 @@ Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, cons
       spdlog::info("ensure of '{}': {} from {}", name,
                    replace ? "the source changed since its generation was loaded; loading a new one" : "not loaded; loading",
                    request.path);
-      if (Status started = StartSharedLoad(ctx, request.path, name, replace, std::move(plan), entry.load);
+      if (Status started = StartSharedLoad(ctx, caller.actor, request.path, name, replace, std::move(plan), entry.load);
           !started.ok()) {
         ctx.ensures->Remove(name, entry.load.get());
         entry.load->Finish(started);

@@ -11,8 +11,9 @@ Result<VerifyResult> Verify(const DaemonContext& ctx, const protocol::NameReques
   const std::string& name = request.name;
   CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx.catalog->Get(name));
   // Our own read-only mapping: stays valid even if the checkpoint is evicted meanwhile.
-  if (!entry.fd) return Internal("checkpoint '" + name + "' has no segment descriptor");
-  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(entry.fd->get(), entry.shm_name));
+  CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenSegment(ctx, entry));
+  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(fd.get(), entry.shm_name));
+  fd.reset();
   CKPT_ASSIGN_OR_RETURN(loader::VerifyReport report,
                         loader::VerifySegment(*segment, std::max(1, ctx.options->load_threads), ctx.stopping));
   if (report.ok()) {

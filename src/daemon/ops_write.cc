@@ -171,13 +171,14 @@ Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const p
     CKPT_ASSIGN_OR_RETURN(ring, MapRing(ring_fd.get(), request.ring_bytes));
   }
   ring_fd.reset();
-  if (!request.replace) {
-    if (auto existing = ctx.catalog->Get(request.name); existing.ok()) {
-      return AlreadyExists("checkpoint '" + request.name + "' exists (generation " +
-                           std::to_string(existing->generation) + "); write with replace to publish a new one");
+  // Refused before any part waits or streams (BeginLoad checks again when it reserves).
+  if (Status name_ok = ctx.catalog->CheckName(request.name, request.replace, caller.actor); !name_ok.ok()) {
+    if (name_ok.code() == StatusCode::kAlreadyExists && !request.replace) {
+      return AlreadyExists(name_ok.message() + "; write with replace to publish a new one");
     }
+    return name_ok;
   }
-  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<WriteSession> session, ctx.writes->Join(caller.peer.uid, request));
+  CKPT_ASSIGN_OR_RETURN(std::shared_ptr<WriteSession> session, ctx.writes->Join(caller.actor, request));
   struct Leave {
     WriteSessions* table;
     const std::shared_ptr<WriteSession>& session;
@@ -210,6 +211,7 @@ Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const p
     if (std::chrono::steady_clock::now() > session->deadline()) {
       return fail(DeadlineExceeded("part " + std::to_string(part) + " did not seal in time"));
     }
+    if (Status idle = session->CheckIdle(); !idle.ok()) return fail(idle);
     pollfd p{caller.fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, 100);
     if (ready < 0 && errno != EINTR) return fail(ErrnoError("poll", errno));
@@ -221,6 +223,7 @@ Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const p
       return fail(Unavailable("part " + std::to_string(part) + " disconnected before sealing: " +
                               frame.status().message()));
     }
+    session->Touch();
     auto op = protocol::DecodeOp(*frame);
     if (!op.ok()) return fail(op.status());
     if (*op == protocol::CancelRequest::kOp) {
@@ -268,6 +271,7 @@ Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const p
     if (!chunk->items.empty()) {
       if (Status copied = CopyChunk(ctx, *session, part, *chunk, ring->data()); !copied.ok()) return fail(copied);
     }
+    session->Touch();  // copied: the idle time counts from here
     if (Status sent = connection.Send(protocol::Encode(protocol::WriteAckEvent{chunk->slot})); !sent.ok()) {
       return fail(sent);
     }

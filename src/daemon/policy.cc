@@ -62,13 +62,7 @@ std::string DefaultCheckpointName(const std::string& path) {
   return base.empty() ? "checkpoint" : base;
 }
 
-Role RequiredRole(const std::string& op) {
-  if (op == "write") return Role::kWriter;
-  return (op == "load" || op == "evict" || op == "verify" || op == "ensure") ? Role::kAdmin : Role::kReader;
-}
-
-Status CheckRole(Role role, const PeerCredentials& peer, const std::string& op) {
-  const Role needed = RequiredRole(op);
+Status CheckRole(Role role, Role needed, const PeerCredentials& peer, const std::string& op) {
   if (static_cast<int>(role) >= static_cast<int>(needed)) return Status::Ok();
   return PermissionDenied("'" + op.substr(0, 64) + "' needs the " + RoleName(needed) + " role; uid " +
                           std::to_string(peer.uid) + " is " +

@@ -1,5 +1,5 @@
 // Naming and policy: which names the daemon accepts, the default name of a checkpoint,
-// and which role each op needs. The protocol (protocol/messages.h) checks types and
+// and the refusal of a role that may not run an op. The protocol (protocol/messages.h) checks types and
 // ranges; this file decides what is allowed.
 #pragma once
 
@@ -23,13 +23,10 @@ inline constexpr size_t kMaxRendezvousHexChars = 8192;
 // replaced by '_'.
 std::string DefaultCheckpointName(const std::string& path);
 
-// The role `op` needs: admin for load, ensure, evict and verify (verify costs the daemon
-// a full read), writer for write, reader for everything else (unknown ops are refused
-// later as unknown).
-Role RequiredRole(const std::string& op);
-// OK if `role` may run `op`; else PermissionDenied naming the role needed and the
-// caller's uid.
-Status CheckRole(Role role, const PeerCredentials& peer, const std::string& op);
+// OK if `role` may run `op`, which needs `needed` (the table of operations in
+// daemon/request_handler.cc says which); else PermissionDenied naming the role needed and
+// the caller's uid.
+Status CheckRole(Role role, Role needed, const PeerCredentials& peer, const std::string& op);
 // The one error frame a caller with no role gets at connect.
 Status NoRoleRefusal(const PeerCredentials& peer);
 

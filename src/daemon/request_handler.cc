@@ -43,74 +43,143 @@ json RequestHandler::Handle(const json& request) {
   return protocol::OkResponse(std::move(response).value());
 }
 
+// The table of operations: every op the daemon serves, the least role that may run it,
+// its request type and its handler. Nothing else is served.
+struct RequestHandler::Operation {
+  const char* op;
+  Role role;
+  const char* request;
+  Result<json> (RequestHandler::*run)(const json&);
+};
+
+namespace {
+using H = RequestHandler;
+}  // namespace
+
+const std::vector<RequestHandler::Operation>& RequestHandler::Table() {
+  static const std::vector<Operation> kOperations = {
+      {protocol::kStatusOp, Role::kReader, "(none)", &H::RunStatus},
+      {protocol::kMetricsOp, Role::kReader, "(none)", &H::RunMetrics},
+      {protocol::kListOp, Role::kReader, "(none)", &H::RunList},
+      {protocol::kInfoOp, Role::kReader, "NameRequest", &H::RunInfo},
+      {protocol::AttachRequest::kOp, Role::kReader, "AttachRequest", &H::RunAttach},
+      {protocol::RendezvousRequest::kOp, Role::kReader, "RendezvousRequest", &H::RunRendezvous},
+      {protocol::CancelRequest::kOp, Role::kReader, "CancelRequest", &H::RunCancel},
+      // Writers publish and evict; the Catalog lets them alter only names they own.
+      {protocol::WriteRequest::kOp, Role::kWriter, "WriteRequest", &H::RunWrite},
+      {protocol::WriteChunkRequest::kOp, Role::kWriter, "WriteChunkRequest", &H::RunOutsideWrite},
+      {protocol::WriteSealRequest::kOp, Role::kWriter, "WriteSealRequest", &H::RunOutsideWrite},
+      {protocol::EvictRequest::kOp, Role::kWriter, "EvictRequest", &H::RunEvict},
+      // Admins only: the daemon reads files (load, ensure) or a whole checkpoint (verify).
+      {protocol::LoadRequest::kOp, Role::kAdmin, "LoadRequest", &H::RunLoad},
+      {protocol::EnsureRequest::kOp, Role::kAdmin, "EnsureRequest", &H::RunEnsure},
+      {protocol::kVerifyOp, Role::kAdmin, "NameRequest", &H::RunVerify},
+  };
+  return kOperations;
+}
+
+const RequestHandler::Operation* RequestHandler::Find(const std::string& op) {
+  for (const Operation& o : Table()) {
+    if (op == o.op) return &o;
+  }
+  return nullptr;
+}
+
+std::vector<OpPolicy> RequestHandler::Operations() {
+  std::vector<OpPolicy> rows;
+  for (const Operation& o : Table()) rows.push_back({o.op, o.role, o.request});
+  return rows;
+}
+
 Result<json> RequestHandler::Dispatch(const json& request) {
-  using protocol::Encode;
   CKPT_ASSIGN_OR_RETURN(std::string op, protocol::DecodeOp(request));
-  if (Status allowed = CheckRole(caller_.role, caller_.peer, op); !allowed.ok()) {
+  const Operation* operation = Find(op);
+  if (operation == nullptr) {
+    ++ctx_.counters->denied;
+    spdlog::warn("refused unknown op '{}' of uid {} pid {}", op.substr(0, 64), caller_.peer.uid, caller_.peer.pid);
+    return InvalidArgument("unknown op '" + op.substr(0, 64) + "' (refused: ckptd serves only the ops it lists)");
+  }
+  if (Status allowed = CheckRole(caller_.role, operation->role, caller_.peer, op); !allowed.ok()) {
     ++ctx_.counters->denied;
     spdlog::warn("refused '{}' to uid {} gid {} pid {} (role {})", op.substr(0, 64), caller_.peer.uid,
                  caller_.peer.gid, caller_.peer.pid, RoleName(caller_.role));
     return allowed;
   }
-  if (op == "status") return Encode(GetStatus(ctx_, caller_));
-  if (op == "metrics") return Encode(protocol::MetricsResponse{RenderMetrics(ctx_)});
-  if (op == "list") return Encode(List(ctx_));
-  if (op == "info") {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::NameRequest>(request));
-    CKPT_ASSIGN_OR_RETURN(auto info, Info(ctx_, r));
-    return Encode(info);
-  }
-  if (op == protocol::LoadRequest::kOp) {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::LoadRequest>(request));
-    LoadWatch watch;
-    auto loaded = Load(ctx_, caller_, r, &watch);
-    drop_connection_ = watch.drop_connection;
-    CKPT_ASSIGN_OR_RETURN(auto result, std::move(loaded));
-    return Encode(result);
-  }
-  if (op == protocol::EnsureRequest::kOp) {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EnsureRequest>(request));
-    LoadWatch watch;
-    auto ensured = Ensure(ctx_, caller_, r, &watch);
-    drop_connection_ = watch.drop_connection;
-    CKPT_ASSIGN_OR_RETURN(auto result, std::move(ensured));
-    return Encode(result);
-  }
-  if (op == protocol::EvictRequest::kOp) {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EvictRequest>(request));
-    CKPT_ASSIGN_OR_RETURN(auto evicted, Evict(ctx_, r));
-    return Encode(evicted);
-  }
-  if (op == protocol::AttachRequest::kOp) {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::AttachRequest>(request));
-    CKPT_ASSIGN_OR_RETURN(auto attached, Attach(ctx_, caller_, r, &response_fd_));
-    attachments_.emplace_back(attached.checkpoint.name, attached.checkpoint.generation);
-    return Encode(attached);
-  }
-  if (op == "verify") {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::NameRequest>(request));
-    CKPT_ASSIGN_OR_RETURN(auto verified, Verify(ctx_, r));
-    return Encode(verified);
-  }
-  if (op == protocol::RendezvousRequest::kOp) {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::RendezvousRequest>(request));
-    CKPT_ASSIGN_OR_RETURN(auto value, Rendezvous(ctx_, caller_, r));
-    return Encode(value);
-  }
-  if (op == protocol::WriteRequest::kOp) {
-    CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::WriteRequest>(request));
-    LoadWatch watch;
-    auto written = Write(ctx_, caller_, r, std::move(request_fd_), &watch);
-    drop_connection_ = watch.drop_connection;
-    CKPT_ASSIGN_OR_RETURN(auto result, std::move(written));
-    return Encode(result);
-  }
-  if (op == protocol::WriteChunkRequest::kOp || op == protocol::WriteSealRequest::kOp) {
-    return FailedPrecondition("'" + op + "' outside a write (the write it belonged to has ended)");
-  }
-  // A cancel that arrived after its load had already answered: nothing to cancel.
-  if (op == protocol::CancelRequest::kOp) return Encode(protocol::CancelResponse{false});
-  return InvalidArgument("unknown op '" + op.substr(0, 64) + "'");
+  return (this->*(operation->run))(request);
 }
+
+Result<json> RequestHandler::RunStatus(const json&) { return protocol::Encode(GetStatus(ctx_, caller_)); }
+
+Result<json> RequestHandler::RunMetrics(const json&) {
+  return protocol::Encode(protocol::MetricsResponse{RenderMetrics(ctx_)});
+}
+
+Result<json> RequestHandler::RunList(const json&) { return protocol::Encode(List(ctx_)); }
+
+Result<json> RequestHandler::RunInfo(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::NameRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto info, Info(ctx_, r));
+  return protocol::Encode(info);
+}
+
+Result<json> RequestHandler::RunLoad(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::LoadRequest>(request));
+  LoadWatch watch;
+  auto loaded = Load(ctx_, caller_, r, &watch);
+  drop_connection_ = watch.drop_connection;
+  CKPT_ASSIGN_OR_RETURN(auto result, std::move(loaded));
+  return protocol::Encode(result);
+}
+
+Result<json> RequestHandler::RunEnsure(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EnsureRequest>(request));
+  LoadWatch watch;
+  auto ensured = Ensure(ctx_, caller_, r, &watch);
+  drop_connection_ = watch.drop_connection;
+  CKPT_ASSIGN_OR_RETURN(auto result, std::move(ensured));
+  return protocol::Encode(result);
+}
+
+Result<json> RequestHandler::RunEvict(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EvictRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto evicted, Evict(ctx_, caller_, r));
+  return protocol::Encode(evicted);
+}
+
+Result<json> RequestHandler::RunAttach(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::AttachRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto attached, Attach(ctx_, caller_, r, &response_fd_));
+  attachments_.emplace_back(attached.checkpoint.name, attached.checkpoint.generation);
+  return protocol::Encode(attached);
+}
+
+Result<json> RequestHandler::RunVerify(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::NameRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto verified, Verify(ctx_, r));
+  return protocol::Encode(verified);
+}
+
+Result<json> RequestHandler::RunRendezvous(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::RendezvousRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto value, Rendezvous(ctx_, caller_, r));
+  return protocol::Encode(value);
+}
+
+Result<json> RequestHandler::RunWrite(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::WriteRequest>(request));
+  LoadWatch watch;
+  auto written = Write(ctx_, caller_, r, std::move(request_fd_), &watch);
+  drop_connection_ = watch.drop_connection;
+  CKPT_ASSIGN_OR_RETURN(auto result, std::move(written));
+  return protocol::Encode(result);
+}
+
+Result<json> RequestHandler::RunOutsideWrite(const json& request) {
+  CKPT_ASSIGN_OR_RETURN(std::string op, protocol::DecodeOp(request));
+  return FailedPrecondition("'" + op + "' outside a write (the write it belonged to has ended)");
+}
+
+// A cancel that arrived after its load had already answered: nothing to cancel.
+Result<json> RequestHandler::RunCancel(const json&) { return protocol::Encode(protocol::CancelResponse{false}); }
 
 }  // namespace ckpt::daemon

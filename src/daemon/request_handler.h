@@ -1,7 +1,11 @@
 // RequestHandler: decodes the requests of one client connection, checks the caller's
-// role (daemon/policy.h), runs the op (daemon/ops.h) and encodes its response. One
-// handler per connection; it remembers that connection's attachments and releases them
-// when destroyed (the client closed the connection or died).
+// role, runs the op (daemon/ops.h) and encodes its response. One handler per connection;
+// it remembers that connection's attachments and releases them when destroyed (the
+// client closed the connection or died).
+//
+// The table of operations (request_handler.cc) is the one place that says, for every op,
+// the role it needs, its request type and its handler. It fails closed: an op it does not
+// list is refused (InvalidArgument "unknown op"), whatever the caller's role.
 #pragma once
 
 #include <cstdint>
@@ -16,12 +20,22 @@
 
 namespace ckpt::daemon {
 
+// One row of the table of operations, as tests and docs see it.
+struct OpPolicy {
+  std::string op;
+  Role role = Role::kAdmin;  // the least role that may run it
+  std::string request;       // the request's type in protocol/messages.h
+};
+
 class RequestHandler {
  public:
+  // Every row of the table of operations, in table order.
+  static std::vector<OpPolicy> Operations();
+
   // `peer` and `role` are those of the connection's client (see AccessPolicy); `fd` is
   // the connection (-1 for the daemon's own use).
   RequestHandler(DaemonContext context, int fd, PeerCredentials peer, Role role)
-      : ctx_(context), caller_{fd, peer, role} {}
+      : ctx_(context), caller_{fd, peer, role, OwnerOf(peer.uid, role == Role::kAdmin)} {}
   ~RequestHandler();
   RequestHandler(const RequestHandler&) = delete;
   RequestHandler& operator=(const RequestHandler&) = delete;
@@ -42,7 +56,24 @@ class RequestHandler {
   bool holds_attachments() const { return !attachments_.empty(); }
 
  private:
+  struct Operation;
+  static const std::vector<Operation>& Table();
+  static const Operation* Find(const std::string& op);
   Result<nlohmann::json> Dispatch(const nlohmann::json& request);
+  // The handlers of the table's rows.
+  Result<nlohmann::json> RunStatus(const nlohmann::json& request);
+  Result<nlohmann::json> RunMetrics(const nlohmann::json& request);
+  Result<nlohmann::json> RunList(const nlohmann::json& request);
+  Result<nlohmann::json> RunInfo(const nlohmann::json& request);
+  Result<nlohmann::json> RunLoad(const nlohmann::json& request);
+  Result<nlohmann::json> RunEnsure(const nlohmann::json& request);
+  Result<nlohmann::json> RunEvict(const nlohmann::json& request);
+  Result<nlohmann::json> RunAttach(const nlohmann::json& request);
+  Result<nlohmann::json> RunVerify(const nlohmann::json& request);
+  Result<nlohmann::json> RunRendezvous(const nlohmann::json& request);
+  Result<nlohmann::json> RunWrite(const nlohmann::json& request);
+  Result<nlohmann::json> RunOutsideWrite(const nlohmann::json& request);
+  Result<nlohmann::json> RunCancel(const nlohmann::json& request);
 
   DaemonContext ctx_;
   Caller caller_;

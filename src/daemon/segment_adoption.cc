@@ -1,6 +1,7 @@
 #include "daemon/segment_adoption.h"
 
 #include <dirent.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "daemon/ops.h"
 #include "loader/segment_verifier.h"
 #include "shm/segment_format.h"
 #include "shm/segment_name.h"
@@ -23,6 +25,7 @@ struct Candidate {
   std::string file;
   shm::SegmentName name;
   UniqueFd fd;
+  CatalogEntry identity;  // only dev and ino: the file's identity
   std::unique_ptr<shm::SegmentReader> reader;
 };
 
@@ -67,11 +70,22 @@ class Adopter {
     c->name = *parsed;
     auto fd = dir_.OpenOwned(e.name, options_.segment_mode, sizeof(shm::SegmentHeader));
     if (!fd.ok()) {
-      if (fd.status().code() != StatusCode::kNotFound) Remove(e.name, fd.status().message());
+      if (fd.status().code() == StatusCode::kResourceExhausted) {
+        // Out of descriptors says nothing about the segment: left as it is, not removed.
+        spdlog::error("cannot examine segment {}: {}", dir_.PathOf(e.name), fd.status().ToString());
+        ++report_->remove_failures;
+      } else if (fd.status().code() != StatusCode::kNotFound) {
+        Remove(e.name, fd.status().message());
+      }
       return nullptr;
     }
     c->fd = std::move(fd).value();
+    if (Status identified = RecordSegmentIdentity(c->fd.get(), &c->identity); !identified.ok()) {
+      Remove(e.name, identified.message());
+      return nullptr;
+    }
     auto reader = shm::SegmentReader::FromFd(c->fd.get(), dir_.PathOf(e.name));
+    c->fd.reset();  // the reader keeps its mapping; no descriptor is held per candidate
     if (!reader.ok()) {
       Remove(e.name, reader.status().code() == StatusCode::kFailedPrecondition
                          ? "incomplete (a load was interrupted)"
@@ -170,7 +184,14 @@ Result<AdoptionReport> AdoptSegments(const shm::SegmentDirectory& directory, con
       entry.load_seconds = r.header().load_nanos / 1e9;
       entry.loaded_unix_s = static_cast<int64_t>(r.header().created_unix_ns / 1000000000ull);
       entry.tensors = std::make_shared<const std::vector<TensorInfo>>(r.tensors());
-      entry.fd = std::make_shared<const UniqueFd>(std::move(c->fd));
+      // The owner the daemon recorded in the header; a segment of an older ckptd recorded
+      // none: it is then the daemon's, an admin's (only admins may alter it).
+      const uint32_t flags = r.header().owner_flags;
+      entry.owner = (flags & shm::kOwnerRecorded) != 0 ? OwnerOf(r.header().owner_uid, (flags & shm::kOwnerAdmin) != 0)
+                                                       : OwnerOf(static_cast<uint32_t>(::geteuid()), true);
+      entry.dev = c->identity.dev;  // no descriptor is kept per segment (attach opens it again)
+      entry.ino = c->identity.ino;
+      const std::string owner_text = Describe(entry.owner);
       Status st = catalog->Adopt(std::move(entry));
       if (!st.ok()) {
         adopter.Remove(c->file, st.message());
@@ -178,8 +199,9 @@ Result<AdoptionReport> AdoptSegments(const shm::SegmentDirectory& directory, con
       }
       adopted = true;
       ++report.adopted;
-      spdlog::info("adopted '{}' generation {} ({} tensors, {} bytes) from {}", name, r.generation(),
-                   r.tensors().size(), r.segment_bytes(), directory.PathOf(c->file));
+      spdlog::info("adopted '{}' generation {} ({} tensors, {} bytes, owned by {}) from {}", name, r.generation(),
+                   r.tensors().size(), r.segment_bytes(), owner_text,
+                   directory.PathOf(c->file));
     }
   }
   if (report.verified_bytes > 0 || report.adopted > 0) {

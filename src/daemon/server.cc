@@ -45,6 +45,9 @@ Status ValidateOptions(const ServerOptions& o) {
   if (!(o.frame_timeout_s > 0 && o.frame_timeout_s <= 3600)) return InvalidArgument("frame timeout must be 0 to 3600 s");
   if (!(o.idle_timeout_s > 0 && o.idle_timeout_s <= 86400)) return InvalidArgument("idle timeout must be 0 to 86400 s");
   if (o.rendezvous_per_uid < 1) return InvalidArgument("rendezvous entries per uid must be >= 1");
+  if (!(o.write_idle_timeout_s > 0 && o.write_idle_timeout_s <= 86400)) {
+    return InvalidArgument("write idle timeout must be 0 to 86400 s");
+  }
   if (o.metrics_interval_s < 1) return InvalidArgument("metrics interval must be >= 1 s");
   if (o.metrics_file_mode > 0777) return InvalidArgument("metrics file mode must be at most 0777");
   if ((o.shm_mode & 07133) != 0 || (o.shm_mode & 0600) != 0600) {
@@ -66,10 +69,12 @@ Server::Server(ServerOptions options, std::unique_ptr<shm::SegmentDirectory> seg
     : options_(std::move(options)),
       segments_(std::move(segments)),
       generations_(std::move(generations)),
-      catalog_(options_.memory_budget_bytes, segments_.get(), generations_.get()),
+      catalog_(options_.memory_budget_bytes, segments_.get(), generations_.get(),
+               Quotas{options_.max_shm_bytes_per_uid, options_.max_segments_per_uid, options_.max_writes_per_uid}),
       rendezvous_(RendezvousOptionsOf(options_)),
       writes_(std::make_unique<WriteSessions>(WriteSession::Environment{
-          &catalog_, segments_.get(), options_.shm_mode, options_.load_threads})),
+          &catalog_, segments_.get(), options_.shm_mode, options_.load_threads, options_.write_idle_timeout_s,
+          options_.max_writes_per_uid})),
       limits_(std::make_unique<ConnectionLimits>(ConnectionLimits::Options{
           options_.max_connections, options_.max_connections_per_uid, options_.admin_reserved_connections})) {}
 
@@ -110,6 +115,7 @@ Result<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
 Status Server::Start() {
   started_unix_s_ = std::chrono::duration_cast<std::chrono::seconds>(
                         std::chrono::system_clock::now().time_since_epoch()).count();
+  spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake_fd_.valid()) return ErrnoError("eventfd", errno);
   CKPT_ASSIGN_OR_RETURN(roots_, ModelRoots::Create(options_.model_roots));
@@ -140,6 +146,26 @@ Server::~Server() {
     if (c->thread.joinable()) c->thread.join();
   }
   ensures_.JoinAll();  // before any member their threads use is destroyed
+}
+
+void Server::RefuseForDescriptors() {
+  // The spare descriptor makes room to take the waiting connection and tell it why; the
+  // listening socket would otherwise stay readable and the loop spin.
+  ++counters_.connections_refused;
+  if (spare_fd_.valid()) {
+    spare_fd_.reset();
+    UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (client.valid()) {
+      (void)protocol::WriteFrame(client.get(),
+                                 protocol::ErrorResponse(ResourceExhausted(
+                                     "ckptd is out of file descriptors (RLIMIT_NOFILE); try again later")),
+                                 protocol::DeadlineIn(0.05));
+    }
+    client.reset();
+    spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  }
+  spdlog::warn("refused a connection: ckptd is out of file descriptors (RLIMIT_NOFILE)");
+  if (!spare_fd_.valid()) ::usleep(50000);  // none to spare: wait for descriptors to be freed
 }
 
 void Server::Stop() {
@@ -220,7 +246,10 @@ void Server::Run() {
     ReapFinishedConnections();
     if (n <= 0 || !(fds[0].revents & POLLIN)) continue;
     UniqueFd client(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!client.valid()) continue;
+    if (!client.valid()) {
+      if (errno == EMFILE || errno == ENFILE) RefuseForDescriptors();
+      continue;
+    }
     ++counters_.connections_total;
     Admit(std::move(client));
   }
@@ -334,6 +363,17 @@ void Server::Serve(Connection* connection) {
       UniqueFd request_fd;  // a write's ring comes with its request
       auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes, &request_fd,
                                          protocol::DeadlineIn(options_.frame_timeout_s));
+      if (!request.ok() && request.status().code() == StatusCode::kResourceExhausted) {
+        // Read whole, but the descriptor sent with it was dropped (ckptd is out of
+        // descriptors): the request is answered with that, the connection stays in step.
+        spdlog::warn("a request of uid {} lost its descriptor: {}", connection->peer.uid, request.status().message());
+        if (!protocol::WriteFrame(fd, protocol::ErrorResponse(request.status()),
+                                  protocol::DeadlineIn(options_.frame_timeout_s)).ok()) {
+          break;
+        }
+        idle_since = std::chrono::steady_clock::now();
+        continue;
+      }
       if (!request.ok()) {
         // A malformed or late frame loses the framing: answer once, then drop the connection.
         const StatusCode code = request.status().code();

@@ -42,6 +42,11 @@ struct ServerOptions {
   int rendezvous_per_uid = 64;           // live rendezvous entries one uid may hold
   bool cleanup_on_exit = false;  // unlink every segment (and the directory, if ckptd made it) on Stop
   uint64_t memory_budget_bytes = 0;      // 0: no budget (only /dev/shm's size limits loads)
+  // Per-uid quotas for callers without the admin role (daemon/ownership.h); 0: no limit.
+  uint64_t max_shm_bytes_per_uid = 0;    // main.cc's default: half the memory budget
+  uint64_t max_segments_per_uid = 256;   // published, retired and reserved generations
+  uint64_t max_writes_per_uid = 32;      // concurrent writes (sessions)
+  double write_idle_timeout_s = 120;     // a write no part feeds for this long fails and frees its memory
   std::vector<std::string> model_roots;  // empty: loads from any absolute path
   // Most bytes in shared memory per byte of checkpoint file a load may take without an
   // admin's "allow_expansion" (see format::CheckExpansion); <= 0: no limit.
@@ -136,6 +141,9 @@ class Server {
   DaemonCounters counters_;
   UniqueFd listen_fd_;
   UniqueFd wake_fd_;  // eventfd that wakes Run() for Stop()
+  UniqueFd spare_fd_;  // /dev/null, given up to refuse a connection when out of descriptors
+  // accept() failed with EMFILE/ENFILE: answers one waiting connection resource_exhausted.
+  void RefuseForDescriptors();
   std::atomic<bool> stopping_{false};
   std::mutex connections_mu_;
   std::list<std::unique_ptr<Connection>> connections_;

@@ -245,10 +245,11 @@ void ForEachRun(const PieceTarget& target, uint64_t offset, uint64_t size,
 
 // ---- WriteSession ----
 
-WriteSession::WriteSession(Environment env, std::string key, uint32_t uid, const protocol::WriteRequest& first)
+WriteSession::WriteSession(Environment env, std::string key, Owner owner, const protocol::WriteRequest& first)
     : env_(env),
       key_(std::move(key)),
-      uid_(uid),
+      owner_(std::move(owner)),
+      uid_(owner_.uid),
       name_(first.name),
       parts_(first.parts),
       replace_(first.replace),
@@ -257,7 +258,30 @@ WriteSession::WriteSession(Environment env, std::string key, uint32_t uid, const
       deadline_(started_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                std::chrono::duration<double>(first.timeout_s))),
       declared_(static_cast<size_t>(first.parts)),
-      sealed_(static_cast<size_t>(first.parts), false) {}
+      sealed_(static_cast<size_t>(first.parts), false),
+      last_activity_(started_) {}
+
+void WriteSession::Touch() {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_activity_ = std::chrono::steady_clock::now();
+}
+
+Status WriteSession::CheckIdleLocked() const {
+  // Creating the segment and publishing are the daemon's work, not a part's idling.
+  const bool waiting_for_parts =
+      state_ == State::kDeclaring || (state_ == State::kStreaming && sealed_count_ < parts_);
+  if (!waiting_for_parts || env_.idle_timeout_s <= 0) return Status::Ok();
+  const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_activity_).count();
+  if (idle <= env_.idle_timeout_s) return Status::Ok();
+  return DeadlineExceeded("no part of the write of '" + name_ + "' sent anything for " + std::to_string(idle) +
+                          " s (" + Progress() + "); the write-idle-timeout is " +
+                          std::to_string(env_.idle_timeout_s) + " s");
+}
+
+Status WriteSession::CheckIdle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckIdleLocked();
+}
 
 WriteSession::~WriteSession() {
   std::unique_lock<std::mutex> lock(mu_);
@@ -297,6 +321,7 @@ Status WriteSession::Declare(const protocol::WriteRequest& request) {
   }
   slot = request.pieces;
   ++declared_count_;
+  last_activity_ = std::chrono::steady_clock::now();
   if (declared_count_ < parts_) return Status::Ok();
   state_ = State::kCreating;
   lock.unlock();
@@ -321,7 +346,7 @@ Status WriteSession::Create() {
   CKPT_ASSIGN_OR_RETURN(const uint64_t estimate,
                         shm::EstimateSegmentBytes(*env_.segments, layout.data_bytes, layout.tensors.size(), side_bytes));
   std::vector<std::string> evicted;
-  CKPT_ASSIGN_OR_RETURN(uint64_t generation, env_.catalog->BeginLoad(name_, replace_, estimate, &evicted));
+  CKPT_ASSIGN_OR_RETURN(uint64_t generation, env_.catalog->BeginLoad(name_, replace_, estimate, owner_, &evicted));
   for (const std::string& e : evicted) spdlog::info("evicted '{}' to make room for the write of '{}'", e, name_);
   shm::SegmentSpec spec;
   spec.directory = env_.segments;
@@ -329,6 +354,8 @@ Status WriteSession::Create() {
   spec.source_path = "write:" + (job_.empty() ? std::string("(one process)") : job_) + " uid " + std::to_string(uid_);
   spec.generation = generation;
   spec.mode = env_.shm_mode;
+  spec.owner_uid = owner_.uid;
+  spec.owner_admin = owner_.admin;
   spec.tensors = layout.tensors;
   spec.side_files = side_files_;
   // Only the header pages before the parts may stream; the rest is reserved on a thread
@@ -356,6 +383,8 @@ Status WriteSession::Create() {
     return failure_;
   }
   reserved_ = true;
+  evicted_ = std::move(evicted);
+  last_activity_ = std::chrono::steady_clock::now();  // the parts' idle time counts from the segment's creation
   generation_ = generation;
   layout_ = std::move(layout);
   segment_ = std::move(segment);
@@ -379,6 +408,7 @@ Status WriteSession::WaitReady(const std::function<Status()>& check) {
       checked = DeadlineExceeded("the write of '" + name_ + "' did not get all its parts in time");
     }
     lock.lock();
+    if (checked.ok()) checked = CheckIdleLocked();
     // (A session failed while its segment is created is cleaned up by the creating thread.)
     if (!checked.ok()) return FailLocked(checked, &lock);
   }
@@ -404,6 +434,7 @@ Result<LoadResult> WriteSession::SealAndWait(int64_t part, const std::function<S
     sealed_[static_cast<size_t>(part)] = true;
     ++sealed_count_;
   }
+  last_activity_ = std::chrono::steady_clock::now();
   if (sealed_count_ == parts_ && state_ == State::kStreaming) {
     lock.unlock();
     auto published = Publish();
@@ -424,6 +455,8 @@ Result<LoadResult> WriteSession::SealAndWait(int64_t part, const std::function<S
       checked = DeadlineExceeded("the write of '" + name_ + "' was not sealed by all its parts in time");
     }
     lock.lock();
+    // The parts still streaming idle: that fails the write (and frees its memory).
+    if (Status idle = CheckIdleLocked(); !idle.ok()) return FailLocked(idle, &lock);
     // This part sealed: all its bytes are in, so its going away (or the deadline) fails
     // nothing; only this part stops waiting for the others.
     if (!checked.ok() && state_ == State::kStreaming) return checked;
@@ -496,9 +529,16 @@ Result<LoadResult> WriteSession::Publish() {
   std::vector<TensorInfo> tensors = layout_.tensors;
   for (size_t i = 0; i < count; ++i) tensors[i].checksum = checksums[i];
   entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(tensors));
-  entry.fd = std::make_shared<const UniqueFd>(segment->TakeReadOnlyFd());
-  LoadResult result{SummaryOf(entry), {}};
+  entry.owner = owner_;
+  {
+    UniqueFd read_only = segment->TakeReadOnlyFd();
+    if (Status identified = RecordSegmentIdentity(read_only.get(), &entry); !identified.ok()) {
+      (void)env_.segments->Remove(segment->file_name());  // complete already: never to be adopted
+      return identified;
+    }
+  }  // attach and verify open the segment again when they need it
   std::lock_guard<std::mutex> lock(mu_);
+  LoadResult result{SummaryOf(entry), evicted_};
   env_.catalog->Publish(std::move(entry));
   reserved_ = false;
   state_ = State::kPublished;
@@ -552,16 +592,35 @@ Status WriteSession::failure() const {
 
 // ---- WriteSessions ----
 
-Result<std::shared_ptr<WriteSession>> WriteSessions::Join(uint32_t uid, const protocol::WriteRequest& request) {
+Result<std::shared_ptr<WriteSession>> WriteSessions::Join(const Owner& actor, const protocol::WriteRequest& request) {
   if (request.job.empty() && request.parts != 1) {
     return InvalidArgument("a write in " + std::to_string(request.parts) + " parts needs a job id that all parts share");
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::string key = request.job;
-  if (key.empty()) key = "\x01one-process-" + std::to_string(++anonymous_);  // no job name has \x01
-  auto& slot = sessions_[{uid, key}];
-  if (!slot || slot->finished()) slot = std::make_shared<WriteSession>(env_, key, uid, request);
+  const bool anonymous = key.empty();
+  if (anonymous) key = "\x01one-process-" + std::to_string(anonymous_ + 1);  // no job name has \x01
+  auto it = sessions_.find({actor.uid, key});
+  if (it != sessions_.end() && !it->second->finished()) return it->second;
+  if (!actor.admin && env_.max_writes_per_uid > 0) {
+    size_t live = 0;
+    for (const auto& [k, s] : sessions_) live += (k.first == actor.uid && !s->finished()) ? 1 : 0;
+    if (live >= env_.max_writes_per_uid) {
+      return ResourceExhausted(Describe(actor) + " has " + std::to_string(live) + " writes in progress; its limit is " +
+                               std::to_string(env_.max_writes_per_uid) + " (max-writes-per-uid)");
+    }
+  }
+  if (anonymous) ++anonymous_;
+  auto& slot = sessions_[{actor.uid, key}];
+  slot = std::make_shared<WriteSession>(env_, key, actor, request);
   return slot;
+}
+
+size_t WriteSessions::ActiveOf(uint32_t uid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [key, s] : sessions_) n += (key.first == uid && !s->finished()) ? 1 : 0;
+  return n;
 }
 
 void WriteSessions::Release(const std::shared_ptr<WriteSession>& session) {

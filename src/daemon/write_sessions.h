@@ -74,10 +74,16 @@ class WriteSession {
     const shm::SegmentDirectory* segments = nullptr;
     uint32_t shm_mode = 0640;
     int threads = 8;  // the daemon's load threads: checksum threads are derived from it
+    // A write in which no part sent anything (a declaration, a chunk, a seal) for this
+    // long, while some part has not sealed yet, fails with DeadlineExceeded and frees
+    // its reservation (--write-idle-timeout).
+    double idle_timeout_s = 120;
+    uint64_t max_writes_per_uid = 0;  // live sessions one non-admin uid may hold; 0: no limit
   };
   enum class State { kDeclaring, kCreating, kStreaming, kPublished, kFailed };
 
-  WriteSession(Environment env, std::string key, uint32_t uid, const protocol::WriteRequest& first);
+  // `owner`: the uid whose session this is (every part's), and its role at the first part.
+  WriteSession(Environment env, std::string key, Owner owner, const protocol::WriteRequest& first);
   ~WriteSession();
   WriteSession(const WriteSession&) = delete;
   WriteSession& operator=(const WriteSession&) = delete;
@@ -85,7 +91,13 @@ class WriteSession {
   const std::string& name() const { return name_; }
   const std::string& key() const { return key_; }
   int64_t parts() const { return parts_; }
-  uint32_t uid() const { return uid_; }
+  uint32_t uid() const { return owner_.uid; }
+  const Owner& owner() const { return owner_; }
+  // Records activity of a part (a frame arrived): the idle timeout counts from the last.
+  void Touch();
+  // DeadlineExceeded (naming write-idle-timeout) once the write has been idle too long
+  // while a part has not sealed; OK otherwise. Does not fail the session.
+  Status CheckIdle() const;
   std::chrono::steady_clock::time_point deadline() const { return deadline_; }
 
   // Records part `part`'s pieces and side files. The part that completes the set lays
@@ -126,6 +138,7 @@ class WriteSession {
 
  private:
   Status FailLocked(const Status& why, std::unique_lock<std::mutex>* lock);
+  Status CheckIdleLocked() const;
   // Lays out, reserves, creates (the thread of the last declaring part; lock not held).
   Status Create();
   Result<LoadResult> Publish();
@@ -133,6 +146,7 @@ class WriteSession {
 
   const Environment env_;
   const std::string key_;
+  const Owner owner_;
   const uint32_t uid_;
   const std::string name_;
   const int64_t parts_;
@@ -156,6 +170,8 @@ class WriteSession {
   std::shared_ptr<shm::SegmentWriter> segment_;
   std::shared_ptr<TensorHasher> hasher_;  // holds segment_ alive until its threads end
   std::optional<LoadResult> result_;
+  std::vector<std::string> evicted_;  // what the budget evicted for this write
+  std::chrono::steady_clock::time_point last_activity_;
 };
 
 // The table of sessions, thread-safe.
@@ -163,10 +179,13 @@ class WriteSessions {
  public:
   explicit WriteSessions(WriteSession::Environment env) : env_(env) {}
 
-  // The session part `request.part` of (uid, request.job) joins, created if there is none
-  // or only a finished one. A request without a job (parts must be 1) gets a session of
-  // its own. InvalidArgument for a multi-part request without a job.
-  Result<std::shared_ptr<WriteSession>> Join(uint32_t uid, const protocol::WriteRequest& request);
+  // The session part `request.part` of (actor.uid, request.job) joins, created if there is
+  // none or only a finished one. A request without a job (parts must be 1) gets a session
+  // of its own. InvalidArgument for a multi-part request without a job; ResourceExhausted
+  // (naming max-writes-per-uid) when a new session would exceed the actor's limit.
+  Result<std::shared_ptr<WriteSession>> Join(const Owner& actor, const protocol::WriteRequest& request);
+  // Live sessions of `uid`.
+  size_t ActiveOf(uint32_t uid) const;
   // Drops `session` from the table if it is finished (each part calls it when it ends).
   void Release(const std::shared_ptr<WriteSession>& session);
   // Fails every live session (the daemon stops).

@@ -82,6 +82,9 @@ Result<json> DaemonConnection::ExchangeLocked(const json& request, const EventHa
     if (!frame.ok()) {
       fd_.reset();
       if (thrown) std::rethrow_exception(thrown);
+      // Out of descriptors is this process's limit, not a lost daemon (the connection is
+      // closed all the same: the response it carried is lost).
+      if (frame.status().code() == StatusCode::kResourceExhausted) return frame.status();
       return Unavailable("lost the connection to ckptd: " + frame.status().message());
     }
     const std::string event = EventName(*frame);

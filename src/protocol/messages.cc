@@ -153,6 +153,14 @@ json EncodeAll(const std::vector<CheckpointSummary>& list) {
 
 }  // namespace
 
+std::vector<std::string> KnownOps() {
+  return {kStatusOp,          kMetricsOp,          kListOp,
+          kInfoOp,            kVerifyOp,           LoadRequest::kOp,
+          EnsureRequest::kOp, EvictRequest::kOp,   AttachRequest::kOp,
+          RendezvousRequest::kOp, CancelRequest::kOp, WriteRequest::kOp,
+          WriteChunkRequest::kOp, WriteSealRequest::kOp};
+}
+
 Result<std::string> DecodeOp(const json& request) {
   auto v = request.find("v");
   if (v == request.end() || !v->is_number_integer() || v->get<int64_t>() != kProtocolVersion) {
@@ -283,7 +291,10 @@ json Encode(const CheckpointSummary& m) {
          {"load_seconds", m.load_seconds},
          {"loaded_unix_s", m.loaded_unix_s},
          {"attached", m.attached},
-         {"attached_pids", m.attached_pids}};
+         {"attached_pids", m.attached_pids},
+         {"owner_uid", m.owner_uid},
+         {"owner_user", m.owner_user},
+         {"owner_admin", m.owner_admin}};
   if (!m.segment_id.empty()) j["segment_id"] = m.segment_id;
   if (m.page_bytes != 0) j["page_bytes"] = m.page_bytes;
   if (m.huge_bytes >= 0) j["huge_bytes"] = m.huge_bytes;
@@ -309,6 +320,9 @@ Status Decode(const json& j, CheckpointSummary* m) {
   f.Optional("page_bytes", &m->page_bytes);
   f.Optional("huge_bytes", &m->huge_bytes);
   f.Optional("source_fingerprint", &m->source_fingerprint);
+  f.Optional("owner_uid", &m->owner_uid);
+  f.Optional("owner_user", &m->owner_user);
+  f.Optional("owner_admin", &m->owner_admin);
   return f.status();
 }
 
@@ -410,6 +424,13 @@ json Encode(const DaemonStatus& m) {
                     {"for_budget", m.evictions.for_budget},
                     {"replaced", m.evictions.replaced}}},
               {"your_role", m.your_role},
+              {"your_uid", m.your_uid},
+              {"your_shm_bytes", m.your_shm_bytes},
+              {"your_segments", m.your_segments},
+              {"your_writes", m.your_writes},
+              {"max_shm_bytes_per_uid", m.max_shm_bytes_per_uid},
+              {"max_segments_per_uid", m.max_segments_per_uid},
+              {"max_writes_per_uid", m.max_writes_per_uid},
               {"checkpoint_list", EncodeAll(m.checkpoint_list)},
               {"retired", EncodeAll(m.retired)}};
   if (!m.segment_dir.empty()) j["segment_dir"] = m.segment_dir;
@@ -441,6 +462,13 @@ Status Decode(const json& j, DaemonStatus* m) {
   f.Optional("segment_pages", &m->segment_pages);
   f.Optional("segment_page_bytes", &m->segment_page_bytes);
   f.Optional("your_role", &m->your_role);
+  f.Optional("your_uid", &m->your_uid);
+  f.Optional("your_shm_bytes", &m->your_shm_bytes);
+  f.Optional("your_segments", &m->your_segments);
+  f.Optional("your_writes", &m->your_writes);
+  f.Optional("max_shm_bytes_per_uid", &m->max_shm_bytes_per_uid);
+  f.Optional("max_segments_per_uid", &m->max_segments_per_uid);
+  f.Optional("max_writes_per_uid", &m->max_writes_per_uid);
   f.Optional("checkpoint_list", &m->checkpoint_list);
   f.Optional("retired", &m->retired);
   if (f.status().ok() && j.contains("evictions")) {

@@ -107,6 +107,18 @@ struct ClosingEvent {
 inline constexpr const char* kProgressEvent = "progress";
 inline constexpr const char* kClosingEvent = "closing";
 
+// Ops whose request is a NameRequest or has no fields.
+inline constexpr const char* kStatusOp = "status";
+inline constexpr const char* kMetricsOp = "metrics";
+inline constexpr const char* kListOp = "list";
+inline constexpr const char* kInfoOp = "info";
+inline constexpr const char* kVerifyOp = "verify";
+
+// Every op a client may send. The daemon's table of operations (daemon/request_handler.cc)
+// has exactly these (tests/daemon/op_table_test.cc checks it); an op it does not list is
+// refused.
+std::vector<std::string> KnownOps();
+
 // The version and op of a request. Unsupported for another protocol version;
 // InvalidArgument without an op.
 Result<std::string> DecodeOp(const nlohmann::json& request);

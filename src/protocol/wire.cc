@@ -61,8 +61,10 @@ Status SendAllUntil(int fd, const char* p, size_t size, Deadline deadline) {
 }
 
 // Reads exactly `size` bytes with recvmsg by `deadline`, keeping the first descriptor
-// passed with them.
-Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd, Deadline deadline) {
+// passed with them. Sets *truncated (if given) when the kernel dropped descriptors sent
+// with them (MSG_CTRUNC: this process had no free descriptor).
+Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd, Deadline deadline,
+                     bool* truncated = nullptr) {
   auto* p = static_cast<char*>(buf);
   while (size > 0) {
     CKPT_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline));
@@ -78,6 +80,7 @@ Status RecvAllWithFd(int fd, void* buf, size_t size, UniqueFd* received_fd, Dead
       if (errno == EINTR || (deadline != kNoDeadline && (errno == EAGAIN || errno == EWOULDBLOCK))) continue;
       return ErrnoError("receive failed", errno);
     }
+    if ((msg.msg_flags & MSG_CTRUNC) != 0 && truncated != nullptr) *truncated = true;
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
       const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -152,7 +155,8 @@ Status WriteFrameWithFd(int fd, const json& message, int pass_fd, Deadline deadl
 
 Result<json> ReadFrame(int fd, uint32_t max_bytes, UniqueFd* received_fd, Deadline deadline) {
   unsigned char len[4];
-  CKPT_RETURN_IF_ERROR(RecvAllWithFd(fd, len, 4, received_fd, deadline));
+  bool truncated = false;
+  CKPT_RETURN_IF_ERROR(RecvAllWithFd(fd, len, 4, received_fd, deadline, &truncated));
   uint32_t n = len[0] | (len[1] << 8) | (len[2] << 16) | (static_cast<uint32_t>(len[3]) << 24);
   if (n > max_bytes) {
     return Corrupt("frame of " + std::to_string(n) + " bytes exceeds the limit of " +
@@ -164,6 +168,11 @@ Result<json> ReadFrame(int fd, uint32_t max_bytes, UniqueFd* received_fd, Deadli
   if (!st.ok()) return Corrupt("frame cut short: " + st.message());
   json message = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (message.is_discarded() || !message.is_object()) return Corrupt("frame is not a JSON object");
+  if (truncated && received_fd != nullptr && !received_fd->valid()) {
+    // The frame was read whole (the connection stays in step); only its descriptor is lost.
+    return ResourceExhausted("the descriptor sent with this message was dropped: the receiving process has no "
+                             "free file descriptor (RLIMIT_NOFILE)");
+  }
   return message;
 }
 

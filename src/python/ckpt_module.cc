@@ -625,6 +625,9 @@ PYBIND11_MODULE(_ckpt, m) {
   py::class_<ckpt::Checkpoint, CheckpointPtr>(m, "Checkpoint")
       .def_property_readonly("name", &ckpt::Checkpoint::name)
       .def_property_readonly("generation", &ckpt::Checkpoint::generation)
+      // The owner the daemon recorded in the segment header (see ckpt::Checkpoint::owner_uid).
+      .def_property_readonly("owner_uid", &ckpt::Checkpoint::owner_uid)
+      .def_property_readonly("owner_admin", &ckpt::Checkpoint::owner_admin)
       .def_property_readonly("mapped_bytes", &ckpt::Checkpoint::mapped_bytes)
       .def_property_readonly("private_bytes", [](const ckpt::Checkpoint& c) { return Unwrap(c.PrivateBytes()); })
       .def("tensors",

@@ -57,11 +57,19 @@ struct SegmentHeader {
   uint64_t side_offset;       // 0 when side_count is 0
   uint64_t side_count;
   uint64_t side_bytes;
-  uint8_t reserved[kHeaderBytes - 8 - 4 - 4 - 11 * 8 - 128 - 1024 - 16 - 3 * 8];
+  // Who the daemon created this generation for (docs/operations.md, *Ownership*): the uid
+  // that loaded or published it, and kOwner* flags. Zero flags: not recorded (a segment
+  // of an older ckptd; it is then owned by admins only).
+  uint32_t owner_uid;
+  uint32_t owner_flags;
+  uint8_t reserved[kHeaderBytes - 8 - 4 - 4 - 11 * 8 - 128 - 1024 - 16 - 3 * 8 - 2 * 4];
 };
 static_assert(sizeof(SegmentHeader) == kHeaderBytes);
 static_assert(offsetof(SegmentHeader, segment_id) == 1256);
 static_assert(std::is_trivially_copyable_v<SegmentHeader>);
+static_assert(offsetof(SegmentHeader, owner_uid) == 1296);
+inline constexpr uint32_t kOwnerRecorded = 1;  // owner_uid holds the owner
+inline constexpr uint32_t kOwnerAdmin = 2;     // the owner had the admin role when it created the generation
 
 struct TensorEntry {
   uint64_t name_offset;  // from strings_offset

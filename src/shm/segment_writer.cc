@@ -229,6 +229,8 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
   CopyTruncated(h->checkpoint_name, sizeof(h->checkpoint_name), spec.checkpoint_name);
   CopyTruncated(h->source_path, sizeof(h->source_path), spec.source_path);
   std::memcpy(h->segment_id, id.data(), sizeof(h->segment_id));
+  h->owner_uid = spec.owner_uid;
+  h->owner_flags = kOwnerRecorded | (spec.owner_admin ? kOwnerAdmin : 0);
 
   TensorEntry* entries = EntriesOf(base);
   char* strings = reinterpret_cast<char*>(base + strings_offset);

@@ -52,6 +52,8 @@ struct SegmentSpec {
   std::string checkpoint_name;  // < 128 bytes, a plain file name component
   std::string source_path;      // truncated to 1023 bytes in the header
   uint64_t generation = 0;              // >= 1
+  uint32_t owner_uid = 0;               // recorded in the header with kOwnerRecorded
+  bool owner_admin = false;             // kOwnerAdmin
   uint32_t mode = 0640;                 // permission bits of the file
   std::vector<TensorInfo> tensors;      // checksums ignored here; nbytes must be right
   // Empty, or one per tensor: the index of an earlier tensor with the same nbytes whose

@@ -12,12 +12,14 @@
 namespace ckpt::daemon {
 namespace {
 
+const Owner kAdmin{0, true, "root"};  // ownership itself: tests/daemon/ownership_test.cc
+
 class CatalogTest : public ::testing::Test {
  protected:
   // Loads `name` of `bytes` through BeginLoad/Publish, with a real object to unlink.
   Result<uint64_t> Load(Catalog& c, const std::string& name, uint64_t bytes, bool replace = false,
                         std::vector<std::string>* evicted = nullptr) {
-    CKPT_ASSIGN_OR_RETURN(uint64_t gen, c.BeginLoad(name, replace, bytes, evicted));
+    CKPT_ASSIGN_OR_RETURN(uint64_t gen, c.BeginLoad(name, replace, bytes, kAdmin, evicted));
     CatalogEntry e;
     e.name = name;
     e.generation = gen;
@@ -48,7 +50,7 @@ TEST_F(CatalogTest, OverBudgetEvictsLeastRecentlyUsedUnattachedOnly) {
   EXPECT_FALSE(Exists("b", 2));
   EXPECT_EQ(c.UsedBytes(), 90u);
   // 80 bytes fit only by evicting "a" (attached): refused, and nothing is evicted.
-  auto big = c.BeginLoad("e", false, 80);
+  auto big = c.BeginLoad("e", false, 80, kAdmin);
   EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
   EXPECT_EQ(c.List().size(), 3u);
   EXPECT_EQ(c.evictions().for_budget, 1u);
@@ -58,7 +60,7 @@ TEST_F(CatalogTest, ReplaceRetiresTheAttachedGenerationUntilItsLastDetach) {
   Catalog c(0, dir());
   auto g1 = Load(c, "m", 10);
   ASSERT_TRUE(g1.ok());
-  EXPECT_EQ(c.BeginLoad("m", false, 10).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(c.BeginLoad("m", false, 10, kAdmin).status().code(), StatusCode::kAlreadyExists);
   ASSERT_TRUE(c.Attach("m", 11).ok());
   ASSERT_TRUE(c.Attach("m", 12).ok());
   auto g2 = Load(c, "m", 10, /*replace=*/true);
@@ -90,8 +92,8 @@ TEST_F(CatalogTest, AttachByGenerationAndForcedEvict) {
   EXPECT_EQ(c.Attach("m", 1, *g, "id-other").status().code(), StatusCode::kNotFound);
   EXPECT_TRUE(c.Attach("m", 1, *g, "id-m." + std::to_string(*g)).ok());
   c.Detach("m", *g, 1);
-  EXPECT_EQ(c.Evict("m", false).status().code(), StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(c.Evict("m", true).ok());
+  EXPECT_EQ(c.Evict("m", false, kAdmin).status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(c.Evict("m", true, kAdmin).ok());
   EXPECT_FALSE(Exists("m", *g));          // unlinked now
   EXPECT_EQ(c.Retired().size(), 1u);      // but its memory counts until the detach
   EXPECT_EQ(c.UsedBytes(), 10u);
@@ -114,8 +116,8 @@ TEST_F(CatalogTest, GenerationsArePersistedBeforeUseAndNeverReused) {
     EXPECT_EQ((*store)->last(), 2u);
     EXPECT_EQ(testing::ReadFile(state.File("generation")), "2\n");
     last = *g2;
-    ASSERT_TRUE(c.Evict("a", false).ok());
-    ASSERT_TRUE(c.Evict("b", false).ok());
+    ASSERT_TRUE(c.Evict("a", false, kAdmin).ok());
+    ASSERT_TRUE(c.Evict("b", false, kAdmin).ok());
   }
   // A new catalog (a restart with no segment left) continues above the mark.
   auto store = GenerationStore::Open(state.path());
@@ -135,7 +137,7 @@ TEST_F(CatalogTest, AGenerationThatCannotBePersistedFailsTheLoadAndEvictsNothing
   // The mark's temporary name taken by a directory: the write fails.
   ASSERT_EQ(::mkdir(state.File("generation.tmp").c_str(), 0700), 0);
   ASSERT_EQ(::mkdir(state.File("generation.tmp/x").c_str(), 0700), 0);
-  auto refused = c.BeginLoad("b", false, 60);  // would evict "a"
+  auto refused = c.BeginLoad("b", false, 60, kAdmin);  // would evict "a"
   EXPECT_EQ(refused.status().code(), StatusCode::kIoError) << refused.status().ToString();
   EXPECT_NE(refused.status().message().find("generation"), std::string::npos) << refused.status().ToString();
   EXPECT_TRUE(Exists("a", 1)) << "nothing evicted for a load that never started";

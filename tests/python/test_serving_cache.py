@@ -224,3 +224,148 @@ class ServingCacheTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def _run(argv):
+    return subprocess.run(argv, capture_output=True, text=True)
+
+
+class _TempUser:
+    """A user (no home, no login) in `groups`, deleted by cleanup()."""
+    _n = 0
+
+    def __init__(self, groups=()):
+        _TempUser._n += 1
+        self.name = "ckpy%dx%d" % (os.getpid() % 100000, _TempUser._n)
+        argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "--user-group"]
+        if groups:
+            argv += ["--groups", ",".join(groups)]
+        r = _run(argv + [self.name])
+        if r.returncode != 0:
+            raise unittest.SkipTest("useradd: " + r.stderr)
+        import pwd
+        self.uid = pwd.getpwnam(self.name).pw_uid
+
+    def python(self, code, *args):
+        """Runs `code` with this interpreter as this user; returns its stdout (raises on failure)."""
+        env = dict(os.environ)
+        r = subprocess.run(["setpriv", "--reuid", self.name, "--regid", self.name, "--init-groups", "--",
+                            sys.executable, "-c", code] + [str(a) for a in args],
+                           capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            raise AssertionError("as %s: %s\n%s" % (self.name, r.stdout, r.stderr))
+        return r.stdout
+
+    def cleanup(self):
+        _run(["userdel", self.name])
+
+
+# Run as a writer user: argv = socket, mode, victim uid (mode "attack": publish poisoned
+# tensors under the victim's key and name, first; "own": publish poisoned ones under this
+# user's own key; "victim": get_or_build, printing hit and the first value).
+_AS_USER = r'''
+import json, sys, torch, ckpt, ckpt.serving_cache as sc
+socket, mode, victim = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = ckpt.connect(socket)
+src = client.attach("src")
+poison = {"qkv": torch.full((12, 4), 666.0)}
+if mode == "attack":
+    key = sc.cache_key(src, rank=0, world=1, user_key="k", publisher=victim)
+    out = []
+    for name in (sc.cache_name(key), sc.cache_name(key)[len("u%d." % victim):]):  # its name; the old, flat one
+        try:
+            client.publish(name, poison, replace=True,
+                           side_files={sc.KEY_FILE: json.dumps(key, sort_keys=True).encode()})
+            out.append("published " + name)
+        except ckpt.PermissionDenied as e:
+            out.append("refused: " + str(e))
+    print(json.dumps(out))
+elif mode == "own":
+    e = sc.get_or_build(client, "src", lambda s, r, w: poison, rank=0, world=1, user_key=sys.argv[4])
+    print(json.dumps({"hit": e.hit, "name": e.name}))
+else:
+    trusted = [int(u) for u in sys.argv[4].split(",") if u] if len(sys.argv) > 4 else []
+    def build(s, r, w):
+        return {"qkv": torch.cat([s.tensor(n) for n in ("q", "k", "v")], 0).clone() * 2}
+    e = sc.get_or_build(client, "src", build, rank=0, world=1, user_key=sys.argv[5] if len(sys.argv) > 5 else "k",
+                        trusted=trusted)
+    print(json.dumps({"hit": e.hit, "name": e.name, "first": float(e.tensors["qkv"].flatten()[0]),
+                      "owner": e.checkpoint.owner_uid}))
+'''
+
+
+class ServingCacheOwnershipTest(unittest.TestCase):
+    """Issue 23: a serving-cache hit only on an entry its caller (or a uid it trusts)
+    published, as two real writer users against the real daemon."""
+
+    def setUp(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to create users")
+        self.groups = []
+        for g in ("w", "r"):
+            name = "ckpyg%s%d" % (g, os.getpid() % 100000)
+            if _run(["groupadd", name]).returncode != 0:
+                self.skipTest("groupadd failed")
+            self.groups.append(name)
+        writers, readers = self.groups
+        self.victim = _TempUser([writers, readers])
+        self.attacker = _TempUser([writers, readers])
+        self.tmp = tempfile.TemporaryDirectory()
+        os.chmod(self.tmp.name, 0o755)
+        self.daemon = Daemon(self.tmp.name)
+        self.daemon.proc = subprocess.Popen(
+            [os.environ["CKPTD_BIN"], "--socket", self.daemon.socket, "--shm-prefix", self.daemon.prefix,
+             "--state-dir", os.path.join(self.tmp.name, "state"), "--cleanup-on-exit", "--socket-mode", "0666",
+             "--writer-group", writers, "--reader-group", readers],
+            stdout=self.daemon.log, stderr=self.daemon.log)
+        self.client = ckpt.connect(self.daemon.socket, wait=10)
+        self.path = os.path.join(self.tmp.name, "src.safetensors")
+        write_safetensors(self.path, source(1))
+        self.client.load(self.path, "src")
+        self.expected = float((torch.cat([source(1)[n] for n in ("q", "k", "v")], 0) * 2).flatten()[0])
+
+    def tearDown(self):
+        self.client = None
+        self.daemon.cleanup()
+        self.tmp.cleanup()
+        self.victim.cleanup()
+        self.attacker.cleanup()
+        for g in self.groups:
+            _run(["groupdel", g])
+
+    def as_victim(self, trusted="", user_key="k"):
+        return json.loads(self.victim.python(_AS_USER, self.daemon.socket, "victim", self.victim.uid, trusted,
+                                             user_key))
+
+    def test_another_writer_can_neither_plant_nor_squat_the_victims_entry(self):
+        # The attacker goes first, with every part of the victim's key (all public).
+        out = json.loads(self.attacker.python(_AS_USER, self.daemon.socket, "attack", self.victim.uid))
+        self.assertTrue(out[0].startswith("refused:"), out)
+        self.assertIn("reserved for uid %d" % self.victim.uid, out[0])
+        self.assertTrue(out[1].startswith("published"), out)  # the flat name: the victim never looks there
+        got = self.as_victim()
+        self.assertFalse(got["hit"], got)
+        self.assertEqual(got["first"], self.expected)
+        self.assertEqual(got["owner"], self.victim.uid)
+        again = self.as_victim()
+        self.assertTrue(again["hit"], again)
+        self.assertEqual(again["first"], self.expected)
+        # Nor can the attacker replace the victim's entry now that it exists.
+        out = json.loads(self.attacker.python(_AS_USER, self.daemon.socket, "attack", self.victim.uid))
+        self.assertTrue(out[0].startswith("refused:"), out)
+        self.assertEqual(self.as_victim()["first"], self.expected)
+
+    def test_an_entry_of_an_untrusted_uid_is_never_hit_and_of_a_trusted_one_is(self):
+        own = json.loads(self.attacker.python(_AS_USER, self.daemon.socket, "own", self.victim.uid, "t"))
+        self.assertFalse(own["hit"])
+        self.assertTrue(own["name"].startswith("u%d." % self.attacker.uid), own)
+        untrusted = self.as_victim(trusted="", user_key="t")
+        self.assertFalse(untrusted["hit"], untrusted)
+        self.assertEqual(untrusted["first"], self.expected)
+        trusted = self.as_victim(trusted=str(self.attacker.uid), user_key="t2")
+        self.assertFalse(trusted["hit"], "nothing of either under user_key t2 yet")
+        json.loads(self.attacker.python(_AS_USER, self.daemon.socket, "own", self.victim.uid, "t3"))
+        hit = self.as_victim(trusted=str(self.attacker.uid), user_key="t3")
+        self.assertTrue(hit["hit"], hit)
+        self.assertEqual(hit["owner"], self.attacker.uid)
+        self.assertEqual(hit["first"], 666.0)
