@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <spdlog/spdlog.h>
 
+#include "common/byte_size.h"
+
 namespace ckpt::daemon {
 
 void Catalog::Unlink(const CatalogEntry& e) const {
@@ -61,10 +63,10 @@ Result<uint64_t> Catalog::BeginLoad(const std::string& name, bool replace, uint6
       size_t take = 0;
       while (take < candidates.size() && used - freed + bytes > budget_bytes_) freed += candidates[take++]->segment_bytes;
       if (used - freed + bytes > budget_bytes_) {
-        return ResourceExhausted("loading '" + name + "' needs " + std::to_string(bytes) +
-                                 " bytes; the memory budget is " + std::to_string(budget_bytes_) + " bytes, " +
-                                 std::to_string(used) + " in use, and only " + std::to_string(freed) +
-                                 " bytes of it could be freed by evicting unattached checkpoints");
+        return ResourceExhausted("loading '" + name + "' needs " + BytesText(bytes) + "; the memory budget is " +
+                                 BytesText(budget_bytes_) + ", " + BytesText(used) + " in use, and only " +
+                                 BytesText(freed) + " of it could be freed by evicting unattached checkpoints "
+                                 "(attached ones stay; ckptctl list shows them: evict some, or raise ckptd --memory-budget)");
       }
       for (size_t i = 0; i < take; ++i) victims.push_back(candidates[i]->name);
     }
