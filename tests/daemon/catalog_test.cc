@@ -60,7 +60,7 @@ TEST_F(CatalogTest, OverBudgetErrorSaysTheSizesForPeople) {
   Catalog c(12ull << 30, dir());
   auto big = c.BeginLoad("big", false, 13ull << 30);
   ASSERT_EQ(big.status().code(), StatusCode::kResourceExhausted);
-  const std::string& m = big.status().message();
+  const std::string m = big.status().message();
   EXPECT_NE(m.find("needs 13.00 GiB (13958643712 bytes)"), std::string::npos) << m;
   EXPECT_NE(m.find("the memory budget is 12.00 GiB (12884901888 bytes)"), std::string::npos) << m;
   EXPECT_NE(m.find("0 bytes in use"), std::string::npos) << m;
