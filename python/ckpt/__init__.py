@@ -136,6 +136,19 @@ def _torch_cuda_build() -> Optional[str]:
     return getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None)
 
 
+def _parse_device(device) -> torch.device:
+    """`device` (a torch.device, a name or a CUDA index) as a torch.device, whether or not
+    this torch can use it; InvalidArgument for anything torch cannot even name."""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise InvalidArgument(f"device must be a torch.device, a name such as 'cuda:0' or 'cpu', or a CUDA index, "
+                              f"not {type(device).__name__} {device!r}")
+    try:
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise InvalidArgument(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' (torch {torch.__version__} "
+                              f"says: {str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
 def as_device(device) -> torch.device:
     """A torch.device the installed torch can put tensors on, from a torch.device, a name
     ("cpu", "cuda", "cuda:1") or a CUDA index (an int); "cuda" without an index is the
@@ -143,14 +156,7 @@ def as_device(device) -> torch.device:
     ValueError) naming the device and what to do for: a name torch does not know, a CUDA
     device with a CPU-only torch, a CUDA device when torch sees no GPU, a CUDA index past
     the GPUs torch sees, and another device type its torch backend says is unavailable."""
-    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
-        raise InvalidArgument(f"device must be a torch.device, a name such as 'cuda:0' or 'cpu', or a CUDA index, "
-                              f"not {type(device).__name__} {device!r}")
-    try:
-        d = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
-    except (RuntimeError, ValueError, TypeError) as e:
-        raise InvalidArgument(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' (torch {torch.__version__} "
-                              f"says: {str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    d = _parse_device(device)
     if d.type in ("cpu", "meta"):
         return d
     if d.type == "cuda":
@@ -355,15 +361,19 @@ class Checkpoint:
         place = resolve_rank_world(rank, world)
         rank, world = place.rank, place.world
         dtype = as_dtype(dtype)
-        device = as_device(device)
+        device = _parse_device(device)
         if engine not in ("auto", "gpu", "torch"):
             raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")
         if group is not None:
             if engine == "torch":
                 raise InvalidArgument("a collective load (group=) needs the gpu engine")
             engine = "gpu"
-            if device.type == "cuda" and not isinstance(group, _ckpt.NcclGroup):
-                group = nccl_group(group, device=device)
+        # The copy engine, asked for where it cannot run (no plugin, driver or GPU), says
+        # what is missing itself; otherwise the device must be one this torch can use.
+        if not (engine == "gpu" and device.type == "cuda" and not _ckpt.gpu_available()):
+            device = as_device(device)
+        if group is not None and device.type == "cuda" and not isinstance(group, _ckpt.NcclGroup):
+            group = nccl_group(group, device=device)
         if callable(plan) and not isinstance(plan, (str, _ckpt.TpPlan)):
             if engine == "gpu":
                 raise InvalidArgument("the GPU engine needs a plan the plan engine resolves (not a callable)")
@@ -579,12 +589,15 @@ def connect(socket: Optional[str] = None, wait: float = 0.0) -> Client:
 
 def _cuda_index(device) -> int:
     """The CUDA device index of an int, "cuda:N", torch.device or None; "cuda" and None
-    mean the current device (as torch itself reads them). InvalidArgument (as_device) for
-    a device that is not a CUDA device torch can use."""
-    d = as_device("cuda" if device is None else device)
+    mean the current device (as torch itself reads them). InvalidArgument for a device
+    that is not a CUDA device, and (as_device) for "cuda" alone with a torch that cannot
+    use CUDA."""
+    d = _parse_device("cuda" if device is None else device)
     if d.type != "cuda":
         raise InvalidArgument(f"device '{d}' is not a CUDA device: use 'cuda:N' or a CUDA index")
-    return d.index
+    # An index given is taken as it is (the engine reports a GPU it cannot use); "cuda"
+    # alone is torch's current device, which only a torch that can use CUDA knows.
+    return d.index if d.index is not None else as_device(d).index
 
 
 def _torch_dtype(name: str) -> torch.dtype:

@@ -37,11 +37,11 @@ def families():
 def config_dict(config) -> Optional[dict]:
     """The model config as a dict, from whatever `config=` takes anywhere in ckpt
     (Checkpoint.state_dict / resolve, the plans here, ckpt.transformers.load_model): None
-    (None), a dict, a pathlib.Path or other os.PathLike, a string that names an existing
-    file (a config.json) or model folder (its config.json), JSON text (str or bytes), or an
-    object with to_dict() (a transformers PretrainedConfig). Raises ckpt.InvalidArgument
-    naming the path for a file that cannot be read or is not JSON, and for a string that
-    is neither an existing path nor JSON text."""
+    (None), a dict, a pathlib.Path or other os.PathLike, a string naming a file (a
+    config.json) or a model folder (its config.json), JSON text (a string that starts with
+    "{", or bytes), or an object with to_dict() (a transformers PretrainedConfig). Raises
+    ckpt.InvalidArgument naming the path for a file that cannot be read or is not a JSON
+    object, and for JSON text that is not one."""
     if config is None:
         return None
     if isinstance(config, Mapping):
@@ -50,7 +50,7 @@ def config_dict(config) -> Optional[dict]:
         return _parse_config(bytes(config).decode("utf-8", "replace"), "config")
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
-        if isinstance(config, os.PathLike) or os.path.exists(path):
+        if isinstance(config, os.PathLike) or not path.lstrip().startswith("{"):
             if os.path.isdir(path):
                 path = os.path.join(path, "config.json")
             try:
@@ -59,10 +59,7 @@ def config_dict(config) -> Optional[dict]:
             except OSError as e:
                 raise _ckpt.InvalidArgument(f"cannot read the model config {path}: {e}") from None
             return _parse_config(text, f"the model config {path}")
-        if path.lstrip().startswith("{"):
-            return _parse_config(path, "config")
-        raise _ckpt.InvalidArgument(f"config {path[:200]!r} is neither an existing file or model folder nor JSON "
-                                    "text: pass a config.json path, a dict or the JSON text")
+        return _parse_config(path, "config")
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
         return dict(to_dict())

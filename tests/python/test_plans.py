@@ -97,8 +97,10 @@ class PlanFamiliesTest(unittest.TestCase):
         self.assertEqual(ckpt.plans.config_dict(pathlib.Path(path)), cfg)
         self.assertIsNone(ckpt.plans.config_dict(None))
         missing = os.path.join(self.tmp.name, "nowhere", "config.json")
-        with self.assertRaisesRegex(ckpt.InvalidArgument, "neither an existing file or model folder nor JSON text"):
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "cannot read the model config .*nowhere"):
             bare.state_dict(1, 2, "auto", config=missing)
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "config is not valid JSON"):
+            bare.state_dict(1, 2, "auto", config="{model_type: llama")
         with self.assertRaisesRegex(ckpt.InvalidArgument, "cannot read the model config .*nowhere"):
             bare.state_dict(1, 2, "auto", config=pathlib.Path(missing))
         broken = os.path.join(self.tmp.name, "broken.json")
