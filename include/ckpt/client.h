@@ -67,10 +67,19 @@ struct CheckpointList {
   std::vector<std::string> loading;
 };
 
+// A side file kept with a checkpoint (config.json, generation_config.json, ...).
+struct SideFileInfo {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
 // A checkpoint and its tensor index (with each tensor's XXH3-64 checksum).
 struct CheckpointInfo {
   CheckpointSummary checkpoint;
   std::vector<TensorInfo> tensors;
+  // The side files stored with it, in stored order (config.json, which plan "auto" and
+  // ckpt.transformers.load_model read, among them when it was kept); empty if none.
+  std::vector<SideFileInfo> side_files;
 };
 
 // What a load published, and the checkpoints it evicted to fit the memory budget.
@@ -302,6 +311,11 @@ class Client {
   // while any caller still waits for it. Errors: those of Load; Cancelled for a caller
   // that withdrew; AlreadyExists if a plain Load of that name is in progress.
   Result<EnsureResult> Ensure(const std::string& path, const EnsureOptions& options = {});
+  // Every call below that names a checkpoint (Evict, Info, GetInfo, Verify, Attach)
+  // answers NotFound for a name that is neither published nor loading with the closest
+  // names that are in its message: "no checkpoint named 'gpt-neox' (did you mean
+  // 'gpt-neo'?)" (SimilarNames).
+
   // Removes `name` from the daemon and returns what was evicted. NotFound if unknown;
   // FailedPrecondition if attached and !force (after waiting wait_s, if set).
   Result<CheckpointSummary> Evict(const std::string& name, const EvictOptions& options);
@@ -310,6 +324,10 @@ class Client {
   Result<std::vector<CheckpointSummary>> List();
   // List with the names of loads in progress.
   Result<CheckpointList> ListAll();
+  // The published or loading checkpoint names closest to `name` (common/suggest.h: a few
+  // edits away, or a prefix), nearest first, at most 3: what "did you mean" offers. Empty
+  // when `name` itself is published or loading, none is close, or the list fails.
+  std::vector<std::string> SimilarNames(const std::string& name);
   // The tensor index of `name`. NotFound if it is not loaded.
   Result<std::vector<TensorInfo>> Info(const std::string& name);
   // The summary and tensor index of `name`. NotFound if it is not loaded.
@@ -348,6 +366,9 @@ class Client {
 
  private:
   Client(std::string socket_path, std::unique_ptr<protocol::DaemonConnection> connection);
+  // `status` with " (did you mean ...?)" appended when it is NotFound and SimilarNames(name)
+  // has any; otherwise `status` as it is.
+  Status WithSimilarNames(Status status, const std::string& name);
   std::string socket_path_;
   std::unique_ptr<protocol::DaemonConnection> connection_;
 };

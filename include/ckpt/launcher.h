@@ -5,7 +5,10 @@
 //   auto outs = plan->Resolve(ckpt->tensors(), launch->rank, launch->world);
 //
 // The launchers' variables, tried in this order (the first family whose rank and size
-// are both set wins, so torchrun inside an srun or mpirun allocation is read as torchrun):
+// are both set wins, so torchrun inside an srun or mpirun allocation is read as torchrun;
+// with none complete, a family of which some variables are set but not its rank and size
+// is an error, never a silent rank 0 of 1; Slurm's excepted, whose variables every
+// process of an allocation sees):
 //   torchrun, torch.distributed.launch, accelerate, DeepSpeed: RANK, WORLD_SIZE,
 //     LOCAL_RANK, LOCAL_WORLD_SIZE (DeepSpeed's LOCAL_SIZE when that is absent)
 //   Open MPI:            OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
@@ -45,7 +48,12 @@ struct Launch {
 // decimal integer in int's range, a world or local world below 1, a rank outside
 // [0, world), a local rank outside [0, local world), and contradictions (a local world
 // above the world, a local rank above the rank, more ranks after this one on its node
-// than in the job). A family with only its rank or only its size set is skipped.
+// than in the job). A family with only some of its variables set (RANK=1 without
+// WORLD_SIZE, LOCAL_RANK alone) is skipped when a later family is complete (a wrapper
+// that exports LOCAL_RANK from mpirun's); when none is, InvalidArgument names the
+// variables set and those missing and says what to do. Slurm's half-set family (a batch
+// script's SLURM_PROCID=0 without SLURM_NTASKS, an salloc shell's SLURM_NTASKS alone) is
+// one process: rank 0 of 1.
 Result<Launch> LauncherEnv();
 // The same, reading variables from `env` instead of the process environment.
 Result<Launch> LauncherEnvFrom(const std::map<std::string, std::string>& env);
@@ -54,7 +62,8 @@ Result<Launch> LauncherEnvFrom(const std::map<std::string, std::string>& env);
 // process environment when null). The local rank and world are the launcher's when
 // (rank, world) is the launcher's place, else rank and world themselves with source
 // "arguments" (taken as one node). InvalidArgument for a rank outside [0, world) (saying
-// which launcher gave the values taken from it) and for LauncherEnv's errors.
+// which launcher gave the values taken from it) and for LauncherEnv's errors, but for an
+// incomplete launcher environment when both rank and world are given.
 Result<Launch> ResolveLaunch(std::optional<int> rank, std::optional<int> world,
                              const std::map<std::string, std::string>* env = nullptr);
 

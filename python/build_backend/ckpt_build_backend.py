@@ -1,7 +1,17 @@
 """PEP 517 build backend of the `ckpt` package (in-tree, standard library only).
 
-    pip install ./python            (Debian's python3: add --break-system-packages, or use a venv)
-    pip wheel ./python -w dist
+    python3 -m pip install ./python   (a Python that has torch; Debian 12: see below)
+    python3 -m pip wheel ./python -w dist
+
+The interpreter that runs pip must have torch (the package's one dependency): without
+it the backend stops at once, saying which Python to use, instead of pip's "No matching
+distribution found for torch". On Debian 12, torch is the python3-torch package of
+/usr/bin/python3, and pip may not install into that Python (PEP 668,
+"externally-managed-environment"): use a venv that sees the system's packages,
+
+    apt-get install python3-torch python3-venv
+    /usr/bin/python3 -m venv --system-site-packages ~/ckpt-venv
+    ~/ckpt-venv/bin/pip install ./python
 
 It runs the project's CMake build in a temporary directory (the checkout may be
 read-only), building the _ckpt extension for the interpreter that runs pip, and the GPU
@@ -15,6 +25,8 @@ Environment:
                       directory, removed afterwards
   CKPT_CMAKE_ARGS     extra arguments for CMake's configure step (shell syntax)
   CKPT_BUILD_JOBS     parallel build jobs (default: the CPU count)
+  CKPT_SKIP_TORCH_CHECK=1  build even when this Python has no torch (a wheel made on a
+                      build machine for another; pip then needs torch where it installs it)
 """
 import base64
 import csv
@@ -103,6 +115,49 @@ def _cmake_env():
     return env
 
 
+def _torch_missing_message():
+    """None when the interpreter running the backend imports torch (outside pip's build
+    isolation, as the extension will run), else what to do, naming this interpreter."""
+    if os.environ.get("CKPT_SKIP_TORCH_CHECK") == "1":
+        return None
+    probe = subprocess.run([sys.executable, "-c", "import torch"], env=_cmake_env(), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    if probe.returncode == 0:
+        return None
+    why = (probe.stderr.strip().splitlines() or ["import torch failed"])[-1]
+    version = ".".join(map(str, sys.version_info[:3]))
+    debian = os.path.exists("/etc/debian_version")
+    lines = [
+        f"ckpt: this Python ({sys.executable}, {version}) has no torch ({why}), and the ckpt package needs it.",
+        "ckpt: without torch pip would next look for it on a package index (offline: \"No matching distribution",
+        "ckpt: found for torch\"). Run pip with a Python that has torch:",
+        "ckpt:   Debian 12: torch is the python3-torch package of /usr/bin/python3, which refuses pip installs",
+        "ckpt:   (PEP 668); a venv that sees the system's packages takes it:",
+        "ckpt:     apt-get install python3-torch python3-venv",
+        "ckpt:     /usr/bin/python3 -m venv --system-site-packages ~/ckpt-venv",
+        "ckpt:     ~/ckpt-venv/bin/pip install ./python",
+        "ckpt:   another Python: install torch into it first (python -m pip install torch), then ./python.",
+        "ckpt: (CKPT_SKIP_TORCH_CHECK=1 builds anyway, for a wheel meant for another machine.)",
+    ]
+    if sys.prefix != sys.base_prefix:
+        lines.insert(1, f"ckpt: ({sys.prefix} is a venv: one made without --system-site-packages does not see "
+                        "the system's torch)")
+    elif debian and os.path.exists("/usr/bin/python3") and os.path.realpath(sys.executable) != os.path.realpath(
+            "/usr/bin/python3"):
+        lines.insert(1, f"ckpt: ({sys.executable} is not Debian's /usr/bin/python3: is the wrong python3 first "
+                        "on PATH?)")
+    return "\n".join(lines)
+
+
+def _require_torch():
+    """Stops the build (exit status 1, the message on stderr, which pip shows) when this
+    Python has no torch."""
+    message = _torch_missing_message()
+    if message is not None:
+        print(message, file=sys.stderr, flush=True)
+        raise SystemExit(1)
+
+
 def _build(build_dir):
     args = ["cmake", "-S", ROOT, "-B", build_dir, "-DCMAKE_BUILD_TYPE=Release", "-DCKPT_BUILD_TESTS=OFF",
             "-DCKPT_PYTHON=ON", f"-DPython3_EXECUTABLE={sys.executable}"]
@@ -137,6 +192,7 @@ def get_requires_for_build_wheel(config_settings=None):
 
 
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
+    _require_torch()  # before pip resolves the dependency on torch from an index
     p, metadata = _metadata()
     d = os.path.join(metadata_directory, _dist_info(p))
     os.makedirs(d, exist_ok=True)
@@ -152,6 +208,7 @@ def _wheel_file():
 
 
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
+    _require_torch()
     p, metadata = _metadata()
     keep = os.environ.get("CKPT_PIP_BUILD_DIR")
     build_dir = os.path.abspath(keep) if keep else tempfile.mkdtemp(prefix="ckpt-pip-build-")

@@ -28,8 +28,10 @@ __all__ = [
     "CkptError", "InvalidArgument", "NotFound", "AlreadyExists", "Corrupt", "Unsupported", "ResourceExhausted",
     "FailedPrecondition", "Unavailable", "IoError", "Internal", "PermissionDenied", "DeadlineExceeded", "Cancelled",
     "NcclGroup", "nccl_group",
-    "ds_partition_size", "plans", "as_dtype",
+    "ds_partition_size", "plans", "as_dtype", "as_device", "gpu_available", "__version__",
 ]
+
+__version__ = _ckpt.__version__  # the project's version (CMake's project(VERSION); ckptd --version)
 
 DTYPES = {
     "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
@@ -118,6 +120,69 @@ def as_dtype(dtype) -> Optional[torch.dtype]:
         raise InvalidArgument(f"unknown dtype {dtype!r}: use a torch.dtype or one of {valid}")
     raise InvalidArgument(f"dtype must be a torch.dtype or a name such as 'float16', not {type(dtype).__name__} "
                           f"{dtype!r}")
+
+
+def gpu_available() -> bool:
+    """True when ckpt's CUDA copy engine can run in this process: the GPU plugin
+    (libckptclient-cuda.so.0, beside _ckpt) is installed, the NVIDIA driver loads and a GPU
+    is visible. The first call opens the plugin (about 30 ms); later calls are cheap. It
+    says nothing about torch: a CPU-only torch cannot hold CUDA tensors even then
+    (as_device says so). False, never an exception, on a machine without any of them."""
+    return bool(_ckpt.gpu_available())
+
+
+def _torch_cuda_build() -> Optional[str]:
+    """The CUDA (or ROCm) version the installed torch was built for; None for a CPU-only torch."""
+    return getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None)
+
+
+def _parse_device(device) -> torch.device:
+    """`device` (a torch.device, a name or a CUDA index) as a torch.device, whether or not
+    this torch can use it; InvalidArgument for anything torch cannot even name."""
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise InvalidArgument(f"device must be a torch.device, a name such as 'cuda:0' or 'cpu', or a CUDA index, "
+                              f"not {type(device).__name__} {device!r}")
+    try:
+        return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise InvalidArgument(f"unknown device {device!r}: use 'cpu', 'cuda' or 'cuda:N' (torch {torch.__version__} "
+                              f"says: {str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def as_device(device) -> torch.device:
+    """A torch.device the installed torch can put tensors on, from a torch.device, a name
+    ("cpu", "cuda", "cuda:1") or a CUDA index (an int); "cuda" without an index is the
+    current CUDA device, made explicit (cuda:N). Raises ckpt.InvalidArgument (a
+    ValueError) naming the device and what to do for: a name torch does not know, a CUDA
+    device with a CPU-only torch, a CUDA device when torch sees no GPU, a CUDA index past
+    the GPUs torch sees, and another device type its torch backend says is unavailable."""
+    d = _parse_device(device)
+    if d.type in ("cpu", "meta"):
+        return d
+    if d.type == "cuda":
+        if _torch_cuda_build() is None:
+            raise InvalidArgument(f"device '{d}' needs a CUDA build of torch, but torch {torch.__version__} here is "
+                                  "CPU-only (torch.version.cuda is None): install a CUDA build of torch "
+                                  "(https://pytorch.org/get-started/locally/) or load to device='cpu'")
+        count = torch.cuda.device_count()
+        if count == 0:
+            import os
+            hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+            why = (f"CUDA_VISIBLE_DEVICES={hidden!r} hides every GPU" if hidden is not None
+                   else "no NVIDIA driver or no GPU: see nvidia-smi")
+            raise InvalidArgument(f"device '{d}': torch {torch.__version__} (CUDA {_torch_cuda_build()}) sees no GPU "
+                                  f"({why}); load to device='cpu' instead")
+        index = torch.cuda.current_device() if d.index is None else d.index
+        if index >= count:
+            raise InvalidArgument(f"device '{d}' is out of range: torch sees {count} GPU(s), cuda:0 to "
+                                  f"cuda:{count - 1} (CUDA_VISIBLE_DEVICES renumbers them from 0)")
+        return torch.device("cuda", index)
+    backend = getattr(torch, d.type, None)
+    available = getattr(backend, "is_available", None)
+    if callable(available) and not available():
+        raise InvalidArgument(f"device '{d}' is not available to torch {torch.__version__} here: use 'cpu' or "
+                              "'cuda:N'")
+    return d
 
 
 def ds_partition_size(numel: int, world: int) -> int:
@@ -222,7 +287,7 @@ class Checkpoint:
         kind, dim, chunks, uneven = rule
         shape, nbytes, contiguous, offset = self._h.shard_info(name, kind, dim, rank, world, chunks, uneven)
         src_dtype = _torch_dtype(self.info(name)["dtype"])
-        device = torch.device(device)
+        device = as_device(device)
         if contiguous and nbytes > 0 and (device.type != "cpu" or not copy):
             whole = self.tensor(name).reshape(-1).view(torch.uint8)
             out = whole[offset:offset + nbytes].view(src_dtype).view(shape)  # zero copy
@@ -252,7 +317,8 @@ class Checkpoint:
                 convention: str = "megatron", config=None, **options):
         """This rank's outputs under `plan` (ckpt.plans.ShardOutput: name, pieces, transpose,
         view), as the plan engine resolves them for both the CPU and the CUDA path. `config`
-        (dict or JSON text) defaults to the checkpoint's own (self.config). rank / world
+        (ckpt.plans.config_dict: a dict, a config.json or model folder path, JSON text)
+        defaults to the checkpoint's own (self.config). rank / world
         default from the launcher's environment (ckpt.launcher_env())."""
         from . import plans as _plans
         from .launcher import resolve_rank_world
@@ -306,15 +372,19 @@ class Checkpoint:
         place = resolve_rank_world(rank, world)
         rank, world = place.rank, place.world
         dtype = as_dtype(dtype)
-        device = torch.device(device)
+        device = _parse_device(device)
         if engine not in ("auto", "gpu", "torch"):
             raise InvalidArgument(f"engine must be auto, gpu or torch, not '{engine}'")
         if group is not None:
             if engine == "torch":
                 raise InvalidArgument("a collective load (group=) needs the gpu engine")
             engine = "gpu"
-            if device.type == "cuda" and not isinstance(group, _ckpt.NcclGroup):
-                group = nccl_group(group, device=device)
+        # The copy engine, asked for where it cannot run (no plugin, driver or GPU), says
+        # what is missing itself; otherwise the device must be one this torch can use.
+        if not (engine == "gpu" and device.type == "cuda" and not _ckpt.gpu_available()):
+            device = as_device(device)
+        if group is not None and device.type == "cuda" and not isinstance(group, _ckpt.NcclGroup):
+            group = nccl_group(group, device=device)
         if callable(plan) and not isinstance(plan, (str, _ckpt.TpPlan)):
             if engine == "gpu":
                 raise InvalidArgument("the GPU engine needs a plan the plan engine resolves (not a callable)")
@@ -367,7 +437,7 @@ class Checkpoint:
     def _state_dict_by_rule(self, plan, rank, world, device, dtype, copy, names):
         """A callable plan: plan(name, info) -> Rule, tensor by tensor (user code)."""
         out = {}
-        device = torch.device(device)
+        device = as_device(device)
         for name in (names if names is not None else self._infos):
             info = self.info(name)
             rule = plan(name, info)
@@ -530,11 +600,15 @@ def connect(socket: Optional[str] = None, wait: float = 0.0) -> Client:
 
 def _cuda_index(device) -> int:
     """The CUDA device index of an int, "cuda:N", torch.device or None; "cuda" and None
-    mean the current device (as torch itself reads them)."""
-    if isinstance(device, int):
-        return device
-    index = torch.device(device).index if device is not None else None
-    return torch.cuda.current_device() if index is None else index
+    mean the current device (as torch itself reads them). InvalidArgument for a device
+    that is not a CUDA device, and (as_device) for "cuda" alone with a torch that cannot
+    use CUDA."""
+    d = _parse_device("cuda" if device is None else device)
+    if d.type != "cuda":
+        raise InvalidArgument(f"device '{d}' is not a CUDA device: use 'cuda:N' or a CUDA index")
+    # An index given is taken as it is (the engine reports a GPU it cannot use); "cuda"
+    # alone is torch's current device, which only a torch that can use CUDA knows.
+    return d.index if d.index is not None else as_device(d).index
 
 
 def _torch_dtype(name: str) -> torch.dtype:

@@ -109,14 +109,12 @@ def fill_module(module: nn.Module, checkpoint, rank: Optional[int] = None, world
     make_parameter and of moving buffers also leave it untouched: everything that can fail
     runs before the first attribute is set. Not thread-safe against other users of
     `module` while it runs."""
-    from . import InvalidArgument, as_dtype
+    from . import InvalidArgument, as_device, as_dtype
     dtype = as_dtype(dtype)
     if shapes not in ("local", "global"):
         raise InvalidArgument(f"shapes must be 'local' or 'global', not {shapes!r}")
     place = resolve_rank_world(rank, world)
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = as_device(device)
     walk = _walk(module)
 
     # Every shard first: nothing is assigned until all of them are there and fit.

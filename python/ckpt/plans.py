@@ -34,23 +34,59 @@ def families():
     return list(TpPlan.families())
 
 
-def _config_text(config) -> str:
+def config_dict(config) -> Optional[dict]:
+    """The model config as a dict, from whatever `config=` takes anywhere in ckpt
+    (Checkpoint.state_dict / resolve, the plans here, ckpt.transformers.load_model): None
+    (None), a dict, a pathlib.Path or other os.PathLike, a string naming a file (a
+    config.json) or a model folder (its config.json), JSON text (a string that starts with
+    "{", or bytes), or an object with to_dict() (a transformers PretrainedConfig). Raises
+    ckpt.InvalidArgument naming the path for a file that cannot be read or is not a JSON
+    object, and for JSON text that is not one."""
     if config is None:
-        return ""
-    if isinstance(config, (bytes, bytearray)):
-        return config.decode()
-    if isinstance(config, str):
-        return config
+        return None
     if isinstance(config, Mapping):
-        return json.dumps(dict(config))
-    raise _ckpt.InvalidArgument(f"config must be a dict or JSON text, not {type(config).__name__}")
+        return dict(config)
+    if isinstance(config, (bytes, bytearray)):
+        return _parse_config(bytes(config).decode("utf-8", "replace"), "config")
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        if isinstance(config, os.PathLike) or not path.lstrip().startswith("{"):
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as e:
+                raise _ckpt.InvalidArgument(f"cannot read the model config {path}: {e}") from None
+            return _parse_config(text, f"the model config {path}")
+        return _parse_config(path, "config")
+    to_dict = getattr(config, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    raise _ckpt.InvalidArgument(f"config must be a dict, a config.json path, JSON text or a PretrainedConfig, "
+                                f"not {type(config).__name__}")
+
+
+def _parse_config(text: str, what: str) -> dict:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise _ckpt.InvalidArgument(f"{what} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise _ckpt.InvalidArgument(f"{what} is JSON {type(value).__name__}, not an object")
+    return value
+
+
+def _config_text(config) -> str:
+    value = config_dict(config)
+    return "" if value is None else json.dumps(value)
 
 
 def builtin(family: str, convention: str = "megatron", *, config=None, fuse_qkv: bool = False,
             fuse_gate_up: bool = False, transpose_conv1d: bool = False, expert_parallel: bool = False,
             fuse_experts: bool = False) -> TpPlan:
-    """The built-in plan of `family` (see families()); `config` (dict or JSON text) gives head
-    and expert counts. Raises InvalidArgument for an unknown family or convention."""
+    """The built-in plan of `family` (see families()); `config` (see config_dict: a dict, a
+    config.json path or JSON text) gives head and expert counts. Raises InvalidArgument for an unknown family or convention."""
     return TpPlan.builtin(family, convention, _config_text(config), fuse_qkv, fuse_gate_up, transpose_conv1d,
                           expert_parallel, fuse_experts)
 

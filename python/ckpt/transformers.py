@@ -71,7 +71,8 @@ class _NoTpMachinery(Exception):
 
 def model_config(checkpoint=None, config: Union[None, dict, str, os.PathLike, Any] = None):
     """The transformers config for a checkpoint: `config` when given (a PretrainedConfig,
-    a dict as in config.json, or the path of a config.json or of a model folder), else the
+    or what ckpt.plans.config_dict reads: a dict as in config.json, the path of a
+    config.json or of a model folder, JSON text), else the
     config.json ckptd stored with the checkpoint (Checkpoint.config). Raises
     InvalidArgument when there is neither, or for an unknown model_type (naming it and the
     installed transformers version)."""
@@ -79,15 +80,8 @@ def model_config(checkpoint=None, config: Union[None, dict, str, os.PathLike, An
     base = getattr(tf, "PreTrainedConfig", None) or tf.PretrainedConfig
     if isinstance(config, base):
         return config
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        try:
-            with open(path) as f:
-                config = json.load(f)
-        except (OSError, ValueError) as e:
-            raise InvalidArgument(f"cannot read the model config {path}: {e}") from e
+    from .plans import config_dict
+    config = config_dict(config)  # a path, JSON text or a dict, as everywhere in ckpt
     if config is None and checkpoint is not None:
         config = getattr(checkpoint, "config", None)
     if config is None:
@@ -630,12 +624,10 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
         raise InvalidArgument(f"name must be a checkpoint name or a ckpt.Checkpoint, not {type(name).__name__}")
     if detach not in ("background", "now"):
         raise InvalidArgument(f"detach must be 'background' or 'now', not {detach!r}")
-    from . import as_dtype
+    from . import as_device, as_dtype
     dtype = as_dtype(dtype)
     launch = resolve_rank_world(rank, world)
-    device = torch.device(device) if device is not None else _default_device(launch)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    device = as_device(device) if device is not None else _default_device(launch)
     attached_here = not isinstance(name, Checkpoint)
     if not attached_here:
         checkpoint = name

@@ -2,10 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
 #include "common/hex.h"
+#include "common/suggest.h"
 #include "protocol/daemon_connection.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
@@ -104,8 +106,9 @@ Result<CheckpointSummary> Client::Evict(const std::string& name, const EvictOpti
   request.name = name;
   request.force = options.force;
   request.wait_s = options.wait_s;
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying(protocol::EvictRequest::kOp, protocol::Encode(request)));
-  CKPT_ASSIGN_OR_RETURN(auto decoded, protocol::DecodeAs<protocol::CheckpointResponse>(response));
+  auto response = connection_->CallRetrying(protocol::EvictRequest::kOp, protocol::Encode(request));
+  if (!response.ok()) return WithSimilarNames(response.status(), name);
+  CKPT_ASSIGN_OR_RETURN(auto decoded, protocol::DecodeAs<protocol::CheckpointResponse>(*response));
   return std::move(decoded.checkpoint);
 }
 
@@ -120,14 +123,33 @@ Result<CheckpointList> Client::ListAll() {
   return protocol::DecodeAs<CheckpointList>(response);
 }
 
+std::vector<std::string> Client::SimilarNames(const std::string& name) {
+  auto list = ListAll();
+  if (!list.ok()) return {};
+  std::vector<std::string> names;
+  for (const CheckpointSummary& c : list->checkpoints) names.push_back(c.name);
+  for (const std::string& n : list->loading) names.push_back(n);
+  // A name that exists was not found for another reason (a generation that moved on).
+  if (std::find(names.begin(), names.end(), name) != names.end()) return {};
+  return Suggest(name, names);
+}
+
+Status Client::WithSimilarNames(Status status, const std::string& name) {
+  if (status.code() != StatusCode::kNotFound) return status;
+  const std::string hint = DidYouMean(SimilarNames(name));
+  if (hint.empty()) return status;
+  return Status(status.code(), status.message() + hint);
+}
+
 Result<std::vector<CheckpointSummary>> Client::List() {
   CKPT_ASSIGN_OR_RETURN(CheckpointList list, ListAll());
   return std::move(list.checkpoints);
 }
 
 Result<CheckpointInfo> Client::GetInfo(const std::string& name) {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("info", protocol::Encode(protocol::NameRequest{name})));
-  return protocol::DecodeAs<CheckpointInfo>(response);
+  auto response = connection_->CallRetrying("info", protocol::Encode(protocol::NameRequest{name}));
+  if (!response.ok()) return WithSimilarNames(response.status(), name);
+  return protocol::DecodeAs<CheckpointInfo>(*response);
 }
 
 Result<std::vector<TensorInfo>> Client::Info(const std::string& name) {
@@ -141,8 +163,9 @@ Result<DaemonStatus> Client::GetStatus() {
 }
 
 Result<VerifyResult> Client::Verify(const std::string& name) {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("verify", protocol::Encode(protocol::NameRequest{name})));
-  return protocol::DecodeAs<VerifyResult>(response);
+  auto response = connection_->CallRetrying("verify", protocol::Encode(protocol::NameRequest{name}));
+  if (!response.ok()) return WithSimilarNames(response.status(), name);
+  return protocol::DecodeAs<VerifyResult>(*response);
 }
 
 Result<std::string> Client::Metrics() {
@@ -156,9 +179,9 @@ Result<std::unique_ptr<Checkpoint>> Client::Attach(const std::string& name) {
   UniqueFd segment_fd;
   protocol::AttachRequest request;
   request.name = name;
-  CKPT_ASSIGN_OR_RETURN(json response,
-                        lease->Call(protocol::AttachRequest::kOp, protocol::Encode(request), nullptr, &segment_fd));
-  CKPT_ASSIGN_OR_RETURN(auto attached, protocol::DecodeAs<protocol::CheckpointResponse>(response));
+  auto response = lease->Call(protocol::AttachRequest::kOp, protocol::Encode(request), nullptr, &segment_fd);
+  if (!response.ok()) return WithSimilarNames(response.status(), name);
+  CKPT_ASSIGN_OR_RETURN(auto attached, protocol::DecodeAs<protocol::CheckpointResponse>(*response));
   const std::string& shm_name = attached.checkpoint.shm_name;
   const std::string& segment_id = attached.checkpoint.segment_id;
   // The daemon's read-only descriptor is the only way in: segments are never opened by name.

@@ -18,16 +18,28 @@ struct Family {
   const char* local_rank;
   const char* local_world;
   const char* local_world_fallback;  // nullptr: none
+  const char* launchers;             // who sets these variables, for an incomplete set
+  // Slurm's variables are set in every process of an allocation (a batch script, an
+  // salloc shell: SLURM_PROCID=0 without SLURM_NTASKS, or the reverse), not only in the
+  // tasks srun starts: an incomplete set there is one process, not a broken launch.
+  bool incomplete_is_one_process;
 };
 
 constexpr Family kFamilies[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "LOCAL_SIZE",
+     "torchrun, torch.distributed.launch, accelerate and deepspeed set RANK, WORLD_SIZE, LOCAL_RANK and "
+     "LOCAL_WORLD_SIZE (deepspeed: LOCAL_SIZE) together",
+     false},
     {"open-mpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
+     "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr, "Open MPI's mpirun sets OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK and "
+     "_LOCAL_SIZE together", false},
     {"mvapich2", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
-     "MV2_COMM_WORLD_LOCAL_SIZE", nullptr},
-    {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", nullptr},
+     "MV2_COMM_WORLD_LOCAL_SIZE", nullptr, "MVAPICH2 sets MV2_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK and _LOCAL_SIZE "
+     "together", false},
+    {"pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", nullptr,
+     "MPICH and Intel MPI set PMI_RANK and PMI_SIZE together", false},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", nullptr,
+     "srun sets SLURM_PROCID and SLURM_NTASKS together", true},
 };
 
 std::string Trim(const std::string& s) {
@@ -143,13 +155,43 @@ Result<Launch> FromFamily(const Lookup& get, const Family& f, int rank, int worl
   return l;
 }
 
-Result<Launch> FromLookup(const Lookup& get) {
+// For a family whose rank or size is missing while some of its variables are set: the
+// error that names those set and those missing, and what to do. "" when none is set.
+std::string IncompleteFamily(const Lookup& get, const Family& f) {
+  std::vector<std::string> set, missing;
+  for (const char* name : {f.rank, f.world, f.local_rank, f.local_world, f.local_world_fallback}) {
+    if (name == nullptr) continue;
+    std::optional<std::string> raw = get(name);
+    const bool present = raw && !Trim(*raw).empty();
+    if (present) set.push_back(std::string(name) + "=" + Trim(*raw));
+    else if (name == f.rank || name == f.world) missing.push_back(name);
+  }
+  if (set.empty()) return "";
+  const auto join = [](const std::vector<std::string>& items) {
+    std::string out;
+    for (size_t i = 0; i < items.size(); ++i) out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+    return out;
+  };
+  std::vector<std::string> set_names;
+  for (const std::string& v : set) set_names.push_back(v.substr(0, v.find('=')));
+  return "incomplete launcher environment: " + join(set) + (set.size() == 1 ? " is" : " are") + " set but " +
+         join(missing) + (missing.size() == 1 ? " is" : " are") + " not (" + f.launchers +
+         "), so this process cannot tell its rank and world: set " + join(missing) + " too, unset " + join(set_names) +
+         ", or pass rank and world explicitly";
+}
+
+// The first family whose rank and size are both set; with none, rank 0 of 1, unless a
+// family other than Slurm's is half set: then InvalidArgument (IncompleteFamily), or,
+// with `incomplete_ok`, rank 0 of 1 too.
+Result<Launch> FromLookup(const Lookup& get, bool incomplete_ok = false) {
+  std::string incomplete;
   for (const Family& f : kFamilies) {
     CKPT_ASSIGN_OR_RETURN(std::optional<int> rank, GetInt(get, f.rank));
     CKPT_ASSIGN_OR_RETURN(std::optional<int> world, GetInt(get, f.world));
-    if (!rank || !world) continue;
-    return FromFamily(get, f, *rank, *world);
+    if (rank && world) return FromFamily(get, f, *rank, *world);
+    if (incomplete.empty() && !f.incomplete_is_one_process) incomplete = IncompleteFamily(get, f);
   }
+  if (!incomplete.empty() && !incomplete_ok) return InvalidArgument(incomplete);
   return Launch{};
 }
 
@@ -176,7 +218,8 @@ Result<Launch> LauncherEnvFrom(const std::map<std::string, std::string>& env) { 
 
 Result<Launch> ResolveLaunch(std::optional<int> rank, std::optional<int> world,
                              const std::map<std::string, std::string>* env) {
-  CKPT_ASSIGN_OR_RETURN(Launch launch, FromLookup(EnvLookup(env)));
+  // Both given: an incomplete launcher environment is not needed (malformed values still are errors).
+  CKPT_ASSIGN_OR_RETURN(Launch launch, FromLookup(EnvLookup(env), /*incomplete_ok=*/rank && world));
   const int r = rank ? *rank : launch.rank;
   const int w = world ? *world : launch.world;
   if (w < 1 || r < 0 || r >= w) {

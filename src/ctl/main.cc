@@ -9,15 +9,16 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <utility>
 #include <vector>
 
 #include "ckpt/client.h"
+#include "common/suggest.h"
 #include "ctl/persist.h"
 #include "ctl/progress_bar.h"
-#include "ctl/suggest.h"
 #include "ctl/table.h"
 #include "shm/huge_pages.h"
 #include "protocol/messages.h"
@@ -25,7 +26,7 @@
 
 namespace {
 
-using ckpt::ctl::DidYouMean;
+using ckpt::DidYouMean;
 using ckpt::ctl::HumanBytes;
 using ckpt::ctl::Printable;
 using ckpt::ctl::RenderTable;
@@ -50,23 +51,16 @@ int Fail(const ckpt::Status& status, const std::vector<std::string>& suggestions
     if (!suggestions.empty()) j["suggestions"] = suggestions;
     PrintJson(j);
   } else {
-    std::fprintf(stderr, "ckptctl: %s%s\n", Printable(status.message()).c_str(), DidYouMean(suggestions).c_str());
+    std::fprintf(stderr, "ckptctl: %s\n", Printable(status.message() + DidYouMean(suggestions)).c_str());
   }
   return exit_status;
 }
 
-// Fail, and for a NotFound about checkpoint `name`, the loaded names closest to it.
+// Fail for a call about checkpoint `name`. A NotFound's message already names the closest
+// names (the client adds them: Client::SimilarNames); --json lists them in "suggestions" too.
 int FailForName(ckpt::Client& client, const ckpt::Status& status, const std::string& name) {
-  std::vector<std::string> suggestions;
-  if (status.code() == ckpt::StatusCode::kNotFound) {
-    if (auto list = client.ListAll(); list.ok()) {
-      std::vector<std::string> names;
-      for (const auto& c : list->checkpoints) names.push_back(c.name);
-      for (const auto& n : list->loading) names.push_back(n);
-      suggestions = ckpt::ctl::Suggest(name, names);
-    }
-  }
-  return Fail(status, suggestions);
+  if (status.code() != ckpt::StatusCode::kNotFound || !g_json_errors) return Fail(status);
+  return Fail(status, client.SimilarNames(name));  // as JSON: the message stays as it is
 }
 
 std::string Seconds(double s) {
@@ -285,6 +279,20 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
+// Whether config.json was stored (plan "auto" and ckpt.transformers.load_model read it),
+// then the other side files, one line each: "config.json: stored (612 B)\nother side files: ...".
+std::string SideFilesText(const std::vector<ckpt::SideFileInfo>& sides) {
+  std::string config = "config.json: not stored (plan \"auto\" and ckpt.transformers.load_model then need config=; "
+                       "loading the model's folder keeps it)";
+  std::string others;
+  for (const ckpt::SideFileInfo& side : sides) {
+    const std::string sized = side.name + " (" + HumanBytes(side.bytes) + ")";
+    if (side.name == "config.json") config = "config.json: stored (" + HumanBytes(side.bytes) + ")";
+    else others += (others.empty() ? "" : ", ") + sized;
+  }
+  return Printable(config) + "\n" + (others.empty() ? "" : "other side files: " + Printable(others) + "\n");
+}
+
 int Info(const Options& o, const std::string& name) {
   auto client = Connect(o);
   if (!client.ok()) return Fail(client.status());
@@ -297,7 +305,8 @@ int Info(const Options& o, const std::string& name) {
   std::cout << RenderTable(kCheckpointHeader, {CheckpointRow(info->checkpoint)}, {1, 2, 3, 4, 5}) << "\n";
   std::cout << "pages: " << PagesText(info->checkpoint) << "\n";
   std::cout << "owner: " << OwnerText(info->checkpoint)
-            << " (only the owner or an admin may replace or evict it)\n\n";
+            << " (only the owner or an admin may replace or evict it)\n";
+  std::cout << SideFilesText(info->side_files) << "\n";
   std::vector<std::vector<std::string>> rows;
   for (const ckpt::TensorInfo& t : info->tensors) {
     char checksum[17];
@@ -428,6 +437,11 @@ int main(int argc, char** argv) {
   app.add_option("--socket", o.socket, "ckptd control socket ($CKPTD_SOCKET)")->capture_default_str();
   app.add_flag("--json", o.json_output,
                "print the daemon's JSON instead of tables, and errors as {\"ok\": false, \"code\", \"message\"} on stdout");
+  // The project's version (CMake's project(VERSION), as ckptd --version prints it).
+  app.add_flag_callback("--version", [] {
+    std::printf("ckptctl %s\n", CKPT_VERSION);
+    std::exit(0);
+  }, "print the version and exit");
 
   std::string path, name;
   bool force = false, replace = false, allow_expansion = false;
@@ -469,7 +483,7 @@ int main(int argc, char** argv) {
     }
     if (std::find(known.begin(), known.end(), word) == known.end()) {
       return Fail(ckpt::InvalidArgument("unknown command '" + word + "'; run ckptctl --help for the commands"),
-                  ckpt::ctl::Suggest(word, known), static_cast<int>(CLI::ExitCodes::ExtrasError));
+                  ckpt::Suggest(word, known), static_cast<int>(CLI::ExitCodes::ExtrasError));
     }
   }
 

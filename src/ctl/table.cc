@@ -5,20 +5,6 @@
 
 namespace ckpt::ctl {
 
-std::string HumanBytes(uint64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double v = static_cast<double>(bytes);
-  int unit = 0;
-  while (v >= 1024 && unit < 5) {
-    v /= 1024;
-    ++unit;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f %s", v, kUnits[unit]);
-  return buf;
-}
-
 std::string Printable(const std::string& text) {
   std::string out;
   out.reserve(text.size());

@@ -5,10 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "common/byte_size.h"
+
 namespace ckpt::ctl {
 
-// "512 B", "1.50 KiB", "9.88 GiB".
-std::string HumanBytes(uint64_t bytes);
+// "512 B", "1.50 KiB", "9.88 GiB" (common/byte_size.h: the daemon's errors use it too).
+using ckpt::HumanBytes;
 
 // `text` made safe for a terminal: backslash, control characters (C0, DEL, C1),
 // bidirectional overrides and bytes that are not valid UTF-8 are written as escapes

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <spdlog/spdlog.h>
 
+#include "common/byte_size.h"
+
 namespace ckpt::daemon {
 
 void Catalog::Unlink(const CatalogEntry& e) const {
@@ -103,16 +105,17 @@ Status Catalog::ChooseVictimsLocked(const std::string& name, uint64_t bytes, con
   }
   const std::string evictable = actor.admin ? "unattached checkpoints" : "unattached checkpoints of " + Describe(actor);
   if (over_budget()) {
-    return ResourceExhausted("loading '" + name + "' needs " + std::to_string(bytes) + " bytes; the memory budget is " +
-                             std::to_string(budget_bytes_) + " bytes, " + std::to_string(used) + " in use, and only " +
-                             std::to_string(freed) + " bytes of it could be freed by evicting " + evictable +
-                             (actor.admin ? "" : " (a user evicts only its own)"));
+    return ResourceExhausted("loading '" + name + "' needs " + BytesText(bytes) + "; the memory budget is " +
+                             BytesText(budget_bytes_) + ", " + BytesText(used) + " in use, and only " +
+                             BytesText(freed) + " of it could be freed by evicting " + evictable +
+                             (actor.admin ? "" : " (a user evicts only its own)") +
+                             " (attached ones stay; ckptctl list shows them: evict some, or raise ckptd --memory-budget)");
   }
   if (over_bytes()) {
-    return ResourceExhausted("loading '" + name + "' needs " + std::to_string(bytes) + " bytes; " + Describe(actor) +
-                             " holds " + std::to_string(mine.shm_bytes) + " bytes of shared memory, its limit is " +
-                             std::to_string(byte_quota) + " (max-shm-bytes-per-uid), and only " +
-                             std::to_string(freed) + " bytes could be freed by evicting " + evictable);
+    return ResourceExhausted("loading '" + name + "' needs " + BytesText(bytes) + "; " + Describe(actor) +
+                             " holds " + BytesText(mine.shm_bytes) + " of shared memory, its limit is " +
+                             BytesText(byte_quota) + " (max-shm-bytes-per-uid), and only " +
+                             BytesText(freed) + " could be freed by evicting " + evictable);
   }
   if (over_segments()) {
     return ResourceExhausted("'" + name + "' would be generation " + std::to_string(mine.segments + 1) + " held by " +

@@ -90,7 +90,11 @@ Result<CheckpointLocation> ModelRoots::Open(const std::string& path) const {
     }
     return loc;
   }
-  return PermissionDenied("'" + path + "' is outside the model roots");
+  std::string listed;
+  for (const Root& root : roots_) listed += (listed.empty() ? "" : ", ") + root.given;
+  return PermissionDenied("'" + path + "' is outside the model roots (" + listed +
+                          "): ckptd loads only from beneath them; move or link the checkpoint's folder beneath "
+                          "one, or add a root (ckptd --model-root, model-root in ckptd.conf)");
 }
 
 }  // namespace ckpt::daemon

@@ -12,6 +12,7 @@
 #include "daemon/write_sessions.h"
 #include "shm/segment_format.h"
 #include "shm/segment_name.h"
+#include "shm/segment_reader.h"
 #include "protocol/wire.h"
 
 namespace ckpt::daemon {
@@ -116,6 +117,14 @@ Result<CheckpointInfo> Info(const DaemonContext& ctx, const protocol::NameReques
   CheckpointInfo info;
   info.checkpoint = SummaryOf(entry);
   if (entry.tensors) info.tensors = *entry.tensors;
+  // The side files are in the segment only (the catalog keeps none): read its index.
+  if (entry.fd) {
+    CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(entry.fd->get(), entry.shm_name));
+    for (const std::string& side : segment->side_file_names()) {
+      CKPT_ASSIGN_OR_RETURN(std::string_view bytes, segment->SideFile(side));
+      info.side_files.push_back(SideFileInfo{side, bytes.size()});
+    }
+  }
   return info;
 }
 

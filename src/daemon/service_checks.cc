@@ -11,16 +11,13 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/byte_size.h"
+#include "common/suggest.h"
 #include "daemon/access_policy.h"
 
 namespace ckpt::daemon {
 
 namespace {
-std::string GiB(uint64_t bytes) {
-  char text[64];
-  std::snprintf(text, sizeof(text), "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
-  return text;
-}
 
 std::string UserName() {
   const uid_t uid = ::geteuid();
@@ -55,19 +52,31 @@ bool InGroup(gid_t gid) {
   return got > 0 && std::find(groups.begin(), groups.begin() + got, gid) != groups.begin() + got;
 }
 
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
+// The long option names of `app` ("memory-budget", ...), in declaration order.
+std::vector<std::string> LongNames(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back(name);
   }
-  return row[b.size()];
+  return names;
+}
+
+// The operator's message for arguments the command line has that ckptd does not know
+// (`extras`, as typed): the first unknown option with the closest known ones, else the
+// first stray word.
+std::string DescribeExtras(const CLI::App& app, const std::vector<std::string>& extras) {
+  for (const std::string& arg : extras) {
+    if (arg.size() < 2 || arg[0] != '-') continue;
+    const std::string option = arg.substr(0, arg.find('='));
+    std::vector<std::string> suggestions;
+    if (option.compare(0, 2, "--") == 0) {
+      for (const std::string& name : Suggest(option.substr(2), LongNames(app))) suggestions.push_back("--" + name);
+    }
+    return "unknown option '" + option + "'" + DidYouMean(suggestions) + ": ckptd has no option of that name "
+           "(see ckptd --help)";
+  }
+  return "unexpected argument '" + (extras.empty() ? std::string() : extras.front()) +
+         "': ckptd takes options only (see ckptd --help)";
 }
 
 Status CheckModelRoot(const std::string& root) {
@@ -189,18 +198,19 @@ std::vector<std::string> MemoryBudgetWarnings(uint64_t budget_bytes, const std::
   if (::statvfs(shm_dir.c_str(), &vfs) == 0 && !__builtin_mul_overflow(static_cast<uint64_t>(vfs.f_blocks),
                                                                         static_cast<uint64_t>(vfs.f_frsize), &shm_bytes) &&
       budget_bytes > shm_bytes) {
-    out.push_back("memory-budget (" + GiB(budget_bytes) + ") is larger than " + shm_dir + " (" + GiB(shm_bytes) +
-                  "): loads will fail with 'no space' before the budget evicts anything; lower memory-budget "
-                  "to at most " + GiB(shm_bytes) + ", or enlarge " + shm_dir + " (mount -o remount,size=...)");
+    out.push_back("memory-budget " + BytesText(budget_bytes) + " is larger than " + shm_dir + ", " +
+                  BytesText(shm_bytes) + ": loads will fail with 'no space' before the budget evicts anything; "
+                  "lower memory-budget to at most " + HumanBytes(shm_bytes) + ", or enlarge " + shm_dir +
+                  " (mount -o remount,size=...)");
   }
   const long pages = ::sysconf(_SC_PHYS_PAGES), page_size = ::sysconf(_SC_PAGE_SIZE);
   uint64_t physical = 0;
   if (pages > 0 && page_size > 0 &&
       !__builtin_mul_overflow(static_cast<uint64_t>(pages), static_cast<uint64_t>(page_size), &physical) &&
       budget_bytes > physical) {
-    out.push_back("memory-budget (" + GiB(budget_bytes) + ") is larger than this node's physical memory (" +
-                  GiB(physical) + "): checkpoints that big would push everything else out of memory; lower "
-                  "memory-budget below " + GiB(physical));
+    out.push_back("memory-budget " + BytesText(budget_bytes) + " is larger than this node's physical memory, " +
+                  BytesText(physical) + ": checkpoints that big would push everything else out of memory; lower "
+                  "memory-budget below " + HumanBytes(physical));
   }
   return out;
 }
@@ -219,16 +229,8 @@ std::string DescribeParseError(const CLI::App& app, const CLI::ParseError& error
       return "unknown table [" + key.substr(0, key.size() - 3) + "] in " + file +
              ": ckptd's keys have no table; write them at the top of the file, before any [table]";
     }
-    std::string closest;
-    size_t best = 4;  // suggest only near misses
-    for (const CLI::Option* option : app.get_options()) {
-      for (const std::string& name : option->get_lnames()) {
-        const size_t d = EditDistance(key, name);
-        if (d < best) best = d, closest = name;
-      }
-    }
     return "unknown key '" + key + "' in " + file + ": ckptd has no option of that name" +
-           (closest.empty() ? "" : " (did you mean '" + closest + "'?)") +
+           DidYouMean(Suggest(key, LongNames(app))) +
            "; remove or correct it (the keys are the long options of ckptd --help)";
   }
   const std::string not_configurable = ": This option is not allowed in a configuration file";
@@ -237,6 +239,7 @@ std::string DescribeParseError(const CLI::App& app, const CLI::ParseError& error
     return "key '" + what.substr(0, what.size() - not_configurable.size()) + "' in " + file +
            " is a command-line option only: remove it from " + file;
   }
+  if (dynamic_cast<const CLI::ExtrasError*>(&error) != nullptr) return DescribeExtras(app, app.remaining());
   if (dynamic_cast<const CLI::FileError*>(&error) != nullptr) {
     return what + ": name an existing configuration file with --config";
   }

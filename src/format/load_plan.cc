@@ -4,6 +4,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "common/byte_size.h"
 #include "common/checked_math.h"
 #include "shm/segment_format.h"
 
@@ -140,8 +141,8 @@ Status CheckExpansion(const LoadPlan& plan, double max_expansion) {
   if (static_cast<long double>(stored) > limit && beyond_slack) {
     char ratio[32];
     std::snprintf(ratio, sizeof(ratio), "%.1f", file_bytes ? static_cast<double>(stored) / file_bytes : 0.0);
-    return InvalidArgument("checkpoint expands from " + std::to_string(file_bytes) + " bytes of file to " +
-                           std::to_string(stored) + " bytes in shared memory (" + ratio +
+    return InvalidArgument("checkpoint expands from " + BytesText(file_bytes) + " of file to " +
+                           BytesText(stored) + " in shared memory (" + ratio +
                            "x, limit " + std::to_string(static_cast<int>(max_expansion)) +
                            "x: repeated strided views); refused unless an admin allows it "
                            "(ckptctl load --allow-expansion, or ckptd --max-expansion)");

@@ -110,6 +110,12 @@ class Fields {
   static const char* Convert(const json& v, CheckpointSummary* out) {
     return Decode(v, out).ok() ? nullptr : "a checkpoint summary";
   }
+  static const char* Convert(const json& v, SideFileInfo* out) {
+    Fields f(v, "side file", false);
+    f.Required("name", &out->name);
+    f.Required("bytes", &out->bytes);
+    return f.status().ok() ? nullptr : "a side file (name, bytes)";
+  }
   static const char* Convert(const json& v, TensorInfo* out) {
     Fields f(v, "tensor", false);
     std::string dtype, checksum;
@@ -346,13 +352,16 @@ json EncodeTensor(const TensorInfo& t) {
 json Encode(const CheckpointInfo& m) {
   json tensors = json::array();
   for (const TensorInfo& t : m.tensors) tensors.push_back(EncodeTensor(t));
-  return json{{"checkpoint", Encode(m.checkpoint)}, {"tensors", std::move(tensors)}};
+  json sides = json::array();
+  for (const SideFileInfo& side : m.side_files) sides.push_back(json{{"name", side.name}, {"bytes", side.bytes}});
+  return json{{"checkpoint", Encode(m.checkpoint)}, {"tensors", std::move(tensors)}, {"side_files", std::move(sides)}};
 }
 
 Status Decode(const json& j, CheckpointInfo* m) {
   Fields f(j, "info", false);
   f.Required("checkpoint", &m->checkpoint);
   f.Required("tensors", &m->tensors);
+  f.Optional("side_files", &m->side_files);  // absent from daemons before 0.1.0's issue 22
   return f.status();
 }
 

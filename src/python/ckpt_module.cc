@@ -360,6 +360,7 @@ class PyProgress {
 
 PYBIND11_MODULE(_ckpt, m) {
   m.doc() = "Low-level bindings of libckptclient; use the `ckpt` package instead.";
+  m.attr("__version__") = CKPT_VERSION;  // CMake's project(VERSION): ckpt.__version__
 
   static py::exception<std::runtime_error> base(m, "CkptError");
   g_errors[0] = base.ptr();

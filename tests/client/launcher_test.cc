@@ -45,10 +45,55 @@ TEST(LauncherEnvTest, Families) {
   ExpectLaunch({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "2"},
                 {"SLURM_TASKS_PER_NODE", "2(x2),1"}},
                4, 5, 0, 1, "slurm");
-  // torchrun inside srun: torchrun's variables win; a half-set family is skipped.
+  // torchrun inside srun: torchrun's variables win; a half-set family is skipped when a
+  // later one is complete (a wrapper exporting LOCAL_RANK from mpirun's).
   ExpectLaunch({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}, 1, 2, 1, 2,
                "torchrun");
   ExpectLaunch({{"RANK", "1"}, {"PMI_RANK", "1"}, {"PMI_SIZE", "2"}}, 1, 2, 1, 2, "pmi");
+  ExpectLaunch({{"LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}},
+               3, 4, 1, 2, "open-mpi");
+  // Empty values are unset.
+  ExpectLaunch({{"RANK", ""}, {"WORLD_SIZE", " "}}, 0, 1, 0, 1, "none");
+}
+
+// Issue 22: a half-set launcher environment is an error naming what is set and what is
+// missing, never rank 0 of 1 (which would have every rank load whole tensors).
+TEST(LauncherEnvTest, AnIncompleteLauncherEnvironmentIsAnError) {
+  ExpectError({{"RANK", "1"}}, "incomplete launcher environment: RANK=1 is set but WORLD_SIZE is not");
+  ExpectError({{"RANK", "1"}}, "set WORLD_SIZE too, unset RANK, or pass rank and world explicitly");
+  ExpectError({{"WORLD_SIZE", "4"}, {"LOCAL_RANK", "2"}}, "WORLD_SIZE=4 and LOCAL_RANK=2 are set but RANK is not");
+  ExpectError({{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "8"}},
+              "LOCAL_RANK=0 and LOCAL_WORLD_SIZE=8 are set but RANK and WORLD_SIZE are not (torchrun");
+  ExpectError({{"RANK", "3"}, {"LOCAL_SIZE", "4"}}, "RANK=3 and LOCAL_SIZE=4 are set but WORLD_SIZE is not");  // deepspeed
+  ExpectError({{"OMPI_COMM_WORLD_RANK", "2"}},
+              "OMPI_COMM_WORLD_RANK=2 is set but OMPI_COMM_WORLD_SIZE is not (Open MPI's mpirun");
+  ExpectError({{"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"}},
+              "are set but OMPI_COMM_WORLD_RANK is not");
+  ExpectError({{"MV2_COMM_WORLD_RANK", "1"}}, "MV2_COMM_WORLD_RANK=1 is set but MV2_COMM_WORLD_SIZE is not");
+  ExpectError({{"PMI_SIZE", "4"}}, "PMI_SIZE=4 is set but PMI_RANK is not");
+  // The first half-set family is named, whichever comes after.
+  ExpectError({{"RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "1"}}, "RANK=1 is set but WORLD_SIZE is not");
+  // Slurm's variables reach every process of an allocation: a batch script (SLURM_PROCID=0,
+  // no SLURM_NTASKS) or an salloc shell (SLURM_NTASKS alone) is one process.
+  ExpectLaunch({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}}, 0, 1, 0, 1, "none");
+  ExpectLaunch({{"SLURM_NTASKS", "8"}, {"SLURM_TASKS_PER_NODE", "4(x2)"}}, 0, 1, 0, 1, "none");
+  // But a malformed value is an error wherever it is.
+  ExpectError({{"SLURM_PROCID", "zero"}}, "SLURM_PROCID='zero' is not an integer");
+  ExpectError({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, "RANK=-1 is outside [0, WORLD_SIZE=2)");
+  ExpectError({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}, "SLURM_PROCID=4 is outside [0, SLURM_NTASKS=4)");
+  ExpectError({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "-2"}}, "OMPI_COMM_WORLD_SIZE=-2 must be at least 1");
+  ExpectError({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "x"}}, "LOCAL_RANK='x' is not an integer");
+  // Rank and world given explicitly need no launcher: an incomplete one is no error then.
+  const Env half = {{"RANK", "1"}};
+  auto given = ResolveLaunch(2, 4, &half);
+  ASSERT_TRUE(given.ok()) << given.status().ToString();
+  EXPECT_EQ(given->rank, 2);
+  EXPECT_EQ(given->source, "arguments");
+  auto only_world = ResolveLaunch(std::nullopt, 4, &half);
+  ASSERT_FALSE(only_world.ok());
+  EXPECT_NE(only_world.status().message().find("RANK=1 is set but WORLD_SIZE is not"), std::string::npos)
+      << only_world.status().message();
 }
 
 TEST(LauncherEnvTest, ErrorsNameTheVariables) {

@@ -56,6 +56,19 @@ TEST_F(CatalogTest, OverBudgetEvictsLeastRecentlyUsedUnattachedOnly) {
   EXPECT_EQ(c.evictions().for_budget, 1u);
 }
 
+// Budget errors are read by people: sizes in binary units, with the exact bytes beside
+// them (to compare with the configured value), and what to do.
+TEST_F(CatalogTest, OverBudgetErrorSaysTheSizesForPeople) {
+  Catalog c(12ull << 30, dir());
+  auto big = c.BeginLoad("big", false, 13ull << 30, kAdmin);
+  ASSERT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  const std::string m = big.status().message();
+  EXPECT_NE(m.find("needs 13.00 GiB (13958643712 bytes)"), std::string::npos) << m;
+  EXPECT_NE(m.find("the memory budget is 12.00 GiB (12884901888 bytes)"), std::string::npos) << m;
+  EXPECT_NE(m.find("0 bytes in use"), std::string::npos) << m;
+  EXPECT_NE(m.find("--memory-budget"), std::string::npos) << m;
+}
+
 TEST_F(CatalogTest, ReplaceRetiresTheAttachedGenerationUntilItsLastDetach) {
   Catalog c(0, dir());
   auto g1 = Load(c, "m", 10);

@@ -16,6 +16,20 @@
 namespace ckpt::daemon {
 namespace {
 
+// "Outside the model roots" says which roots there are and how to get beneath one.
+TEST(ModelRootsTest, APathOutsideEveryRootIsRefusedNamingTheRoots) {
+  testing::ScratchDir first, second, outside;
+  testing::WriteFile(outside.File("m.safetensors"), "x");
+  auto roots = ModelRoots::Create({first.path(), second.path() + "/"});
+  ASSERT_TRUE(roots.ok()) << roots.status().ToString();
+  const Status refused = (*roots)->Open(outside.File("m.safetensors")).status();
+  EXPECT_EQ(refused.code(), StatusCode::kPermissionDenied);
+  EXPECT_NE(refused.message().find("is outside the model roots (" + first.path() + ", " + second.path() + ")"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_NE(refused.message().find("--model-root"), std::string::npos) << refused.message();
+}
+
 TEST(ModelRootsTest, ConfinesLoadsToTheRootsWithoutFollowingLinks) {
   testing::ScratchDir root, outside;
   testing::WriteFile(root.File("a.safetensors"), "x");

@@ -86,5 +86,32 @@ TEST(DescribeParseErrorTest, AnUnknownKeyNamesTheFileAndTheNearestOption) {
   EXPECT_EQ(DescribeParseError(app, CLI::ConfigError::Extras("colour")).find("did you mean"), std::string::npos);
 }
 
+// A mistyped flag on the command line (CLI11 alone says only "not expected") names the
+// option as typed and the closest known ones, in the same words as an unknown key.
+TEST(DescribeParseErrorTest, AnUnknownFlagNamesTheClosestOptions) {
+  CLI::App app;
+  std::string budget, root, prefix;
+  app.add_option("--memory-budget", budget);
+  app.add_option("--model-root", root);
+  app.add_option("--shm-prefix", prefix);
+  auto describe = [&](const std::string& command_line) -> std::string {
+    try {
+      app.parse(command_line, false);
+    } catch (const CLI::ParseError& e) {
+      return DescribeParseError(app, e);
+    }
+    return "(parsed)";
+  };
+  std::string d = describe("--memory-budgte 64G");
+  EXPECT_NE(d.find("unknown option '--memory-budgte' (did you mean '--memory-budget'?)"), std::string::npos) << d;
+  d = describe("--shm-prefix p --modle-root=/srv/models");
+  EXPECT_NE(d.find("unknown option '--modle-root' (did you mean '--model-root'?)"), std::string::npos) << d;
+  d = describe("--colour");
+  EXPECT_NE(d.find("unknown option '--colour'"), std::string::npos) << d;
+  EXPECT_EQ(d.find("did you mean"), std::string::npos) << d;
+  d = describe("serve");
+  EXPECT_NE(d.find("unexpected argument 'serve'"), std::string::npos) << d;
+}
+
 }  // namespace
 }  // namespace ckpt::daemon

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <pty.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -249,6 +250,57 @@ TEST_F(CtlTest, UnknownCommandsAndNamesGetDidYouMean) {
   json ce = json::parse(cmd.out, nullptr, false);
   ASSERT_TRUE(ce.is_object()) << cmd.out;
   EXPECT_EQ(ce["suggestions"], json::array({"list"}));
+  EXPECT_EQ(e["message"].get<std::string>().find("no checkpoint named 'gpt-neox'"), 0u) << j.out;
+  // The C++ client's own NotFound says it too (the Python module raises what it says).
+  auto client = Client::Connect(daemon.socket());
+  ASSERT_TRUE(client.ok());
+  for (const auto& status : {(*client)->Attach("gpt-neox").status(), (*client)->GetInfo("gpt_neo").status(),
+                             (*client)->Verify("gpt-neox").status(), (*client)->Evict("lama-7b", false)}) {
+    EXPECT_EQ(status.code(), StatusCode::kNotFound);
+    EXPECT_NE(status.message().find(" (did you mean '"), std::string::npos) << status.message();
+  }
+  EXPECT_EQ((*client)->Attach("gpt-neox").status().message(), "no checkpoint named 'gpt-neox' (did you mean 'gpt-neo'?)");
+  EXPECT_EQ((*client)->SimilarNames("gpt-neo"), std::vector<std::string>{}) << "a name that exists";
+  EXPECT_EQ((*client)->Attach("zzzzzzzz").status().message(), "no checkpoint named 'zzzzzzzz'");
+}
+
+TEST_F(CtlTest, VersionPrintsTheProjectVersion) {
+  CommandResult r = RunCommand({CKPTCTL_BIN, "--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, std::string("ckptctl ") + CKPT_VERSION + "\n");
+}
+
+// Issue 22: whether config.json was kept (plan "auto" and load_model need it) is in
+// ckptctl info, as a line and in --json.
+TEST_F(CtlTest, InfoShowsWhetherConfigJsonWasStored) {
+  ASSERT_EQ(::mkdir(files_.File("model").c_str(), 0755), 0);
+  testing::WritePatternCheckpoint(files_.File("model/model.safetensors"), 1, 1, 16);
+  const std::string config = "{\"model_type\": \"llama\"}";
+  testing::WriteFile(files_.File("model/config.json"), config);
+  testing::WriteFile(files_.File("model/generation_config.json"), "{}");
+  testing::WritePatternCheckpoint(files_.File("bare.safetensors"), 1, 1, 16);
+  DaemonProcess daemon;
+  ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+  ASSERT_EQ(daemon.Ctl({"load", files_.File("model"), "--name", "folder"}).exit_code, 0);
+  ASSERT_EQ(daemon.Ctl({"load", files_.File("bare.safetensors"), "--name", "bare"}).exit_code, 0);
+  CommandResult folder = daemon.Ctl({"info", "folder"});
+  ASSERT_EQ(folder.exit_code, 0) << folder.err;
+  EXPECT_NE(folder.out.find("config.json: stored (" + std::to_string(config.size()) + " B)\n"), std::string::npos)
+      << folder.out;
+  EXPECT_NE(folder.out.find("other side files: generation_config.json (2 B)"), std::string::npos) << folder.out;
+  CommandResult bare = daemon.Ctl({"info", "bare"});
+  ASSERT_EQ(bare.exit_code, 0) << bare.err;
+  EXPECT_NE(bare.out.find("config.json: not stored"), std::string::npos) << bare.out;
+  EXPECT_EQ(bare.out.find("other side files"), std::string::npos) << bare.out;
+  json j = json::parse(daemon.Ctl({"info", "folder", "--json"}).out, nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  ASSERT_TRUE(j["side_files"].is_array()) << j.dump();
+  bool found = false;
+  for (const json& side : j["side_files"]) {
+    if (side["name"] == "config.json") found = side["bytes"] == config.size();
+  }
+  EXPECT_TRUE(found) << j["side_files"].dump();
+  EXPECT_EQ(json::parse(daemon.Ctl({"info", "bare", "--json"}).out)["side_files"], json::array());
 }
 
 TEST_F(CtlTest, GlobalOptionsWorkBeforeOrAfterTheSubcommand) {

@@ -278,7 +278,7 @@ TEST_F(OpsTest, TheConfigFileIsReadAndFlagsWin) {
   testing::WritePatternCheckpoint(files_.File("m"), 1, 1, 16);
   CommandResult r = daemon.Ctl({"load", files_.File("m")});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("outside the model roots"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("outside the model roots (" + models.path() + ")"), std::string::npos) << r.err;
 
   // A bad value in the file stops the daemon with a message.
   testing::WriteFile(conf, "memory-budget = \"lots\"\n");

@@ -78,6 +78,21 @@ TEST_F(ServiceTest, CkptdConfigNamesTheDefaultConfigurationAndMustExist) {
   EXPECT_EQ(::access(dir_.File("s.sock").c_str(), F_OK), -1);
 }
 
+
+TEST_F(ServiceTest, AnUnknownFlagExits78NamingTheClosestOption) {
+  CommandResult r = RunDaemon({"--memory-budgte", "1G"});
+  EXPECT_EQ(r.exit_code, kExConfig) << r.err;
+  EXPECT_NE(r.err.find("unknown option '--memory-budgte' (did you mean '--memory-budget'?)"), std::string::npos)
+      << r.err;
+  EXPECT_EQ(::access(dir_.File("s.sock").c_str(), F_OK), -1);
+}
+
+TEST_F(ServiceTest, VersionPrintsTheProjectVersion) {
+  CommandResult r = RunDaemon({"--version"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, std::string("ckptd ") + CKPT_VERSION + "\n");
+}
+
 TEST_F(ServiceTest, AKeyInAnUnknownTableIsRefusedToo) {
   CommandResult r = RunWithConfig("[server]\nload-threads = 2\n");
   EXPECT_EQ(r.exit_code, kExConfig) << r.err;
@@ -183,12 +198,13 @@ TEST_F(ServiceTest, ABudgetAboveShmAndMemoryIsAWarningAtStart) {
   DaemonProcess daemon({"--memory-budget", "64T"});
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
   const std::string log = ReadFile(daemon.log_path());
-  EXPECT_NE(log.find("memory-budget (65536.0 GiB) is larger than /dev/shm"), std::string::npos) << log;
+  EXPECT_NE(log.find("memory-budget 64.00 TiB (70368744177664 bytes) is larger than /dev/shm, "), std::string::npos)
+      << log;
   EXPECT_NE(log.find("larger than this node's physical memory"), std::string::npos) << log;
   // A budget that fits says nothing.
   DaemonProcess fits({"--memory-budget", "1M"});
   ASSERT_TRUE(fits.Start());
-  EXPECT_EQ(ReadFile(fits.log_path()).find("memory-budget ("), std::string::npos) << ReadFile(fits.log_path());
+  EXPECT_EQ(ReadFile(fits.log_path()).find("is larger than"), std::string::npos) << ReadFile(fits.log_path());
 }
 
 TEST_F(ServiceTest, TheMetricsFileIs0644WhateverTheUmaskAndItsModeAndGroupAreConfigurable) {

@@ -4,7 +4,8 @@
 # (python -m venv --system-site-packages, so torch is the system's) with pip's default
 # build isolation and no index (nothing may come from the network), then `pip wheel`;
 # the installed package imports from outside the tree and has the extension and, in a
-# CUDA build, the GPU plugin beside it. WORK_DIR keeps the CMake build between runs
+# CUDA build, the GPU plugin beside it; a Python without torch is refused with what to do
+# (issue 22). WORK_DIR keeps the CMake build between runs
 # (CKPT_PIP_BUILD_DIR) so that a re-run is incremental.
 set -euo pipefail
 src=$(cd "$1" && pwd) work=$2 py=$3
@@ -25,8 +26,22 @@ else
   mount --bind "$copy" "$copy" && mount -o remount,bind,ro "$copy" "$copy"
 fi
 if touch "$copy/probe" 2> /dev/null; then echo "FAIL: the copy is writable"; exit 1; fi
-"$py" -m venv --system-site-packages "$venv"
 export CKPT_PIP_BUILD_DIR=$work/build PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# Issue 22: a Python without torch (a venv that does not see the system's packages) is
+# stopped by the backend at once with what to do, not by pip's "No matching distribution
+# found for torch", and builds nothing.
+rm -rf "$work/bare" && "$py" -m venv "$work/bare"
+if "$work/bare/bin/pip" install "$copy/python" > "$work/pip_bare.log" 2>&1; then
+  echo "FAIL: pip install with a Python without torch succeeded"; exit 1
+fi
+for want in "$work/bare/bin/python" "has no torch" "venv --system-site-packages" "python3-torch"; do
+  grep -qF -- "$want" "$work/pip_bare.log" || { echo "FAIL: no '$want' in:"; cat "$work/pip_bare.log"; exit 1; }
+done
+if grep -q "^ERROR: No matching distribution" "$work/pip_bare.log"; then
+  echo "FAIL: pip went looking for torch:"; cat "$work/pip_bare.log"; exit 1
+fi
+echo "ok: a Python without torch is told which Python to use"
+"$py" -m venv --system-site-packages "$venv"
 "$venv/bin/pip" install -v "$copy/python" > "$work/pip_install.log" 2>&1 || { tail -40 "$work/pip_install.log"; exit 1; }
 echo "ok: pip install"
 "$venv/bin/pip" wheel --no-deps -w "$work/wheels" "$copy/python" > "$work/pip_wheel.log" 2>&1 ||

@@ -73,6 +73,31 @@ class LauncherTest(unittest.TestCase):
                 with self.assertRaisesRegex(ckpt.InvalidArgument, message):
                     L(env)
 
+    def test_an_incomplete_launcher_environment_is_an_error(self):
+        """Issue 22: RANK without WORLD_SIZE (and the like) raises, naming what is set and what
+        is missing, instead of rank 0 of 1; the C++ rule, so the same cases as launcher_test."""
+        L = ckpt.launcher_env
+        cases = [
+            ({"RANK": "1"}, r"incomplete launcher environment: RANK=1 is set but WORLD_SIZE is not"),
+            ({"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "8"},
+             r"LOCAL_RANK=0 and LOCAL_WORLD_SIZE=8 are set but RANK and WORLD_SIZE are not"),
+            ({"RANK": "3", "LOCAL_SIZE": "4"}, r"RANK=3 and LOCAL_SIZE=4 are set but WORLD_SIZE is not"),
+            ({"OMPI_COMM_WORLD_RANK": "2"}, r"OMPI_COMM_WORLD_RANK=2 is set but OMPI_COMM_WORLD_SIZE is not"),
+            ({"PMI_SIZE": "4"}, r"PMI_SIZE=4 is set but PMI_RANK is not"),
+            ({"RANK": "-1", "WORLD_SIZE": "2"}, r"RANK=-1 is outside \[0, WORLD_SIZE=2\)"),
+            ({"SLURM_PROCID": "4", "SLURM_NTASKS": "4"}, r"SLURM_PROCID=4 is outside \[0, SLURM_NTASKS=4\)"),
+        ]
+        for env, message in cases:
+            with self.subTest(env=env):
+                with self.assertRaisesRegex(ckpt.InvalidArgument, message):
+                    L(env)
+        # A Slurm batch script (SLURM_PROCID=0, no SLURM_NTASKS) is one process.
+        self.assertEqual(L({"SLURM_PROCID": "0", "SLURM_LOCALID": "0"}), (0, 1, 0, 1, "none"))
+        # Rank and world given need no launcher.
+        self.assertEqual(ckpt.launcher.resolve_rank_world(1, 2, {"RANK": "1"}).rank, 1)
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"RANK=1 is set but WORLD_SIZE is not"):
+            ckpt.launcher.resolve_rank_world(None, 2, {"RANK": "1"})
+
     def test_the_process_environment_is_the_default(self):
         with mock.patch.dict(os.environ, {"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "3"}, clear=True):
             self.assertEqual(ckpt.launcher_env(), (2, 3, 2, 3, "open-mpi"))
@@ -124,6 +149,63 @@ class ApiTest(unittest.TestCase):
         # Without a launcher: rank 0 of 1, every tensor whole.
         with mock.patch.dict(os.environ, {}, clear=True):
             self.assertTrue(torch.equal(c.state_dict(plan=PLAN)[weight], self.sd[weight]))
+
+    def test_half_set_launcher_environment_fails_the_load_not_silently_whole(self):
+        c = self.client.attach("gpt")
+        with mock.patch.dict(os.environ, {"RANK": "1"}):
+            os.environ.pop("WORLD_SIZE", None)
+            with self.assertRaisesRegex(ckpt.InvalidArgument, r"RANK=1 is set but WORLD_SIZE is not"):
+                c.state_dict(plan=PLAN)
+            self.assertEqual(sorted(c.state_dict(1, 2, PLAN)), sorted(c.state_dict(0, 2, PLAN)))
+
+    def test_not_found_suggests_the_close_name(self):
+        """Issue 22: the same "did you mean" as ckptctl (the C++ client adds it)."""
+        for call in (lambda: self.client.attach("gtp"), lambda: self.client.info("gptt"),
+                     lambda: self.client.evict("gpt_"), lambda: self.client.state_dict("gp")):
+            with self.assertRaises(ckpt.NotFound) as caught:
+                call()
+            self.assertIn("(did you mean 'gpt'?)", str(caught.exception))
+        with self.assertRaises(ckpt.NotFound) as far:
+            self.client.attach("zzzzzzzz")
+        self.assertNotIn("did you mean", str(far.exception))
+
+    def test_devices_torch_cannot_use_are_clear_errors(self):
+        """Issue 22: a CUDA device with a CPU-only torch, an unknown device name, a CUDA index
+        past the GPUs: ckpt.InvalidArgument naming the device and what to do, before any
+        copy (torch's bare AssertionError before)."""
+        c = self.client.attach("gpt")
+        name = next(iter(self.sd))
+        self.assertIsInstance(ckpt.gpu_available(), bool)
+        self.assertEqual(ckpt.as_device("cpu"), torch.device("cpu"))
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"unknown device 'cuda0': use 'cpu', 'cuda' or 'cuda:N'"):
+            c.state_dict(device="cuda0")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"device must be a torch.device"):
+            ckpt.as_device(1.5)
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            for call in (lambda: c.state_dict(device="cuda:0"), lambda: c.shard(name, device="cuda"),
+                         lambda: c.partitions(0, 1, device=torch.device("cuda", 0)),
+                         lambda: ckpt.fill_module(nn.Linear(1, 1), c, device="cuda:0")):
+                with self.assertRaisesRegex(ckpt.InvalidArgument, r"device 'cuda(:0)?' needs a CUDA build of torch, "
+                                            r"but torch .* is CPU-only .*load to device='cpu'"):
+                    call()
+        # A CUDA build of torch: the count of GPUs it sees decides (this torch's own answers
+        # stand in for a GPU machine's; tools/gpu checks the real one).
+        with mock.patch.object(torch.version, "cuda", "12.4"), \
+                mock.patch.object(torch.cuda, "device_count", return_value=2), \
+                mock.patch.object(torch.cuda, "current_device", return_value=1):
+            self.assertEqual(ckpt.as_device("cuda"), torch.device("cuda", 1))
+            self.assertEqual(ckpt.as_device(0), torch.device("cuda", 0))
+            with self.assertRaisesRegex(ckpt.InvalidArgument, r"device 'cuda:5' is out of range: torch sees 2 GPU\(s\), "
+                                        r"cuda:0 to cuda:1"):
+                c.state_dict(device="cuda:5")
+        with mock.patch.object(torch.version, "cuda", "12.4"), \
+                mock.patch.object(torch.cuda, "device_count", return_value=0), \
+                mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": ""}):
+            with self.assertRaisesRegex(ckpt.InvalidArgument, r"sees no GPU \(CUDA_VISIBLE_DEVICES='' hides every GPU\)"):
+                c.state_dict(device="cuda:0")
+
+    def test_version_is_the_projects(self):
+        self.assertRegex(ckpt.__version__, r"^\d+\.\d+\.\d+$")
 
     def test_dtype_names(self):
         c = self.client.attach("gpt")

@@ -77,6 +77,40 @@ class PlanFamiliesTest(unittest.TestCase):
                                                        config=self.config(family), copy=True)
                             self.assertEqual(sorted(by_name), sorted(want))
 
+    def test_config_is_a_path_a_folder_json_text_or_a_dict_everywhere(self):
+        """Issue 22: state_dict(config=...) takes a config.json path (str or pathlib.Path) or
+        a model folder as load_model does (one helper, ckpt.plans.config_dict); JSON text and
+        dicts still work; a path that does not exist is an error naming it."""
+        import pathlib
+        bare = self.client.attach("llama.bare")  # no stored config.json
+        cfg = self.config("llama")
+        path = os.path.join(self.tmp.name, "llama", "config.json")
+        want = bare.state_dict(1, 2, "auto", config=cfg)
+        for given in (path, pathlib.Path(path), os.path.join(self.tmp.name, "llama"), json.dumps(cfg),
+                      json.dumps(cfg).encode()):
+            with self.subTest(config=given):
+                got = bare.state_dict(1, 2, "auto", config=given)
+                self.assertEqual(sorted(got), sorted(want))
+                for name in want:
+                    self.assertTrue(same(got[name], want[name]), name)
+        self.assertEqual(ckpt.plans.config_dict(path), cfg)
+        self.assertEqual(ckpt.plans.config_dict(pathlib.Path(path)), cfg)
+        self.assertIsNone(ckpt.plans.config_dict(None))
+        missing = os.path.join(self.tmp.name, "nowhere", "config.json")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "cannot read the model config .*nowhere"):
+            bare.state_dict(1, 2, "auto", config=missing)
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "config is not valid JSON"):
+            bare.state_dict(1, 2, "auto", config="{model_type: llama")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "cannot read the model config .*nowhere"):
+            bare.state_dict(1, 2, "auto", config=pathlib.Path(missing))
+        broken = os.path.join(self.tmp.name, "broken.json")
+        with open(broken, "w") as f:
+            f.write("{not json")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "the model config .*broken.json is not valid JSON"):
+            bare.resolve(1, 2, "auto", config=broken)
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "is JSON list, not an object"):
+            ckpt.plans.config_dict(b"[1, 2]")
+
     def test_options_fuse_and_expert_parallel(self):
         llama = self.client.attach("llama")
         full = llama.state_dict()

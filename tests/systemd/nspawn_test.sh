@@ -190,7 +190,7 @@ in_machine systemctl start ckptd || fail "systemctl start ckptd"
 first_pid=$(prop MainPID)
 in_machine journalctl -u ckptd --no-pager >"$work/journal" || true
 grep -q "serving on $sock" "$work/journal" || fail "journalctl -u ckptd lacks the daemon's 'serving on' line"
-grep -q "memory-budget (1024.0 GiB) is larger than /run/ckptd-segments" "$work/journal" ||
+grep -q "memory-budget 1.00 TiB (1099511627776 bytes) is larger than /run/ckptd-segments" "$work/journal" ||
   fail "no warning for a budget above the segment tmpfs"
 seg=/run/ckptd-segments
 in_machine mountpoint -q "$seg" || fail "ExecStartPre= mounted no tmpfs on $seg"

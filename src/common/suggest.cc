@@ -1,10 +1,8 @@
-#include "ctl/suggest.h"
+#include "common/suggest.h"
 
 #include <algorithm>
 
-#include "ctl/table.h"
-
-namespace ckpt::ctl {
+namespace ckpt {
 
 size_t EditDistance(const std::string& a, const std::string& b) {
   const size_t n = a.size(), m = b.size();
@@ -48,9 +46,9 @@ std::string DidYouMean(const std::vector<std::string>& suggestions) {
   std::string text = " (did you mean ";
   for (size_t i = 0; i < suggestions.size(); ++i) {
     if (i > 0) text += i + 1 == suggestions.size() ? " or " : ", ";
-    text += "'" + Printable(suggestions[i]) + "'";
+    text += "'" + suggestions[i] + "'";
   }
   return text + "?)";
 }
 
-}  // namespace ckpt::ctl
+}  // namespace ckpt

@@ -1,11 +1,13 @@
-// "Did you mean ...": the known names closest to a mistyped one.
+// "Did you mean ...": the known names closest to a mistyped one. The one implementation
+// for ckptctl (commands, checkpoint names), ckptd (flags, configuration keys) and the
+// client library (NotFound for a checkpoint name, which the Python module raises too).
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <vector>
 
-namespace ckpt::ctl {
+namespace ckpt {
 
 // Optimal-string-alignment distance between `a` and `b`: insertions, deletions,
 // substitutions and swaps of two adjacent bytes each cost 1.
@@ -18,7 +20,9 @@ size_t EditDistance(const std::string& a, const std::string& b);
 std::vector<std::string> Suggest(const std::string& typed, const std::vector<std::string>& candidates,
                                  size_t limit = 3);
 
-// " (did you mean 'a' or 'b'?)" for the suggestions, "" for none. Names are Printable.
+// " (did you mean 'a' or 'b'?)" for the suggestions, "" for none. The names are quoted as
+// they are: a caller that prints to a terminal escapes the whole message (ckptctl's
+// Printable).
 std::string DidYouMean(const std::vector<std::string>& suggestions);
 
-}  // namespace ckpt::ctl
+}  // namespace ckpt
