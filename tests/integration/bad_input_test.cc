@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/client.h"
+#include "ckpt/writer.h"
 #include "common/io.h"
 #include "protocol/wire.h"
 #include "shm/shm_object.h"
@@ -131,6 +132,36 @@ TEST_F(BadInputTest, BadRequestsGetErrors) {
   CommandResult no_daemon = testing::RunCommand({CKPTCTL_BIN, "--socket", other.File("none.sock"), "list"});
   EXPECT_EQ(no_daemon.exit_code, 1);
   EXPECT_NE(no_daemon.err.find("is the daemon running"), std::string::npos) << no_daemon.err;
+}
+
+// A name begins with a letter or digit: '-rf' (an option to any tool it is passed on to),
+// '_x', '.x' are refused by load and by the write path; a file named '-rf.safetensors'
+// loaded without --name gets the default name 'rf'.
+TEST_F(BadInputTest, NamesMustBeginWithALetterOrDigit) {
+  for (const std::string bad : {"-rf", "--help", "_x", ".x", "-", "_"}) {
+    SCOPED_TRACE(bad);
+    CommandResult r = daemon_.Ctl({"load", files_.File("good.safetensors"), "--name=" + bad});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("begin with a letter or digit"), std::string::npos) << r.err;
+    auto w = Writer::Create(daemon_.socket(), bad, WriterOptions{});
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    std::vector<float> data(4, 1.0f);
+    ASSERT_TRUE((*w)->Add("t", DType::kF32, {4}, data.data()).ok());
+    auto committed = (*w)->Commit();
+    EXPECT_EQ(committed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(committed.status().message().find("begin with a letter or digit"), std::string::npos)
+        << committed.status().message();
+    ExpectDaemonIntact();
+  }
+  const std::string dash = files_.File("-rf.safetensors");
+  WriteFile(dash, ReadFile(files_.File("good.safetensors")));
+  CommandResult r = daemon_.Ctl({"load", "--", dash});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto loaded = client_->List();
+  ASSERT_TRUE(loaded.ok());
+  std::vector<std::string> names;
+  for (const auto& c : *loaded) names.push_back(c.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"good", "rf"}));
 }
 
 TEST_F(BadInputTest, MalformedProtocolTrafficIsAnsweredOrDropped) {
