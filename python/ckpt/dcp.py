@@ -31,7 +31,6 @@ import dataclasses
 import importlib.abc
 import importlib.util
 import io
-import pickle
 import sys
 import uuid
 from typing import Any, List, Optional

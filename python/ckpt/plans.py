@@ -34,15 +34,40 @@ def families():
     return list(TpPlan.families())
 
 
+def parse_config(raw: Union[bytes, bytearray, str], where: str = "the model config", error=None) -> dict:
+    """config.json's bytes (or text) as a dict. Anything else raises `error` (default
+    ckpt.InvalidArgument) naming `where` and the cause: bytes that are not UTF-8, text that
+    is not JSON, nesting deeper than Python's parser goes, a number too long to read, or a
+    document that is not a JSON object. The one parser of config.json in ckpt's Python."""
+    error = error or _ckpt.InvalidArgument
+    try:
+        text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where} is not UTF-8 ({e})") from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise error(f"{where} is nested too deeply to parse") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more digits than Python reads
+        raise error(f"{where} is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise error(f"{where} is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
 def _config_text(config) -> str:
     if config is None:
         return ""
-    if isinstance(config, (bytes, bytearray)):
-        return config.decode()
-    if isinstance(config, str):
-        return config
+    if isinstance(config, (bytes, bytearray, str)):
+        parse_config(config, "config")  # the same errors as a stored config.json
+        return config if isinstance(config, str) else bytes(config).decode("utf-8")
     if isinstance(config, Mapping):
-        return json.dumps(dict(config))
+        try:
+            return json.dumps(dict(config), allow_nan=False)
+        except RecursionError:
+            raise _ckpt.InvalidArgument("config is nested too deeply to pass to the plan engine") from None
+        except (TypeError, ValueError) as e:  # an object JSON cannot hold, NaN or infinity
+            raise _ckpt.InvalidArgument(f"config cannot be passed to the plan engine as JSON: {e}") from None
     raise _ckpt.InvalidArgument(f"config must be a dict or JSON text, not {type(config).__name__}")
 
 

@@ -164,6 +164,57 @@ TEST_F(BadInputTest, NamesMustBeginWithALetterOrDigit) {
   EXPECT_EQ(names, (std::vector<std::string>{"good", "rf"}));
 }
 
+// Side-file names are checked at publish with persist's rule (common/side_file_name.h):
+// a name persist would write over the tensors' own files, a fake shard, an index, a path,
+// escape or newline bytes, an option-like or hidden name are refused by the client's
+// Writer and, sent raw, by the daemon; nothing is published and the daemon keeps serving.
+TEST_F(BadInputTest, SideFileNamesAreCheckedAtPublishWithPersistsRule) {
+  const std::vector<std::string> bad = {"model.safetensors",
+                                        "model.safetensors.index.json",
+                                        "model-00001-of-00002.safetensors",
+                                        "pytorch_model.bin",
+                                        "weights.pt",
+                                        "tokenizer.index.json",
+                                        "notes\n.txt",
+                                        "\x1b[31mred.json",
+                                        std::string("nul\0.json", 9),
+                                        "a/b.json",
+                                        "../up.json",
+                                        ".hidden",
+                                        "-rf",
+                                        "",
+                                        std::string(256, 'a')};
+  for (const std::string& name : bad) {
+    SCOPED_TRACE(testing::PrintToString(name));
+    auto w = Writer::Create(daemon_.socket(), "sides", WriterOptions{});
+    ASSERT_TRUE(w.ok());
+    Status added = (*w)->AddSideFile(name, "{}");
+    EXPECT_EQ(added.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(added.message().find("side file name"), std::string::npos) << added.message();
+    // The same name sent to the daemon without the client's check.
+    auto fd = protocol::ConnectUnix(daemon_.socket());
+    ASSERT_TRUE(fd.ok());
+    json request = {{"v", 1},        {"op", "write"},     {"name", "sides"},
+                    {"pieces", json::array()},
+                    {"side_files", json::array({json{{"name", name}, {"data", "7b7d"}}})}};
+    ASSERT_TRUE(protocol::WriteFrame(fd->get(), request).ok());
+    auto reply = protocol::ReadFrame(fd->get(), protocol::kMaxResponseBytes);
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    EXPECT_NE(reply->dump().find("side file name"), std::string::npos) << reply->dump();
+    ExpectDaemonIntact();
+  }
+  // A name the rule allows is published and persisted beside the tensors.
+  auto w = Writer::Create(daemon_.socket(), "sides", WriterOptions{});
+  ASSERT_TRUE(w.ok());
+  std::vector<float> data(4, 2.0f);
+  ASSERT_TRUE((*w)->Add("t", DType::kF32, {4}, data.data()).ok());
+  ASSERT_TRUE((*w)->AddSideFile("dcp.metadata.json", "{}").ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  CommandResult persisted = daemon_.Ctl({"persist", "sides", files_.File("sides-out")});
+  EXPECT_EQ(persisted.exit_code, 0) << persisted.err;
+  EXPECT_EQ(ReadFile(files_.File("sides-out") + "/dcp.metadata.json"), "{}");
+}
+
 TEST_F(BadInputTest, MalformedProtocolTrafficIsAnsweredOrDropped) {
   auto raw_exchange = [&](const std::string& bytes) -> std::string {
     auto fd = protocol::ConnectUnix(daemon_.socket());
