@@ -185,7 +185,7 @@ TEST_F(BadInputTest, SideFileNamesAreCheckedAtPublishWithPersistsRule) {
                                         "",
                                         std::string(256, 'a')};
   for (const std::string& name : bad) {
-    SCOPED_TRACE(testing::PrintToString(name));
+    SCOPED_TRACE(::testing::PrintToString(name));
     auto w = Writer::Create(daemon_.socket(), "sides", WriterOptions{});
     ASSERT_TRUE(w.ok());
     Status added = (*w)->AddSideFile(name, "{}");
