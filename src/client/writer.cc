@@ -341,7 +341,7 @@ Result<LoadResult> Writer::Impl::Commit() {
       chunk.items.push_back(protocol::WriteChunkItem{i, offset, ring_offset, n});
       offset += n;
       fill += n;
-      if (fill == slot) CKPT_RETURN_IF_ERROR(send_chunk());
+      if (fill == slot || chunk.items.size() == protocol::kWriteChunkItemsPerFrame) CKPT_RETURN_IF_ERROR(send_chunk());
     }
   }
   if (open && !chunk.items.empty()) CKPT_RETURN_IF_ERROR(send_chunk());

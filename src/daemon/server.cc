@@ -307,7 +307,10 @@ void Server::Serve(Connection* connection) {
         continue;
       }
       UniqueFd request_fd;  // a write's ring comes with its request
-      auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes, &request_fd,
+      const uint32_t max_request = static_cast<int>(connection->role) >= static_cast<int>(Role::kWriter)
+                                       ? protocol::kMaxWriterRequestBytes
+                                       : protocol::kMaxRequestBytes;
+      auto request = protocol::ReadFrame(fd, max_request, &request_fd,
                                          protocol::DeadlineIn(options_.frame_timeout_s));
       if (!request.ok()) {
         // A malformed or late frame loses the framing: answer once, then drop the connection.
