@@ -358,7 +358,7 @@ TEST(TpPlanTest, MalformedConfigsAreTypedErrorsNotCrashes) {
       {std::string(depth, '{'), "not valid JSON"},
       {"{\"model_type\": \"llama\xff\xfe\"}", "not valid JSON"},
       {"\xef\xbb\xbf\xc3\x28{}", "not valid JSON"},
-      {R"({"model_type": "llama", "num_attention_heads": 1e400})", "must be a positive integer"},
+      {R"({"model_type": "llama", "num_attention_heads": 1e400})", "number overflow"},
       {R"({"model_type": "llama", "num_attention_heads": 18446744073709551615})", "must be a positive integer"},
       {R"({"model_type": "llama", "num_attention_heads": 1000000000000000000000000000000})", "must be a positive integer"},
       {R"({"model_type": "llama", "hidden_size": -4096})", "'hidden_size' must be a positive integer"},

@@ -136,7 +136,7 @@ class DcpTest(unittest.TestCase):
             return json.dumps(doc).encode()
         cases = [
             (b"\xff\xfe{", "not UTF-8"),
-            (b"{" * 100000 + b"}" * 100000, "nested too deeply"),
+            (b'{"a":' * 100000 + b"1" + b"}" * 100000, "nested too deeply"),
             (b"[" * 100000, "nested too deeply"),
             (b"{\"format\": 1", "not JSON"),
             (json.dumps({"format": "pickle"}).encode(), "not a ckpt.dcp.metadata document"),
@@ -163,8 +163,8 @@ class DcpTest(unittest.TestCase):
             self.assertIn("checkpoint 'x'", str(cm.exception))
 
     def _publish_metadata(self, name, fname, raw):
-        ckpt.publish(self.client, name, {"w": torch.zeros(2, 3, dtype=torch.bfloat16)}, side_files={fname: raw},
-                     replace=True)
+        self.client.publish(name, {"w": torch.zeros(2, 3, dtype=torch.bfloat16)}, side_files={fname: raw},
+                            replace=True)
 
     def test_legacy_pickled_metadata_still_loads(self):
         sd = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3), "step": 7}
@@ -176,8 +176,7 @@ class DcpTest(unittest.TestCase):
         c = self.client.attach("dcp-legacy-src")
         tensors = {k: c.tensor(k).clone() for k in c.keys()}
         del c
-        ckpt.publish(self.client, "dcp-legacy", tensors,
-                     side_files={ckpt.dcp.LEGACY_METADATA_FILE: pickle.dumps(md)})
+        self.client.publish("dcp-legacy", tensors, side_files={ckpt.dcp.LEGACY_METADATA_FILE: pickle.dumps(md)})
         target = {"w": torch.zeros(2, 3), "step": 0}
         load(target, ckpt.dcp.StorageReader("dcp-legacy", self.client))
         self.assertTrue(torch.equal(target["w"], sd["w"]))
@@ -211,7 +210,9 @@ class DcpTest(unittest.TestCase):
                 b"\x85R."
             crafted = {
                 # The finding: protocol 4 resolves dotted names under an allowed prefix.
-                "dotted STACK_GLOBAL": proto4 + s("torch.distributed") + s("distributed_c10d.os.system") +
+                "dotted STACK_GLOBAL": proto4 + s("torch.distributed.distributed_c10d") + s("os.system") +
+                b"\x93" + s(cmd.decode()) + b"\x85R.",
+                "dotted name across modules": proto4 + s("torch.distributed") + s("distributed_c10d.os.system") +
                 b"\x93" + s(cmd.decode()) + b"\x85R.",
                 "dotted name under an allowed class": proto4 + s("torch.distributed.checkpoint.metadata") +
                 s("Metadata.__init__.__globals__") + b"\x93.",
