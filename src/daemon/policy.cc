@@ -27,6 +27,12 @@ Status ValidateCheckpointName(const std::string& name) {
   return Status::Ok();
 }
 
+Status ValidateAdoptedName(const std::string& name) {
+  // Before issue 23 a name could begin with '_' or '-': a segment published then is kept.
+  if (!name.empty() && (name[0] == '_' || name[0] == '-')) return ValidateCheckpointName("x" + name.substr(1));
+  return ValidateCheckpointName(name);
+}
+
 Status ValidateJobName(const std::string& job) {
   bool ok = !job.empty() && job.size() <= 200;
   for (char c : job) ok = ok && (NameChar(c) || c == ':');

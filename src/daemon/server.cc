@@ -109,7 +109,7 @@ Status Server::AdoptExistingSegments() {
   adoption.segment_mode = options_.shm_mode;
   adoption.verify_threads = options_.load_threads;
   adoption.legacy_prefix = options_.shm_prefix + ".";
-  adoption.validate_name = ValidateCheckpointName;
+  adoption.validate_name = ValidateAdoptedName;
   adoption.cancel = &stopping_;
   return AdoptSegments(*segments_, adoption, &catalog_).status();
 }
