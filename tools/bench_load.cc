@@ -12,9 +12,10 @@
 //
 //   ckpt-bench-load FILE [--mode cold|warm|both] [--runs N] [--configs LIST]
 //                   [--segment-root DIR] [--tag TAG]
-//   LIST: comma-separated ENGINE:THREADS[:qdN][:buffered][:fallocate|:parallel|:deferred],
+//   LIST: comma-separated ENGINE:THREADS[:qdN][:buffered][:fallocate|:parallel|:deferred][:nocrc],
 //         e.g. pread:4,io_uring:2:qd8,pread:16:fallocate (how the segment's pages are
-//         allocated, see shm::PagePopulate; default: the loader's default)
+//         allocated, see shm::PagePopulate; default: the loader's default); nocrc drops the
+//         plan's zip CRC-32 checks (PyTorch files: what checking them costs, same run)
 //   --segment-root: where the per-run segment directories go (default /dev/shm; a tmpfs
 //         mounted with huge=within_size measures huge-page segments)
 //   --tag: printed in the machine-readable "RESULT tag mode label threads GiB/s" lines
@@ -52,6 +53,7 @@ struct Config {
   int threads = 4;
   int queue_depth = 4;
   bool buffered = false;
+  bool no_crc = false;  // the plan's CRC-32 checks dropped (measurement only)
   std::optional<ckpt::shm::PagePopulate> populate;
 };
 
@@ -88,6 +90,8 @@ std::vector<Config> ParseConfigs(const std::string& list) {
         c.populate = ckpt::shm::PagePopulate::kParallel;
       } else if (part == "deferred") {
         c.populate = ckpt::shm::PagePopulate::kDeferred;
+      } else if (part == "nocrc") {
+        c.no_crc = true;
       } else {
         std::fprintf(stderr, "unknown config part '%s' in '%s'\n", part.c_str(), item.c_str());
         std::exit(2);
@@ -200,8 +204,16 @@ double DdDirect(const std::string& path) {
 }
 
 // Loads `plan` into a fresh segment with `c`; returns bytes/s (0 on failure) and the I/O summary.
-double Load(const ckpt::format::LoadPlan& plan, const Config& c, std::string* io) {
+double Load(const ckpt::format::LoadPlan& full_plan, const Config& c, std::string* io) {
   static int n = 0;
+  const ckpt::format::LoadPlan* chosen = &full_plan;
+  ckpt::format::LoadPlan unchecked;
+  if (c.no_crc && !full_plan.crc_checks.empty()) {
+    unchecked = full_plan;
+    unchecked.crc_checks.clear();
+    chosen = &unchecked;
+  }
+  const ckpt::format::LoadPlan& plan = *chosen;
   ckpt::shm::SegmentSpec spec;
   // A private segment directory per run, removed with the segment.
   auto dir = ckpt::shm::SegmentDirectory::Open(

@@ -13,7 +13,6 @@ process; the checkpoint never changes), until a shard is gathered or moved to a 
 Errors raise ckpt.CkptError subclasses that carry the daemon's message.
 """
 import functools
-import json
 from typing import Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
@@ -239,10 +238,12 @@ class Checkpoint:
 
     @property
     def config(self) -> Optional[dict]:
-        """config.json parsed as a dict, or None if the checkpoint has none."""
+        """config.json parsed as a dict, or None if the checkpoint has none. Corrupt naming
+        the checkpoint and the cause if it is not a UTF-8 JSON object (ckpt.plans.parse_config)."""
         if "config.json" not in self._h.side_files:
             return None
-        return json.loads(self._h.side_file("config.json").decode("utf-8"))
+        return plans.parse_config(self._h.side_file("config.json"),
+                                   f"the config.json of checkpoint '{self.name}'", Corrupt)
 
     @property
     def metadata(self) -> Dict[str, str]:

@@ -34,6 +34,27 @@ def families():
     return list(TpPlan.families())
 
 
+def parse_config(raw: Union[bytes, bytearray, str], where: str = "the model config", error=None) -> dict:
+    """config.json's bytes (or text) as a dict. Anything else raises `error` (default
+    ckpt.InvalidArgument) naming `where` and the cause: bytes that are not UTF-8, text that
+    is not JSON, nesting deeper than Python's parser goes, a number too long to read, or a
+    document that is not a JSON object. The one parser of config.json in ckpt's Python."""
+    error = error or _ckpt.InvalidArgument
+    try:
+        text = raw if isinstance(raw, str) else bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{where} is not UTF-8 ({e})") from None
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise error(f"{where} is nested too deeply to parse") from None
+    except ValueError as e:  # JSONDecodeError, or an integer of more digits than Python reads
+        raise error(f"{where} is not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise error(f"{where} is a JSON {type(doc).__name__}, not an object")
+    return doc
+
+
 def config_dict(config) -> Optional[dict]:
     """The model config as a dict, from whatever `config=` takes anywhere in ckpt
     (Checkpoint.state_dict / resolve, the plans here, ckpt.transformers.load_model): None
@@ -47,19 +68,19 @@ def config_dict(config) -> Optional[dict]:
     if isinstance(config, Mapping):
         return dict(config)
     if isinstance(config, (bytes, bytearray)):
-        return _parse_config(bytes(config).decode("utf-8", "replace"), "config")
+        return parse_config(config, "config")
     if isinstance(config, (str, os.PathLike)):
         path = os.fspath(config)
         if isinstance(config, os.PathLike) or not path.lstrip().startswith("{"):
             if os.path.isdir(path):
                 path = os.path.join(path, "config.json")
             try:
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
+                with open(path, "rb") as f:
+                    raw = f.read()
             except OSError as e:
                 raise _ckpt.InvalidArgument(f"cannot read the model config {path}: {e}") from None
-            return _parse_config(text, f"the model config {path}")
-        return _parse_config(path, "config")
+            return parse_config(raw, f"the model config {path}")
+        return parse_config(path, "config")
     to_dict = getattr(config, "to_dict", None)
     if callable(to_dict):
         return dict(to_dict())
@@ -67,19 +88,16 @@ def config_dict(config) -> Optional[dict]:
                                 f"not {type(config).__name__}")
 
 
-def _parse_config(text: str, what: str) -> dict:
-    try:
-        value = json.loads(text)
-    except ValueError as e:
-        raise _ckpt.InvalidArgument(f"{what} is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise _ckpt.InvalidArgument(f"{what} is JSON {type(value).__name__}, not an object")
-    return value
-
-
 def _config_text(config) -> str:
     value = config_dict(config)
-    return "" if value is None else json.dumps(value)
+    if value is None:
+        return ""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except RecursionError:
+        raise _ckpt.InvalidArgument("config is nested too deeply to pass to the plan engine") from None
+    except (TypeError, ValueError) as e:  # an object JSON cannot hold, NaN or infinity
+        raise _ckpt.InvalidArgument(f"config cannot be passed to the plan engine as JSON: {e}") from None
 
 
 def builtin(family: str, convention: str = "megatron", *, config=None, fuse_qkv: bool = False,

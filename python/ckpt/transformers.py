@@ -17,7 +17,6 @@ transformers is an optional dependency: it is imported by load_model, never by `
 """
 import contextlib
 import inspect
-import json
 import os
 import threading
 import time
@@ -29,6 +28,7 @@ from torch import nn
 
 from . import Checkpoint, InvalidArgument, Unsupported
 from .launcher import Launch, resolve_rank_world
+from . import plans as _plans
 from .meta import parameters_on_meta
 from .modules import _fill, _walk
 
@@ -93,6 +93,8 @@ def model_config(checkpoint=None, config: Union[None, dict, str, os.PathLike, An
     model_type = config.get("model_type")
     if not model_type:
         raise InvalidArgument("the model config has no model_type")
+    if not isinstance(model_type, str):
+        raise InvalidArgument(f"the model config's model_type is a {type(model_type).__name__}, not a string")
     mapping = getattr(tf, "CONFIG_MAPPING", None)
     if mapping is None:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING as mapping

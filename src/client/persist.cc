@@ -20,6 +20,7 @@
 #include <set>
 
 #include "client/persist_json.h"
+#include "common/side_file_name.h"
 #include "common/unique_fd.h"
 
 namespace ckpt {
@@ -317,11 +318,6 @@ Status WriteSmallFile(int dir_fd, const std::string& name, std::string_view byte
   return FinishFile(std::move(fd), name, written, bytes.size());
 }
 
-bool PlainFileName(const std::string& n) {
-  return !n.empty() && n.size() <= 255 && n != "." && n != ".." && n.find('/') == std::string::npos &&
-         n.find('\0') == std::string::npos;
-}
-
 // Splits DIR into its parent folder and last component ("a/b/" -> "a", "b").
 Status SplitDir(const std::string& dir, std::string* parent, std::string* base) {
   std::string d = dir;
@@ -400,9 +396,11 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   const std::vector<std::string> side_names = checkpoint.side_files();
   std::vector<std::string_view> side_bytes;
   for (const std::string& n : side_names) {
-    if (!PlainFileName(n) || !taken.insert(n).second) {
-      return Corrupt("'" + checkpoint.name() + "' has a side file named '" + n +
-                     "', which cannot be written as a file beside the tensors");
+    if (Status named = CheckSideFileName(n); !named.ok()) {  // the rule publish applies
+      return Corrupt("'" + checkpoint.name() + "' cannot be written beside its tensors: " + named.message());
+    }
+    if (!taken.insert(n).second) {
+      return Corrupt("'" + checkpoint.name() + "' has two side files named '" + n + "'");
     }
     CKPT_ASSIGN_OR_RETURN(std::string_view bytes, checkpoint.SideFile(n));
     side_bytes.push_back(bytes);

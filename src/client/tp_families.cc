@@ -23,11 +23,21 @@ struct Config {
   std::optional<bool> tie, multi_query, new_arch;
 };
 
+// A config value as an error message shows it: scalars as JSON (cut at 80 bytes), objects
+// and arrays by kind only (a dump would recurse through whatever nesting the file has).
+std::string Shown(const json& v) {
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 Result<std::optional<int64_t>> IntField(const json& j, std::initializer_list<const char*> names) {
   for (const char* n : names) {
     if (!j.contains(n) || j[n].is_null()) continue;
     if (!j[n].is_number_integer() || j[n].get<int64_t>() < 1 || j[n].get<int64_t>() > (int64_t{1} << 40))
-      return InvalidArgument(std::string("config field '") + n + "' must be a positive integer, got " + j[n].dump());
+      return InvalidArgument(std::string("config field '") + n + "' must be a positive integer, got " + Shown(j[n]));
     return std::optional<int64_t>(j[n].get<int64_t>());
   }
   return std::optional<int64_t>();
@@ -36,7 +46,7 @@ Result<std::optional<int64_t>> IntField(const json& j, std::initializer_list<con
 Result<std::optional<bool>> BoolField(const json& j, const char* name) {
   if (!j.contains(name) || j[name].is_null()) return std::optional<bool>();
   if (!j[name].is_boolean())
-    return InvalidArgument(std::string("config field '") + name + "' must be true or false, got " + j[name].dump());
+    return InvalidArgument(std::string("config field '") + name + "' must be true or false, got " + Shown(j[name]));
   return std::optional<bool>(j[name].get<bool>());
 }
 

@@ -124,7 +124,10 @@ Result<Rule> ParseRule(const nlohmann::json& j) {
     return r;
   }
   if (!j.is_object() || !j.contains("split") || !j["split"].is_number_integer())
-    return InvalidArgument(std::string("a rule is a rule name (") + kRuleNames + "), got " + j.dump());
+    return InvalidArgument(std::string("a rule is a rule name (") + kRuleNames + ") or a split object, got " +
+                           (j.is_object() ? "an object without an integer \"split\""
+                            : j.is_array() ? "an array"
+                                           : j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 80)));
   Rule r = Split(j["split"].get<int>());
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "common/checked_math.h"
+#include "common/side_file_name.h"
 #include "common/unique_fd.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
@@ -191,6 +192,7 @@ Status Writer::AddFlat(const std::string& key, DType dtype, const std::vector<in
 
 Status Writer::AddSideFile(const std::string& name, std::string bytes) {
   if (impl_->committed) return FailedPrecondition("this writer has already committed");
+  CKPT_RETURN_IF_ERROR(CheckSideFileName(name));  // the daemon checks it again
   for (const auto& s : impl_->side_files) {
     if (s.first == name) return AlreadyExists("side file '" + name + "' was already added");
   }
@@ -339,7 +341,7 @@ Result<LoadResult> Writer::Impl::Commit() {
       chunk.items.push_back(protocol::WriteChunkItem{i, offset, ring_offset, n});
       offset += n;
       fill += n;
-      if (fill == slot) CKPT_RETURN_IF_ERROR(send_chunk());
+      if (fill == slot || chunk.items.size() == protocol::kWriteChunkItemsPerFrame) CKPT_RETURN_IF_ERROR(send_chunk());
     }
   }
   if (open && !chunk.items.empty()) CKPT_RETURN_IF_ERROR(send_chunk());

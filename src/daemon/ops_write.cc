@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "common/checked_math.h"
+#include "common/side_file_name.h"
 #include "daemon/ops.h"
 #include "daemon/policy.h"
 #include "daemon/write_sessions.h"
@@ -165,6 +166,7 @@ Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const p
                          UniqueFd ring_fd, LoadWatch* watch) {
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(request.name));
   if (!request.job.empty()) CKPT_RETURN_IF_ERROR(ValidateJobName(request.job));
+  for (const auto& side : request.side_files) CKPT_RETURN_IF_ERROR(CheckSideFileName(side.first));  // persist's rule
   std::unique_ptr<shm::ShmMapping> ring;
   if (request.ring_bytes > 0) {
     if (!ring_fd.valid()) return InvalidArgument("a write with ring_bytes needs its ring passed with the request");

@@ -7,15 +7,16 @@
 namespace ckpt::daemon {
 
 namespace {
-bool NameChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-         c == '-' || c == '.';
-}
+bool LetterOrDigit(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+bool NameChar(char c) { return LetterOrDigit(c) || c == '_' || c == '-' || c == '.'; }
 }  // namespace
 
 Status ValidateCheckpointName(const std::string& name) {
-  if (name.empty() || name.size() > 100 || name[0] == '.') {
-    return InvalidArgument("checkpoint name must be 1 to 100 characters and not start with '.': '" +
+  // The first character is a letter or digit: a name is never taken for an option ('-rf')
+  // or a hidden file ('.x') by a shell, ckptctl or a script that passes it on.
+  if (name.empty() || name.size() > 100 || !LetterOrDigit(name[0])) {
+    return InvalidArgument("checkpoint name must be 1 to 100 characters and begin with a letter or digit: '" +
                            name.substr(0, 120) + "'");
   }
   for (char c : name) {
@@ -24,6 +25,12 @@ Status ValidateCheckpointName(const std::string& name) {
     }
   }
   return Status::Ok();
+}
+
+Status ValidateAdoptedName(const std::string& name) {
+  // Before issue 23 a name could begin with '_' or '-': a segment published then is kept.
+  if (!name.empty() && (name[0] == '_' || name[0] == '-')) return ValidateCheckpointName("x" + name.substr(1));
+  return ValidateCheckpointName(name);
 }
 
 Status ValidateJobName(const std::string& job) {
@@ -57,7 +64,7 @@ std::string DefaultCheckpointName(const std::string& path) {
   for (char& c : base) {
     if (!NameChar(c)) c = '_';
   }
-  while (!base.empty() && base[0] == '.') base.erase(0, 1);
+  while (!base.empty() && !LetterOrDigit(base[0])) base.erase(0, 1);
   if (base.size() > 100) base.resize(100);
   return base.empty() ? "checkpoint" : base;
 }

@@ -11,8 +11,13 @@
 
 namespace ckpt::daemon {
 
-// Checks a checkpoint name: 1 to 100 bytes of [A-Za-z0-9_.-], not starting with '.'.
+// Checks a checkpoint name: 1 to 100 bytes of [A-Za-z0-9_.-], the first a letter or digit
+// (never an option like '-rf' or a hidden name like '.x'); InvalidArgument naming it otherwise.
 Status ValidateCheckpointName(const std::string& name);
+// The name check for segments found at start-up: ValidateCheckpointName, but a name that
+// begins with '_' or '-' (allowed before issue 23) is still adopted rather than removed;
+// new loads and writes cannot create one.
+Status ValidateAdoptedName(const std::string& name);
 // Checks a rendezvous job name: 1 to 200 bytes of [A-Za-z0-9_.:-].
 Status ValidateJobName(const std::string& job);
 // The longest rendezvous value, in hex characters (4096 bytes).
@@ -20,7 +25,7 @@ inline constexpr size_t kMaxRendezvousHexChars = 8192;
 // The default name for a checkpoint at `path`: its file name without the extension, or
 // the folder's name for a model folder or a file that names one (*.index.json,
 // model.safetensors, pytorch_model.bin), with characters outside the allowed set
-// replaced by '_'.
+// replaced by '_' and leading characters other than letters and digits dropped.
 std::string DefaultCheckpointName(const std::string& path);
 
 // OK if `role` may run `op`, which needs `needed` (the table of operations in

@@ -134,7 +134,7 @@ Status Server::AdoptExistingSegments() {
   adoption.segment_mode = options_.shm_mode;
   adoption.verify_threads = options_.load_threads;
   adoption.legacy_prefix = options_.shm_prefix + ".";
-  adoption.validate_name = ValidateCheckpointName;
+  adoption.validate_name = ValidateAdoptedName;
   adoption.cancel = &stopping_;
   return AdoptSegments(*segments_, adoption, &catalog_).status();
 }
@@ -361,7 +361,10 @@ void Server::Serve(Connection* connection) {
         continue;
       }
       UniqueFd request_fd;  // a write's ring comes with its request
-      auto request = protocol::ReadFrame(fd, protocol::kMaxRequestBytes, &request_fd,
+      const uint32_t max_request = static_cast<int>(connection->role) >= static_cast<int>(Role::kWriter)
+                                       ? protocol::kMaxWriterRequestBytes
+                                       : protocol::kMaxRequestBytes;
+      auto request = protocol::ReadFrame(fd, max_request, &request_fd,
                                          protocol::DeadlineIn(options_.frame_timeout_s));
       if (!request.ok() && request.status().code() == StatusCode::kResourceExhausted) {
         // Read whole, but the descriptor sent with it was dropped (ckptd is out of

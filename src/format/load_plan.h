@@ -50,6 +50,17 @@ inline constexpr double kDefaultMaxExpansion = 16.0;
 // Expansion below this many bytes beyond the files' size is always allowed.
 inline constexpr uint64_t kExpansionSlackBytes = 64ull << 20;
 
+// A byte range of a plan's file whose CRC-32 is known (a zip member: PyTorch checkpoints):
+// the loader computes it over the bytes it read and fails the load, naming `member`, if it
+// differs. Ranges are disjoint.
+struct CrcCheck {
+  uint32_t file_index = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  uint32_t crc32 = 0;
+  std::string member;  // the zip member's name, for the error
+};
+
 struct LoadPlan {
   std::string format;  // "safetensors", ...
   // Every file the tensors are read from, opened once; the loader reads only these
@@ -59,6 +70,7 @@ struct LoadPlan {
   std::vector<SideFile> side_files;             // kSideFileNames found in the folder
   std::map<std::string, std::string> metadata;  // safetensors __metadata__, an index's "metadata"
   std::vector<std::string> notes;               // side files skipped and why, for the log
+  std::vector<CrcCheck> crc_checks;             // checked while the tensors' bytes are read
 
   // Bytes stored (aliases counted once); InvalidArgument if the sum overflows 64 bits.
   Result<uint64_t> StoredBytes() const;

@@ -1,9 +1,12 @@
 #include "format/pytorch_zip.h"
 
+#include <cstdio>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "common/checked_math.h"
+#include "common/crc32.h"
 #include "common/io.h"
 #include "format/unpickler.h"
 #include "shm/segment_format.h"
@@ -17,6 +20,13 @@ Status RequireStored(const std::string& path, const ZipEntry& e) {
   if (e.encrypted) return Unsupported(path + ": zip entry '" + e.name + "' is encrypted");
   return Unsupported(path + ": zip entry '" + e.name + "' is compressed (method " + std::to_string(e.method) +
                      "); only STORED entries, as torch.save writes them, are supported");
+}
+
+// Corrupt naming the member when `bytes` (its whole content) disagree with its CRC-32.
+Status CheckCrc(const std::string& path, const ZipEntry& e, std::string_view bytes) {
+  const uint32_t crc = Crc32(bytes.data(), bytes.size());
+  if (crc == e.crc32) return Status::Ok();
+  return Corrupt(CrcMismatch(path, e.name, crc, e.crc32));
 }
 
 // Plans one tensor view; `storage_start` is the storage record's first byte in the file.
@@ -70,6 +80,12 @@ Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage
 
 }  // namespace
 
+std::string CrcMismatch(const std::string& path, const std::string& member, uint32_t computed, uint32_t stored) {
+  char text[96];
+  std::snprintf(text, sizeof(text), "CRC-32 %08x, but the archive's directory says %08x", computed, stored);
+  return path + ": zip member '" + EscapedName(member) + "' is damaged: its bytes have " + text;
+}
+
 Status PlanPyTorchZipFile(const std::string& path, LoadPlan* plan) {
   CKPT_ASSIGN_OR_RETURN(auto file, OpenFileNoFollow(path));
   return PlanPyTorchZipFile(file, plan);
@@ -102,12 +118,14 @@ Status PlanPyTorchZipFile(const std::shared_ptr<const OpenedFile>& file, LoadPla
     CKPT_RETURN_IF_ERROR(RequireStored(path, *bo));
     std::string order(std::min<uint64_t>(bo->size, 16), '\0');
     CKPT_RETURN_IF_ERROR(read(order.data(), order.size(), bo->data_offset));
+    if (order.size() == bo->size) CKPT_RETURN_IF_ERROR(CheckCrc(path, *bo, order));
     if (order != "little") return Unsupported(path + ": byte order '" + order + "'; only little-endian checkpoints are supported");
   }
   CKPT_RETURN_IF_ERROR(RequireStored(path, *pkl));
   if (pkl->size > kMaxPickleBytes) return Corrupt(path + ": data.pkl is larger than the limit");
   std::string pickle(pkl->size, '\0');
   CKPT_RETURN_IF_ERROR(read(pickle.data(), pickle.size(), pkl->data_offset));
+  CKPT_RETURN_IF_ERROR(CheckCrc(path, *pkl, pickle));
   auto tensors = StateDictUnpickler::Parse(pickle);
   if (!tensors.ok()) return tensors.status().WithContext(path);
 
@@ -117,10 +135,15 @@ Status PlanPyTorchZipFile(const std::shared_ptr<const OpenedFile>& file, LoadPla
   planned.reserve(tensors->size());
   // Same storage, offset, shape, strides and dtype: the same bytes, stored once.
   std::map<std::tuple<std::string, uint64_t, std::vector<int64_t>, std::vector<int64_t>, DType>, size_t> views;
+  std::vector<CrcCheck> checks;
+  std::set<std::string> checked;  // storage records, each checked once
   for (const PickledTensor& t : *tensors) {
     const ZipEntry* rec = zip->Find(prefix + "data/" + t.storage_key);
     if (!rec) return Corrupt(path + ": tensor '" + t.name + "' uses storage '" + t.storage_key + "', which has no record");
     CKPT_RETURN_IF_ERROR(RequireStored(path, *rec));
+    if (checked.insert(rec->name).second) {
+      checks.push_back({file_index, rec->data_offset, rec->size, rec->crc32, rec->name});
+    }
     PlannedTensor p;
     Status st = PlanView(t, rec->data_offset, rec->size, &p);
     if (!st.ok()) return st.WithContext(path);
@@ -131,6 +154,7 @@ Status PlanPyTorchZipFile(const std::shared_ptr<const OpenedFile>& file, LoadPla
     planned.push_back(std::move(p));
   }
   for (auto& p : planned) plan->tensors.push_back(std::move(p));
+  for (auto& c : checks) plan->crc_checks.push_back(std::move(c));
   plan->files.push_back(file);
   if (plan->format.empty()) plan->format = "pytorch";
   return Status::Ok();

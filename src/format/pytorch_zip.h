@@ -22,10 +22,15 @@ inline constexpr uint64_t kMaxPickleBytes = 256ull << 20;
 // Contiguous tensors point straight at their bytes; views get strides and source_bytes;
 // tensors that are the same view of the same storage (tied weights) become aliases of
 // the first one. Errors: NotFound/IoError for the file; Corrupt for a malformed archive,
-// a missing storage record or a view beyond its storage; Unsupported for a big-endian
+// a missing storage record, a view beyond its storage, or a data.pkl or byteorder whose
+// bytes disagree with their CRC-32 (the storages' CRCs go to plan->crc_checks: the loader
+// checks them while it reads); Unsupported for a big-endian
 // checkpoint, compressed entries, a pickle that is not a flat state dict or that names a
 // global outside the allow-list (see unpickler.h).
 Status PlanPyTorchZipFile(const std::shared_ptr<const OpenedFile>& file, LoadPlan* plan);
+
+// The one message for a zip member whose bytes disagree with their CRC-32 (plan time and load time).
+std::string CrcMismatch(const std::string& path, const std::string& member, uint32_t computed, uint32_t stored);
 // The same for `path`, opened without following a final symlink (tests and tools).
 Status PlanPyTorchZipFile(const std::string& path, LoadPlan* plan);
 

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <unordered_set>
 #include <nlohmann/json.hpp>
 
 #include "common/io.h"
+#include "format/json_keys.h"
 #include "shm/segment_format.h"
 
 namespace ckpt::format {
@@ -85,21 +85,12 @@ Status ParseEntry(const std::string& name, const json& desc, uint64_t data_bytes
 Status ParseSafetensorsHeader(std::string_view header_json, uint64_t data_start,
                               uint64_t data_bytes, uint32_t file_index, LoadPlan* plan,
                               std::map<std::string, std::string>* metadata) {
-  // nlohmann keeps one value of a key given twice: find duplicate top-level keys (tensor
-  // names) while parsing, through the parser callback.
-  std::unordered_set<std::string> keys;
-  std::string duplicate;
-  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::key && depth == 1 && duplicate.empty() && parsed.is_string()) {
-      if (!keys.insert(parsed.get_ref<const std::string&>()).second) duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  json header = json::parse(header_json.begin(), header_json.end(), on_event,
-                            /*allow_exceptions=*/false);
+  // nlohmann keeps one value of a key given twice: duplicate tensor names are looked for
+  // first, in one SAX pass (json_keys.h).
+  json header = json::parse(header_json.begin(), header_json.end(), nullptr, /*allow_exceptions=*/false);
   if (header.is_discarded()) return Corrupt("safetensors header is not valid JSON");
-  if (!duplicate.empty()) {
-    return Corrupt("safetensors header names tensor '" + EscapedName(duplicate) + "' more than once");
+  if (auto duplicate = FirstDuplicateKey(header_json, 1)) {
+    return Corrupt("safetensors header names tensor '" + EscapedName(*duplicate) + "' more than once");
   }
   if (!header.is_object()) return Corrupt("safetensors header is not a JSON object");
 

@@ -2,9 +2,9 @@
 
 #include <nlohmann/json.hpp>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "common/io.h"
+#include "format/json_keys.h"
 
 namespace ckpt::format {
 
@@ -12,22 +12,12 @@ Status ParseShardIndex(std::string_view json_text, std::vector<std::string>* sha
                        std::vector<std::pair<std::string, std::string>>* weight_map,
                        std::map<std::string, std::string>* metadata) {
   using nlohmann::json;
-  // Duplicate tensor names in the weight map are found while parsing (nlohmann keeps one).
-  std::string top_key, duplicate;
-  std::unordered_set<std::string> names;
-  json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (event == json::parse_event_t::key && parsed.is_string()) {
-      if (depth == 1) top_key = parsed.get<std::string>();
-      if (depth == 2 && top_key == "weight_map" && duplicate.empty() &&
-          !names.insert(parsed.get<std::string>()).second) {
-        duplicate = parsed.get<std::string>();
-      }
-    }
-    return true;
-  };
-  json doc = json::parse(json_text.begin(), json_text.end(), on_event, /*allow_exceptions=*/false);
+  // Duplicate tensor names in the weight map (nlohmann keeps one) are looked for first.
+  json doc = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return Corrupt("index is not valid JSON");
-  if (!duplicate.empty()) return Corrupt("weight_map names tensor '" + EscapedName(duplicate) + "' more than once");
+  if (auto duplicate = FirstDuplicateKey(json_text, 2, "weight_map")) {
+    return Corrupt("weight_map names tensor '" + EscapedName(*duplicate) + "' more than once");
+  }
   if (!doc.is_object()) return Corrupt("index is not a JSON object");
   auto wm = doc.find("weight_map");
   if (wm == doc.end() || !wm->is_object()) return Corrupt("index has no object 'weight_map'");

@@ -76,6 +76,7 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Create(const ReadAt& read, uint64_
     }
     const unsigned char* c = &dir[pos];
     const uint16_t flags = U16(c + 8), method = U16(c + 10);
+    const uint32_t crc = U32(c + 16);
     uint64_t csize = U32(c + 20), usize = U32(c + 24);
     const size_t name_len = U16(c + 28), extra_len = U16(c + 30), comment_len = U16(c + 32);
     const uint16_t disk = U16(c + 34);
@@ -119,7 +120,7 @@ Result<std::unique_ptr<ZipReader>> ZipReader::Create(const ReadAt& read, uint64_
       return bad("entry '" + name + "' data runs past the end of the archive");
     }
     if (!zip->by_name_.emplace(name, zip->entries_.size()).second) return bad("duplicate entry '" + name + "'");
-    zip->entries_.push_back({std::move(name), data, csize, method, (flags & 0x1) != 0});
+    zip->entries_.push_back({std::move(name), data, csize, method, crc, (flags & 0x1) != 0});
     pos += kCentralBytes + name_len + extra_len + comment_len;
   }
   // Stored data ranges must not overlap one another (a crafted archive could alias them).

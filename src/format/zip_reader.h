@@ -21,6 +21,7 @@ struct ZipEntry {
   uint64_t data_offset = 0;  // first byte of the entry's data in the archive
   uint64_t size = 0;         // bytes of data in the archive (compressed size if compressed)
   uint16_t method = 0;       // zip compression method (0: STORED)
+  uint32_t crc32 = 0;        // the CRC-32 of the content, from the central directory
   bool encrypted = false;
   // True if the data bytes are the content itself (STORED, not encrypted).
   bool stored() const { return method == 0 && !encrypted; }

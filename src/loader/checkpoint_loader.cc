@@ -7,7 +7,10 @@
 #include <tuple>
 #include <unordered_set>
 
+#include "common/crc32.h"
+#include "common/io.h"
 #include "common/pause_point.h"
+#include "format/pytorch_zip.h"
 #include "loader/strided_copy.h"
 #include "shm/huge_pages.h"
 #include "shm/segment_reader.h"
@@ -29,6 +32,90 @@ std::string DescribeIo(const std::vector<SourceFile>& files, const FileReader& r
   }
   return out + ", " + reader.Describe();
 }
+
+// The plan's CRC-32 checks, each computed from the bytes as they land: a check whose range
+// is exactly one contiguous tensor's (a PyTorch storage holding one whole tensor, the usual
+// case) is the CRC of that tensor's read ops, each computed by the thread that completed
+// the op and joined in order at the end; any other range (a storage shared by several
+// views, or only partly used) is read again from the file after the bulk reads.
+class CrcChecks {
+ public:
+  CrcChecks(const format::LoadPlan& plan) : plan_(plan), check_of_tensor_(plan.tensors.size(), -1) {
+    std::map<std::pair<uint32_t, uint64_t>, size_t> by_start;
+    for (size_t i = 0; i < plan.tensors.size(); ++i) {
+      const format::PlannedTensor& t = plan.tensors[i];
+      if (t.alias_of < 0 && t.strides.empty()) by_start.emplace(std::make_pair(t.file_index, t.file_offset), i);
+    }
+    for (size_t c = 0; c < plan.crc_checks.size(); ++c) {
+      const format::CrcCheck& check = plan.crc_checks[c];
+      auto it = by_start.find({check.file_index, check.offset});
+      if (it != by_start.end() && plan.tensors[it->second].nbytes == check.size && check_of_tensor_[it->second] < 0) {
+        check_of_tensor_[it->second] = static_cast<int64_t>(c);
+      } else {
+        reread_.push_back(c);
+      }
+    }
+  }
+
+  // Called once the ops are planned (`ops` is the loader's list; each tensor's ops are
+  // contiguous and in file order).
+  void Planned(const std::vector<ReadOp>& ops) {
+    part_crc_.assign(ops.size(), 0);
+    first_op_.assign(plan_.tensors.size(), ops.size());
+    op_count_.assign(plan_.tensors.size(), 0);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (first_op_[ops[k].tensor] == ops.size()) first_op_[ops[k].tensor] = k;
+      ++op_count_[ops[k].tensor];
+    }
+  }
+
+  // On the thread that completed op k (its bytes are in place). Thread-safe across ops.
+  void Landed(size_t k, const ReadOp& op) {
+    if (check_of_tensor_[op.tensor] >= 0) part_crc_[k] = Crc32(op.dst, op.length);
+  }
+
+  // After every read: joins the parts, reads the other ranges again, and returns Corrupt
+  // naming the first member whose CRC-32 differs.
+  Status Finish(const std::vector<SourceFile>& files, const std::vector<ReadOp>& ops) const {
+    for (size_t i = 0; i < check_of_tensor_.size(); ++i) {
+      if (check_of_tensor_[i] < 0) continue;
+      uint32_t crc = 0;
+      for (size_t k = first_op_[i]; k < first_op_[i] + op_count_[i] && k < ops.size(); ++k) {
+        crc = Crc32Combine(crc, part_crc_[k], ops[k].length);
+      }
+      CKPT_RETURN_IF_ERROR(Compare(files, plan_.crc_checks[check_of_tensor_[i]], crc));
+    }
+    std::vector<std::byte> buf;
+    for (size_t c : reread_) {
+      const format::CrcCheck& check = plan_.crc_checks[c];
+      const SourceFile& f = files[check.file_index];
+      buf.resize(std::min<uint64_t>(check.size, 16ull << 20));
+      uint32_t crc = 0;
+      for (uint64_t at = 0; at < check.size;) {
+        const uint64_t n = std::min<uint64_t>(buf.size(), check.size - at);
+        CKPT_RETURN_IF_ERROR(PreadFull(f.buffered_fd(), buf.data(), n, check.offset + at, f.path));
+        crc = Crc32(buf.data(), n, crc);
+        at += n;
+      }
+      CKPT_RETURN_IF_ERROR(Compare(files, check, crc));
+    }
+    return Status::Ok();
+  }
+
+  bool any() const { return !plan_.crc_checks.empty(); }
+
+ private:
+  static Status Compare(const std::vector<SourceFile>& files, const format::CrcCheck& check, uint32_t crc) {
+    if (crc == check.crc32) return Status::Ok();
+    return Corrupt(format::CrcMismatch(files[check.file_index].path, check.member, crc, check.crc32));
+  }
+
+  const format::LoadPlan& plan_;
+  std::vector<int64_t> check_of_tensor_;  // index into plan.crc_checks, -1: none
+  std::vector<size_t> reread_;            // checks not covered by one tensor's reads
+  std::vector<uint32_t> part_crc_;        // per op
+  std::vector<size_t> first_op_, op_count_;
+};
 
 }  // namespace
 
@@ -129,6 +216,9 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     if (ops.size() == before) checksums[i] = shm::Checksum(writer->tensor_data(i), 0);
   }
 
+  CrcChecks crc_checks(plan);
+  crc_checks.Planned(ops);
+
   CKPT_ASSIGN_OR_RETURN(const uint64_t total, plan.StoredBytes());
   std::atomic<uint64_t> done{0};
   auto report = [&] {
@@ -141,6 +231,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
         // Tests stop the load here, with bytes read and more to read (common/pause_point.h).
         if (!first_landed.exchange(true)) PausePoint("load-mid-read");
         const ReadOp& op = ops[i];
+        crc_checks.Landed(i, op);
         // The thread that lands a tensor's last bytes checksums it while other reads go on.
         if (remaining[op.tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) {
           checksums[op.tensor] = shm::Checksum(writer->tensor_data(op.tensor), plan.tensors[op.tensor].nbytes);
@@ -168,6 +259,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     if (plan.tensors[i].alias_of >= 0) checksums[i] = checksums[plan.tensors[i].alias_of];
   }
   report();
+  if (crc_checks.any()) CKPT_RETURN_IF_ERROR(with_change(crc_checks.Finish(files, ops)));
   CKPT_RETURN_IF_ERROR(unchanged());
   // Every page allocated before the segment is published: a client never faults on a hole.
   CKPT_RETURN_IF_ERROR(writer->Populate(options.threads));

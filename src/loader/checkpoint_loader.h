@@ -1,7 +1,8 @@
 // Loads the tensors a LoadPlan describes into a new shared-memory segment and publishes
 // it: parallel reads into the mapping (O_DIRECT where the file system allows it, see
 // read_op.h; pread threads or io_uring, see file_reader.h), a checksum per tensor computed
-// by the thread that completes the tensor's last read, then the complete flag. On any
+// by the thread that completes the tensor's last read, the plan's CRC-32 checks (zip
+// members) computed by the thread that completes each read, then the complete flag. On any
 // error or cancellation the segment is removed and nothing is visible.
 #pragma once
 
@@ -65,7 +66,8 @@ struct LoadedSegment {
 // reopened), and after the last read every file's identity is checked again (OpenedFile::
 // CheckUnchanged): a file that changed meanwhile fails the load with FailedPrecondition
 // "file X changed while it was being loaded" and nothing is published. Errors: those of
-// the files (IoError, Corrupt if a file is shorter than the plan says), of the segment
+// the files (IoError, Corrupt if a file is shorter than the plan says or a zip member's
+// bytes disagree with its CRC-32, naming the member), of the segment
 // (AlreadyExists, ResourceExhausted), InvalidArgument from ValidatePlan, FailedPrecondition
 // if cancelled or a file changed.
 Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::SegmentSpec spec,

@@ -550,6 +550,7 @@ Status Decode(const json& j, ClosingEvent* m) {
 namespace {
 constexpr size_t kMaxWritePieces = 1u << 20;
 constexpr size_t kMaxChunkItems = 1u << 16;
+static_assert(kWriteChunkItemsPerFrame <= kMaxChunkItems);
 
 json EncodePiece(const WritePiece& p) {
   json j{{"key", p.key}, {"dtype", DTypeName(p.dtype)}, {"global_shape", p.global_shape}};

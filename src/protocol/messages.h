@@ -224,6 +224,10 @@ struct WriteChunkItem {
   uint64_t ring_offset = 0;
   uint64_t bytes = 0;
 };
+// Items a client puts in one write_chunk frame: each is at most about 70 bytes of JSON,
+// so a frame stays under kMaxRequestBytes however small the pieces (many small tensors
+// fill one ring slot with more items than that: the client sends the slot in parts).
+inline constexpr size_t kWriteChunkItemsPerFrame = 8192;
 struct WriteChunkRequest {
   static constexpr const char* kOp = "write_chunk";
   uint64_t slot = 0;  // echoed by the ack: the ring region the client may reuse then

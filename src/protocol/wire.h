@@ -21,6 +21,9 @@ namespace ckpt::protocol {
 
 inline constexpr int kProtocolVersion = 1;
 inline constexpr uint32_t kMaxRequestBytes = 1u << 20;     // what the daemon accepts
+// What the daemon accepts from a writer or an admin: a write's declaration lists every
+// piece (about 80 bytes each plus the name): 100 000 tensors need about 10 MiB.
+inline constexpr uint32_t kMaxWriterRequestBytes = 64u << 20;
 inline constexpr uint32_t kMaxResponseBytes = 256u << 20;  // what clients accept
 
 // A point in time by which a whole frame must have been read or written.

@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/side_file_name.h"
+
 namespace ckpt::shm {
 
 inline constexpr char kSegmentMagic[8] = {'C', 'K', 'P', 'T', 'S', 'E', 'G', '1'};
@@ -92,7 +94,7 @@ enum class SideFileKind : uint32_t {
 };
 inline constexpr char kMetadataName[] = "__metadata__";
 inline constexpr uint32_t kMaxSideFiles = 64;
-inline constexpr uint32_t kMaxSideNameBytes = 255;
+inline constexpr uint32_t kMaxSideNameBytes = kMaxSideFileNameBytes;  // common/side_file_name.h
 
 struct SideFileEntry {
   uint64_t name_offset;  // from side_offset

@@ -341,6 +341,44 @@ TEST(TpPlanTest, BuiltInConventionsConfigsAndErrors) {
   EXPECT_NE(none.status().message().find("none of its rules matches any tensor"), std::string::npos);
 }
 
+// A malformed config.json is an InvalidArgument naming the cause, never a crash or an
+// exception: nesting far deeper than any recursion survives (as a field's value, where an
+// error message used to dump it, and as the document), bytes that are not UTF-8, numbers
+// too large for any type, wrong types.
+TEST(TpPlanTest, MalformedConfigsAreTypedErrorsNotCrashes) {
+  const size_t depth = 300000;
+  const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+  struct Case {
+    std::string config;
+    const char* expected;
+  } cases[] = {
+      {R"({"model_type": "llama", "num_attention_heads": )" + deep + "}", "'num_attention_heads' must be a positive integer, got an array"},
+      {R"({"model_type": "llama", "tie_word_embeddings": {"a": )" + deep + "}}", "must be true or false, got an object"},
+      {deep, "config must be a JSON object"},
+      {std::string(depth, '{'), "not valid JSON"},
+      {"{\"model_type\": \"llama\xff\xfe\"}", "not valid JSON"},
+      {"\xef\xbb\xbf\xc3\x28{}", "not valid JSON"},
+      {R"({"model_type": "llama", "num_attention_heads": 1e400})", "number overflow"},
+      {R"({"model_type": "llama", "num_attention_heads": 18446744073709551615})", "must be a positive integer"},
+      {R"({"model_type": "llama", "num_attention_heads": 1000000000000000000000000000000})", "must be a positive integer"},
+      {R"({"model_type": "llama", "hidden_size": -4096})", "'hidden_size' must be a positive integer"},
+      {R"({"model_type": ["llama"]})", "'model_type' must be a string"},
+      {R"({"architectures": "LlamaForCausalLM"})", "'architectures' must be a list of strings"},
+      {R"({"model_type": "llama", "num_attention_heads": ")" + std::string(1000, 'x') + "\"}", "must be a positive integer"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.config.substr(0, 60));
+    auto plan = TpPlan::ForConfig(c.config);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find(c.expected), std::string::npos) << plan.status().ToString();
+    EXPECT_LT(plan.status().message().size(), 600u) << "an error message bounded whatever the config holds";
+  }
+  auto deep_rule = TpPlan::FromJson(R"({"rules": [{"pattern": "x", "rule": )" + deep + "}]}");
+  ASSERT_FALSE(deep_rule.ok());
+  EXPECT_LT(deep_rule.status().message().size(), 600u);
+}
+
 TEST(TpPlanTest, PlanFileErrorsNameTheEntry) {
   for (const char* bad : {
            R"J({"rules": [{"pattern": "(", "rule": "column"}]})J",

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ckpt/client.h"
+#include "ckpt/writer.h"
 #include "common/io.h"
 #include "protocol/wire.h"
 #include "shm/shm_object.h"
@@ -131,6 +132,87 @@ TEST_F(BadInputTest, BadRequestsGetErrors) {
   CommandResult no_daemon = testing::RunCommand({CKPTCTL_BIN, "--socket", other.File("none.sock"), "list"});
   EXPECT_EQ(no_daemon.exit_code, 1);
   EXPECT_NE(no_daemon.err.find("is the daemon running"), std::string::npos) << no_daemon.err;
+}
+
+// A name begins with a letter or digit: '-rf' (an option to any tool it is passed on to),
+// '_x', '.x' are refused by load and by the write path; a file named '-rf.safetensors'
+// loaded without --name gets the default name 'rf'.
+TEST_F(BadInputTest, NamesMustBeginWithALetterOrDigit) {
+  for (const std::string bad : {"-rf", "--help", "_x", ".x", "-", "_"}) {
+    SCOPED_TRACE(bad);
+    CommandResult r = daemon_.Ctl({"load", files_.File("good.safetensors"), "--name=" + bad});
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.err.find("begin with a letter or digit"), std::string::npos) << r.err;
+    auto w = Writer::Create(daemon_.socket(), bad, WriterOptions{});
+    ASSERT_TRUE(w.ok()) << w.status().message();
+    std::vector<float> data(4, 1.0f);
+    ASSERT_TRUE((*w)->Add("t", DType::kF32, {4}, data.data()).ok());
+    auto committed = (*w)->Commit();
+    EXPECT_EQ(committed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(committed.status().message().find("begin with a letter or digit"), std::string::npos)
+        << committed.status().message();
+    ExpectDaemonIntact();
+  }
+  const std::string dash = files_.File("-rf.safetensors");
+  WriteFile(dash, ReadFile(files_.File("good.safetensors")));
+  CommandResult r = daemon_.Ctl({"load", "--", dash});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto loaded = client_->List();
+  ASSERT_TRUE(loaded.ok());
+  std::vector<std::string> names;
+  for (const auto& c : *loaded) names.push_back(c.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"good", "rf"}));
+}
+
+// Side-file names are checked at publish with persist's rule (common/side_file_name.h):
+// a name persist would write over the tensors' own files, a fake shard, an index, a path,
+// escape or newline bytes, an option-like or hidden name are refused by the client's
+// Writer and, sent raw, by the daemon; nothing is published and the daemon keeps serving.
+TEST_F(BadInputTest, SideFileNamesAreCheckedAtPublishWithPersistsRule) {
+  const std::vector<std::string> bad = {"model.safetensors",
+                                        "model.safetensors.index.json",
+                                        "model-00001-of-00002.safetensors",
+                                        "pytorch_model.bin",
+                                        "weights.pt",
+                                        "tokenizer.index.json",
+                                        "notes\n.txt",
+                                        "\x1b[31mred.json",
+                                        std::string("nul\0.json", 9),
+                                        "a/b.json",
+                                        "../up.json",
+                                        ".hidden",
+                                        "-rf",
+                                        "",
+                                        std::string(256, 'a')};
+  for (const std::string& name : bad) {
+    SCOPED_TRACE(::testing::PrintToString(name));
+    auto w = Writer::Create(daemon_.socket(), "sides", WriterOptions{});
+    ASSERT_TRUE(w.ok());
+    Status added = (*w)->AddSideFile(name, "{}");
+    EXPECT_EQ(added.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(added.message().find("side file name"), std::string::npos) << added.message();
+    // The same name sent to the daemon without the client's check.
+    auto fd = protocol::ConnectUnix(daemon_.socket());
+    ASSERT_TRUE(fd.ok());
+    json request = {{"v", 1},        {"op", "write"},     {"name", "sides"},
+                    {"pieces", json::array()},
+                    {"side_files", json::array({json{{"name", name}, {"data", "7b7d"}}})}};
+    ASSERT_TRUE(protocol::WriteFrame(fd->get(), request).ok());
+    auto reply = protocol::ReadFrame(fd->get(), protocol::kMaxResponseBytes);
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    EXPECT_NE(reply->dump().find("side file name"), std::string::npos) << reply->dump();
+    ExpectDaemonIntact();
+  }
+  // A name the rule allows is published and persisted beside the tensors.
+  auto w = Writer::Create(daemon_.socket(), "sides", WriterOptions{});
+  ASSERT_TRUE(w.ok());
+  std::vector<float> data(4, 2.0f);
+  ASSERT_TRUE((*w)->Add("t", DType::kF32, {4}, data.data()).ok());
+  ASSERT_TRUE((*w)->AddSideFile("dcp.metadata.json", "{}").ok());
+  ASSERT_TRUE((*w)->Commit().ok());
+  CommandResult persisted = daemon_.Ctl({"persist", "sides", files_.File("sides-out")});
+  EXPECT_EQ(persisted.exit_code, 0) << persisted.err;
+  EXPECT_EQ(ReadFile(files_.File("sides-out") + "/dcp.metadata.json"), "{}");
 }
 
 TEST_F(BadInputTest, MalformedProtocolTrafficIsAnsweredOrDropped) {

@@ -104,6 +104,22 @@ class PersistTest(unittest.TestCase):
         with self.assertRaises(ckpt.FailedPrecondition):
             self.client.persist("pub", out, replace=True, generation=int(summary["generation"]))
 
+    def test_side_file_names_persist_cannot_write_are_refused_at_publish(self):
+        # Before: publish took these and persist then wrote an index of its own, fake
+        # shards and names with escape or newline bytes beside the tensors.
+        sd = {"a": torch.ones(3)}
+        for name in ("model.safetensors.index.json", "model-00001-of-00009.safetensors", "pytorch_model.bin",
+                     "evil\n.json", "\x1b]0;title\x07.json", "-rf", ".env", "sub/dir.json"):
+            with self.subTest(name=name):
+                with self.assertRaises(ckpt.InvalidArgument) as cm:
+                    self.client.publish("sides", sd, side_files={name: b"{}"})
+                self.assertIn("side file name", str(cm.exception))
+                self.assertNotIn("sides", [s["name"] for s in self.client.list()])
+        self.client.publish("sides", sd, side_files={"tokenizer.model": b"x", "special_tokens_map.json": b"{}"})
+        out = os.path.join(self.tmp.name, "sides-out")
+        self.client.persist("sides", out)
+        self.assertEqual(sorted(os.listdir(out)), ["model.safetensors", "special_tokens_map.json", "tokenizer.model"])
+
     def test_an_exception_from_progress_cancels_and_leaves_the_old_folder(self):
         out = os.path.join(self.tmp.name, "out")
         self.client.persist("m", out)

@@ -188,6 +188,54 @@ class PlanFamiliesTest(unittest.TestCase):
         with self.assertRaisesRegex(ckpt.InvalidArgument, "unknown convention 'deepspeed'"):
             c.state_dict(0, 2, "llama", convention="deepspeed")
 
+    def test_malformed_config_json_is_a_typed_error(self):
+        # Folders whose config.json is hostile: the daemon keeps the bytes; plan="auto",
+        # Checkpoint.config and load_model's config path raise ckpt errors naming the cause
+        # (they raised RecursionError / UnicodeDecodeError / TypeError before).
+        deep = "[" * 100000 + "]" * 100000
+        cases = {
+            "bad-utf8": (b'{"model_type": "llama\xff"}', "not UTF-8"),
+            "deep": (('{"model_type": "llama", "num_attention_heads": ' + deep + "}").encode(), "nested too deeply"),
+            "deep-doc": (deep.encode(), "nested too deeply"),
+            "list": (b'["llama"]', "not an object"),
+            "not-json": (b'{"model_type": "llama",', "not valid JSON"),
+            "huge-int": (b'{"model_type": "llama", "num_attention_heads": ' + b"9" * 5000 + b"}", "not valid JSON"),
+        }
+        for tag, (raw, needle) in cases.items():
+            with self.subTest(tag):
+                d = os.path.join(self.tmp.name, "cfg-" + tag)
+                os.makedirs(d)
+                shutil.copy(os.path.join(self.tmp.name, "llama", "model.safetensors"), d)
+                with open(os.path.join(d, "config.json"), "wb") as f:
+                    f.write(raw)
+                self.client.load(os.path.join(d, "model.safetensors"), "cfg-" + tag)
+                c = self.client.attach("cfg-" + tag)
+                with self.assertRaises(ckpt.Corrupt) as cm:
+                    c.config
+                self.assertIn(needle, str(cm.exception))
+                self.assertIn("cfg-" + tag, str(cm.exception))
+                with self.assertRaises(ckpt.Corrupt):
+                    c.state_dict(0, 2, "auto")
+                with self.assertRaises(ckpt.InvalidArgument) as cm:
+                    ckpt.plans.for_config(raw)
+                self.assertIn(needle, str(cm.exception))
+        # Given as config=: wrong types, huge numbers and nesting are typed errors too.
+        c = self.client.attach("llama")
+        cfg = self.config("llama")
+        nested = {}
+        for _ in range(5000):
+            nested = {"a": nested}
+        for bad, needle in ((dict(cfg, num_attention_heads=10 ** 30), "must be a positive integer"),
+                            (dict(cfg, num_attention_heads=float("inf")), "cannot be passed to the plan engine"),
+                            (dict(cfg, num_attention_heads=[[[4]]]), "got an array"),
+                            (dict(cfg, model_type=["llama"]), "'model_type' must be a string"),
+                            (dict(cfg, extra=nested), "nested too deeply"),
+                            (dict(cfg, extra=object()), "cannot be passed to the plan engine")):
+            with self.assertRaises(ckpt.InvalidArgument) as cm:
+                c.state_dict(0, 2, "auto", config=bad)
+            self.assertIn(needle, str(cm.exception))
+        self.assertEqual(len(c.state_dict(0, 2, "auto")), len(c.state_dict(0, 2, "auto", config=cfg)))  # serving
+
     def test_a_family_plan_that_matches_nothing_is_an_error_not_a_replica(self):
         c = self.client.attach("gpt2")
         with self.assertRaisesRegex(ckpt.InvalidArgument, r"the llama plan needs .*q_proj.*another family.*built-in "
