@@ -118,12 +118,11 @@ Result<CheckpointInfo> Info(const DaemonContext& ctx, const protocol::NameReques
   info.checkpoint = SummaryOf(entry);
   if (entry.tensors) info.tensors = *entry.tensors;
   // The side files are in the segment only (the catalog keeps none): read its index.
-  if (entry.fd) {
-    CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(entry.fd->get(), entry.shm_name));
-    for (const std::string& side : segment->side_file_names()) {
-      CKPT_ASSIGN_OR_RETURN(std::string_view bytes, segment->SideFile(side));
-      info.side_files.push_back(SideFileInfo{side, bytes.size()});
-    }
+  CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenSegment(ctx, entry));
+  CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(fd.get(), entry.shm_name));
+  for (const std::string& side : segment->side_file_names()) {
+    CKPT_ASSIGN_OR_RETURN(std::string_view bytes, segment->SideFile(side));
+    info.side_files.push_back(SideFileInfo{side, bytes.size()});
   }
   return info;
 }
