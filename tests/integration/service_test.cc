@@ -198,7 +198,8 @@ TEST_F(ServiceTest, ABudgetAboveShmAndMemoryIsAWarningAtStart) {
   DaemonProcess daemon({"--memory-budget", "64T"});
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
   const std::string log = ReadFile(daemon.log_path());
-  EXPECT_NE(log.find("memory-budget 64.00 TiB (70368744177664 bytes) is larger than /dev/shm, "), std::string::npos)
+  EXPECT_NE(log.find("memory-budget 64.00 TiB (70368744177664 bytes) is larger than " + daemon.segment_dir() + ", "),
+            std::string::npos)
       << log;
   EXPECT_NE(log.find("larger than this node's physical memory"), std::string::npos) << log;
   // A budget that fits says nothing.

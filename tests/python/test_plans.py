@@ -108,7 +108,7 @@ class PlanFamiliesTest(unittest.TestCase):
             f.write("{not json")
         with self.assertRaisesRegex(ckpt.InvalidArgument, "the model config .*broken.json is not valid JSON"):
             bare.resolve(1, 2, "auto", config=broken)
-        with self.assertRaisesRegex(ckpt.InvalidArgument, "is JSON list, not an object"):
+        with self.assertRaisesRegex(ckpt.InvalidArgument, "is a JSON list, not an object"):
             ckpt.plans.config_dict(b"[1, 2]")
 
     def test_options_fuse_and_expert_parallel(self):
