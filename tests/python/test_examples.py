@@ -5,6 +5,7 @@ rank and world taken from torchrun's environment. Each example checks its own re
 Run by ctest (tests/CMakeLists.txt sets CKPTD_BIN, CKPT_TOOLS_DIR, PYTHONPATH)."""
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,13 @@ class ExamplesTest(unittest.TestCase):
         # --redirects 1 --tee 1: torch 1.13's torchrun under Python 3.11 (Debian 12) fails
         # with its defaults (AttributeError: 'NoneType' object has no attribute 'get': its
         # Std flag lookup finds no member for 0); these keep stdout on the console.
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+        # A rendezvous on a free port, not --standalone's fixed 29400: another torchrun on the
+        # machine (a second checkout's suite) must not meet this one.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+               "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", f"examples-{os.getpid()}",
                "--redirects", "1", "--tee", "1",
                os.path.join(EXAMPLES, script), "--name", "demo", *args]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
