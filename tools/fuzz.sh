@@ -14,8 +14,7 @@ seconds=${FUZZ_SECONDS:-28}
 targets=(safetensors_header unpickler zip_reader pytorch_zip segment_layout)
 
 "$root/tools/install-deps.sh"
-launcher=()
-command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+source "$root/tools/ccache_launcher.sh"
 CC=clang-14 CXX=clang++-14 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCKPT_FUZZ=ON -DCKPT_BUILD_TESTS=OFF "${launcher[@]}" >/dev/null
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]/#/fuzz_}"
