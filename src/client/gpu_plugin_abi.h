@@ -57,7 +57,7 @@ struct GpuPluginV1 {
   Result<std::unique_ptr<GpuLoader>> (*create_loader)(TensorSource source, int device,
                                                       const GpuLoadOptions& options) = nullptr;
   // The NCCL entries are null when the plugin was built without NCCL's header. Each
-  // loads libnccl.so.2 first (client/gpu_plugin_nccl.cc) and fails with Unsupported
+  // loads libnccl.so.2 first (gpu_plugin/nccl_loader.cc) and fails with Unsupported
   // naming it when it is missing or too old.
   Status (*nccl_check_membership)(int rank, int size, int device, const NcclGroupOptions& options) = nullptr;
   Result<std::string> (*nccl_new_unique_id)() = nullptr;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ckpt/collective.h"
-#include "client/collective_plan.h"
+#include "plan/collective_plan.h"
 
 namespace ckpt::cuda {
 

@@ -6,7 +6,7 @@
 
 #include "client/gpu_plugin_abi.h"
 #ifdef CKPT_PLUGIN_NCCL
-#include "client/gpu_plugin_nccl.h"
+#include "gpu_plugin/nccl_loader.h"
 #include "cuda/nccl_group.h"
 #endif
 
