@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/output_layout.h"
 #include "plan/tp_families.h"
 #include "common/regex.h"
 
@@ -530,270 +531,240 @@ Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector
   return p;
 }
 
-// The layout of one piece: its spec applied to its row range of `info`.
-Result<ShardLayout> PieceLayout(const ShardPiece& piece, const TensorInfo& info) {
-  if (piece.row_count < 0 && piece.row_begin == 0) return PlanShard(info.dtype, info.shape, piece.spec);
-  if (info.shape.empty() || piece.row_begin < 0 || piece.row_count < 0 ||
-      piece.row_begin > info.shape[0] || piece.row_count > info.shape[0] - piece.row_begin)
-    return InvalidArgument("rows [" + std::to_string(piece.row_begin) + ", +" + std::to_string(piece.row_count) +
-                           ") are outside the tensor");
-  std::vector<int64_t> shape = info.shape;
-  shape[0] = piece.row_count;
-  CKPT_ASSIGN_OR_RETURN(ShardLayout layout, PlanShard(info.dtype, shape, piece.spec));
-  const uint64_t row_bytes = info.shape[0] == 0 ? 0 : info.nbytes / static_cast<uint64_t>(info.shape[0]);
-  const uint64_t offset = static_cast<uint64_t>(piece.row_begin) * row_bytes;
-  for (CopyRegion& r : layout.regions) r.src_offset += offset;
-  return layout;
-}
-
 }  // namespace
 
-namespace {
-template <typename Lookup>
-Result<OutputLayout> PlanOutputWith(const ShardOutput& output, const Lookup& lookup);
-}  // namespace
-
-Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const {
-  if (world < 1 || rank < 0 || rank >= world)
-    return InvalidArgument("rank " + std::to_string(rank) + " out of range for world " + std::to_string(world));
-  if (max_world_ > 0 && world > max_world_)
-    return InvalidArgument("this plan is for world <= " + std::to_string(max_world_) + ", not " + std::to_string(world) +
-                           (max_world_why_.empty() ? std::string() : ": " + max_world_why_));
-  const std::string known =
-      " (built-in families: " + FamilyList() +
-      "; or a plan file: {\"rules\": [{\"pattern\": regex, \"rule\": name}, ...]}, docs/tp-plans.md)";
-  for (const auto& req : requirements_) {
-    int64_t n = 0;
-    for (const TensorInfo& t : tensors) {
-      CKPT_ASSIGN_OR_RETURN(auto m, req->pattern.Search(t.name));
-      if (!m.empty()) ++n;
-    }
-    if (n < req->count) {
-      std::string msg = (family_.empty() ? std::string("plan") : "the " + family_ + " plan") + " needs " +
-                        std::to_string(req->count) + " " + req->what + " (/" + req->pattern.text() + "/), the checkpoint has " +
-                        std::to_string(n);
-      if (n == 0) msg += ": is this checkpoint of another family?" + known;
-      else msg += " (missing tensors, or a config that disagrees with them)";
-      return InvalidArgument(msg);
-    }
-  }
-  // Entries whose if_absent pattern matches some tensor are off.
-  std::vector<bool> active(entries_.size(), true);
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    if (!entries_[i]->if_absent) continue;
-    for (const TensorInfo& t : tensors) {
-      CKPT_ASSIGN_OR_RETURN(auto m, entries_[i]->if_absent->Search(t.name));
-      if (!m.empty()) {
-        active[i] = false;
-        break;
-      }
-    }
+// One Resolve call, in named steps: check the world and the plan's requirements, switch off
+// the entries whose if_absent matches, place every tensor into its output (fused outputs
+// collect their pieces with sort keys), check some rule matched, order the fused pieces and
+// view stacked outputs, and check that every output's pieces fit together.
+class TpPlan::Resolution {
+ public:
+  Resolution(const TpPlan& plan, const std::vector<TensorInfo>& tensors, int rank, int world)
+      : plan_(plan), tensors_(tensors), rank_(rank), world_(world) {
+    for (const TensorInfo& t : tensors_) names_.emplace(t.name, &t);
   }
 
-  std::vector<ShardOutput> outputs;
-  std::unordered_map<std::string, size_t> by_name;
+  Result<std::vector<ShardOutput>> Run() {
+    CKPT_RETURN_IF_ERROR(CheckWorld());
+    CKPT_RETURN_IF_ERROR(CheckRequirements());
+    CKPT_RETURN_IF_ERROR(FindActiveEntries());
+    for (const TensorInfo& t : tensors_) CKPT_RETURN_IF_ERROR(AddTensor(t));
+    CKPT_RETURN_IF_ERROR(CheckSomeRuleMatched());
+    CKPT_RETURN_IF_ERROR(OrderAndStackFused());
+    CKPT_RETURN_IF_ERROR(CheckOutputsFit());
+    return std::move(outputs_);
+  }
+
+ private:
+  // A fused output's pieces, each with its sort key, and the stack group's values.
   struct Fused {
     const Entry* entry = nullptr;
     std::vector<std::pair<std::vector<KeyPart>, size_t>> keys;  // per piece
     std::set<std::string> stack_values;
   };
-  std::unordered_map<std::string, Fused> fused;
-  std::unordered_map<std::string, const TensorInfo*> names;  // every source, by name
-  for (const TensorInfo& t : tensors) names.emplace(t.name, &t);
-  auto lookup = [&](const std::string& name) -> const TensorInfo* {
-    auto it = names.find(name);
-    return it == names.end() ? nullptr : it->second;
+  // The first active entry whose pattern a tensor's name matches (null: the default), and
+  // its capture groups.
+  struct Match {
+    const Entry* entry = nullptr;
+    std::vector<std::string> groups;
   };
-  bool any_rule_matched = false;
 
-  for (const TensorInfo& t : tensors) {
-    const Entry* match = nullptr;
-    std::vector<std::string> m;
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      if (!active[i]) continue;
-      auto found = entries_[i]->pattern.Search(t.name);
-      if (!found.ok()) return found.status().WithContext("tensor '" + t.name + "'");
-      if (!found->empty()) {
-        match = entries_[i].get();
-        m = std::move(*found);
-        break;
+  // The built-in families and the plan file format, for messages that suspect a wrong plan.
+  static std::string Known() {
+    return " (built-in families: " + FamilyList() +
+           "; or a plan file: {\"rules\": [{\"pattern\": regex, \"rule\": name}, ...]}, docs/tp-plans.md)";
+  }
+  std::string PlanName(const char* unnamed) const {
+    return plan_.family_.empty() ? std::string(unnamed) : "the " + plan_.family_ + " plan";
+  }
+  // The source tensors by name, for PlanOutputWith.
+  TensorLookup Lookup() const {
+    return [this](const std::string& name) -> const TensorInfo* {
+      auto it = names_.find(name);
+      return it == names_.end() ? nullptr : it->second;
+    };
+  }
+
+  Status CheckWorld() const {
+    if (world_ < 1 || rank_ < 0 || rank_ >= world_)
+      return InvalidArgument("rank " + std::to_string(rank_) + " out of range for world " + std::to_string(world_));
+    if (plan_.max_world_ > 0 && world_ > plan_.max_world_)
+      return InvalidArgument("this plan is for world <= " + std::to_string(plan_.max_world_) + ", not " +
+                             std::to_string(world_) +
+                             (plan_.max_world_why_.empty() ? std::string() : ": " + plan_.max_world_why_));
+    return Status::Ok();
+  }
+
+  Status CheckRequirements() const {
+    for (const auto& req : plan_.requirements_) {
+      int64_t n = 0;
+      for (const TensorInfo& t : tensors_) {
+        CKPT_ASSIGN_OR_RETURN(auto m, req->pattern.Search(t.name));
+        if (!m.empty()) ++n;
+      }
+      if (n >= req->count) continue;
+      std::string msg = PlanName("plan") + " needs " + std::to_string(req->count) + " " + req->what + " (/" +
+                        req->pattern.text() + "/), the checkpoint has " + std::to_string(n);
+      if (n == 0) msg += ": is this checkpoint of another family?" + Known();
+      else msg += " (missing tensors, or a config that disagrees with them)";
+      return InvalidArgument(msg);
+    }
+    return Status::Ok();
+  }
+
+  // Entries whose if_absent pattern matches some tensor are off.
+  Status FindActiveEntries() {
+    active_.assign(plan_.entries_.size(), true);
+    for (size_t i = 0; i < plan_.entries_.size(); ++i) {
+      if (!plan_.entries_[i]->if_absent) continue;
+      for (const TensorInfo& t : tensors_) {
+        CKPT_ASSIGN_OR_RETURN(auto m, plan_.entries_[i]->if_absent->Search(t.name));
+        if (!m.empty()) {
+          active_[i] = false;
+          break;
+        }
       }
     }
-    if (match) any_rule_matched = true;
-    const Entry& e = match ? *match : *default_;
-    const std::string where = "tensor '" + t.name + "'" + (match ? " (rule /" + match->pattern_text + "/)" : "");
-    auto placed = Place(t, e.rule, m, rank, world);
+    return Status::Ok();
+  }
+
+  Result<Match> MatchTensor(const TensorInfo& t) const {
+    for (size_t i = 0; i < plan_.entries_.size(); ++i) {
+      if (!active_[i]) continue;
+      auto found = plan_.entries_[i]->pattern.Search(t.name);
+      if (!found.ok()) return found.status().WithContext("tensor '" + t.name + "'");
+      if (!found->empty()) return Match{plan_.entries_[i].get(), std::move(*found)};
+    }
+    return Match{};
+  }
+
+  // The sort key of a fused piece: its fuse_keys groups, then the tensor's name.
+  static std::vector<KeyPart> FuseKey(const Entry& e, const std::vector<std::string>& groups, const std::string& name) {
+    std::vector<KeyPart> key;
+    for (int g : e.fuse_keys) {
+      const std::string& v = groups[g];
+      auto pos = std::find(e.fuse_order.begin(), e.fuse_order.end(), v);
+      if (pos != e.fuse_order.end()) key.emplace_back(0, pos - e.fuse_order.begin(), "");
+      else if (AllDigits(v)) key.emplace_back(1, std::stoull(v), "");
+      else key.emplace_back(2, 0, v);
+    }
+    key.emplace_back(3, 0, name);
+    return key;
+  }
+
+  // Places `t` by its rule and adds its pieces to its output (made when it is the first).
+  Status AddTensor(const TensorInfo& t) {
+    CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(t));
+    const Entry* m = match.entry;
+    if (m) any_rule_matched_ = true;
+    const Entry& e = m ? *m : *plan_.default_;
+    const std::string where = "tensor '" + t.name + "'" + (m ? " (rule /" + m->pattern_text + "/)" : "");
+    auto placed = Place(t, e.rule, match.groups, rank_, world_);
     if (!placed.ok()) return placed.status().WithContext(where);
-    if (!placed->owned) continue;
+    if (!placed->owned) return Status::Ok();
     for (const ShardPiece& piece : placed->pieces) {
       auto layout = PieceLayout(piece, t);
       if (!layout.ok()) return layout.status().WithContext(where);
     }
     std::string out_name = t.name;
-    const bool fuse = match && !match->fuse_into.empty();
+    const bool fuse = m && !m->fuse_into.empty();
     if (fuse) {
-      auto expanded = match->pattern.Substitute(t.name, match->fuse_into);
+      auto expanded = m->pattern.Substitute(t.name, m->fuse_into);
       if (!expanded.ok()) return expanded.status().WithContext(where);
       out_name = std::move(*expanded);
     }
-    auto it = by_name.find(out_name);
-    if (it == by_name.end()) {
-      if (fuse && names.count(out_name))
+    auto it = by_name_.find(out_name);
+    if (it == by_name_.end()) {
+      if (fuse && names_.count(out_name))
         return InvalidArgument(where + ": fused output name '" + out_name + "' is also a tensor of the checkpoint");
-      it = by_name.emplace(out_name, outputs.size()).first;
+      it = by_name_.emplace(out_name, outputs_.size()).first;
       ShardOutput out;
       out.name = out_name;
-      out.transpose = match && match->transpose;
-      outputs.push_back(std::move(out));
-    } else if (!fuse || !fused.count(out_name)) {
+      out.transpose = m && m->transpose;
+      outputs_.push_back(std::move(out));
+    } else if (!fuse || !fused_.count(out_name)) {
       return InvalidArgument(where + ": output name '" + out_name + "' is already taken");
     }
-    ShardOutput& out = outputs[it->second];
-    if (fuse) {
-      Fused& f = fused[out_name];
-      if (!f.entry) f.entry = match;
-      std::vector<KeyPart> key;
-      for (int g : match->fuse_keys) {
-        const std::string& v = m[g];
-        auto pos = std::find(match->fuse_order.begin(), match->fuse_order.end(), v);
-        if (pos != match->fuse_order.end()) key.emplace_back(0, pos - match->fuse_order.begin(), "");
-        else if (AllDigits(v)) key.emplace_back(1, std::stoull(v), "");
-        else key.emplace_back(2, 0, v);
-      }
-      key.emplace_back(3, 0, t.name);
-      if (match->stack) f.stack_values.insert(m[match->stack]);
-      for (const ShardPiece& piece : placed->pieces) {
-        f.keys.push_back({key, out.pieces.size()});
-        out.pieces.push_back(piece);
-      }
-    } else {
+    ShardOutput& out = outputs_[it->second];
+    if (!fuse) {
       for (const ShardPiece& piece : placed->pieces) out.pieces.push_back(piece);
+      return Status::Ok();
     }
-  }
-  if (!entries_.empty() && !any_rule_matched && !tensors.empty()) {
-    return InvalidArgument((family_.empty() ? std::string("the plan") : "the " + family_ + " plan") +
-                           ": none of its rules matches any tensor of the checkpoint (first: '" + tensors[0].name +
-                           "'), so every tensor would be a full replica" + known);
-  }
-  // Order fused pieces, then view stacked outputs.
-  for (auto& [name, f] : fused) {
-    ShardOutput& out = outputs[by_name[name]];
-    std::stable_sort(f.keys.begin(), f.keys.end(),
-                     [](const auto& a, const auto& b) { return a.first < b.first; });
-    std::vector<ShardPiece> ordered;
-    for (const auto& k : f.keys) ordered.push_back(out.pieces[k.second]);
-    out.pieces = std::move(ordered);
-    if (!f.entry->stack) continue;
-    const int64_t n = static_cast<int64_t>(f.stack_values.size());
-    if (f.entry->stack_count > 0) {
-      const bool ep = f.entry->rule.kind == Rule::Kind::kExpert;
-      const int64_t want = ep ? f.entry->stack_count / world : f.entry->stack_count;
-      if (n != want)
-        return InvalidArgument("output '" + name + "' stacks " + std::to_string(n) + " experts" +
-                               (ep ? " on rank " + std::to_string(rank) : std::string()) + ", the config names " +
-                               std::to_string(want) + " (missing expert tensors, or a config that disagrees)");
-    }
-    CKPT_ASSIGN_OR_RETURN(OutputLayout flat, PlanOutputWith(out, lookup));
-    if (flat.shape.empty() || flat.shape[0] % n != 0)
-      return InvalidArgument("output '" + name + "': " + std::to_string(flat.shape.empty() ? 0 : flat.shape[0]) +
-                             " rows cannot be stacked into " + std::to_string(n) + " equal parts (experts of different sizes?)");
-    std::vector<int64_t> shape = {n, flat.shape[0] / n};
-    shape.insert(shape.end(), flat.shape.begin() + 1, flat.shape.end());
-    out.shape = std::move(shape);
-  }
-  // Check that every output's pieces fit together.
-  for (const ShardOutput& out : outputs) {
-    auto layout = PlanOutputWith(out, lookup);
-    if (!layout.ok()) return layout.status();
-  }
-  return outputs;
-}
-
-namespace {
-
-template <typename Lookup>
-Result<OutputLayout> PlanOutputWith(const ShardOutput& output, const Lookup& lookup) {
-  if (output.pieces.empty()) return InvalidArgument("output '" + output.name + "' has no pieces");
-  OutputLayout result;
-  for (size_t i = 0; i < output.pieces.size(); ++i) {
-    const ShardPiece& piece = output.pieces[i];
-    const TensorInfo* info = lookup(piece.source);
-    if (!info) return NotFound("output '" + output.name + "': no tensor '" + piece.source + "'");
-    auto layout = PieceLayout(piece, *info);
-    if (!layout.ok()) return layout.status().WithContext("tensor '" + piece.source + "'");
-    if (i == 0) {
-      result.dtype = layout->dtype;
-      result.shape = layout->shape;
-    } else {
-      if (layout->dtype != result.dtype)
-        return InvalidArgument("output '" + output.name + "': fused pieces differ in dtype ('" + piece.source + "')");
-      if (layout->shape.size() != result.shape.size() || layout->shape.empty() ||
-          !std::equal(layout->shape.begin() + 1, layout->shape.end(), result.shape.begin() + 1))
-        return InvalidArgument("output '" + output.name + "': fused piece '" + piece.source +
-                               "' does not match the others' shape after dim 0");
-      result.shape[0] += layout->shape[0];
-    }
-    result.piece_offsets.push_back(result.nbytes);
-    if (__builtin_add_overflow(result.nbytes, layout->nbytes, &result.nbytes))
-      return InvalidArgument("output '" + output.name + "' is too large");
-    result.pieces.push_back(std::move(*layout));
-  }
-  if (output.transpose) {
-    if (result.shape.size() != 2) return InvalidArgument("output '" + output.name + "': transpose needs a 2-d tensor");
-    if (!output.shape.empty()) return InvalidArgument("output '" + output.name + "': transpose and a view exclude each other");
-    std::swap(result.shape[0], result.shape[1]);
-  }
-  if (!output.shape.empty()) {
-    for (int64_t d : output.shape) {
-      if (d < 0) return InvalidArgument("output '" + output.name + "': negative dimension in its view");
-    }
-    if (NumElements(output.shape) != NumElements(result.shape))
-      return InvalidArgument("output '" + output.name + "': a view of " + std::to_string(NumElements(output.shape)) +
-                             " elements over " + std::to_string(NumElements(result.shape)));
-    result.shape = output.shape;
-  }
-  return result;
-}
-
-}  // namespace
-
-Result<OutputLayout> PlanOutput(const ShardOutput& output, const std::vector<TensorInfo>& tensors) {
-  return PlanOutputWith(output, [&](const std::string& name) -> const TensorInfo* {
-    for (const TensorInfo& t : tensors) {
-      if (t.name == name) return &t;
-    }
-    return nullptr;
-  });
-}
-
-Status GatherOutput(const ShardOutput& output, const OutputLayout& layout, const std::vector<const std::byte*>& sources,
-                    void* dst, size_t dst_size) {
-  if (dst_size < layout.nbytes)
-    return InvalidArgument("output '" + output.name + "': destination holds " + std::to_string(dst_size) +
-                           " bytes, it needs " + std::to_string(layout.nbytes));
-  if (sources.size() != layout.pieces.size() || layout.pieces.size() != layout.piece_offsets.size())
-    return InvalidArgument("output '" + output.name + "': one source pointer per piece is needed");
-  auto* out = static_cast<std::byte*>(dst);
-  if (!output.transpose) {
-    for (size_t p = 0; p < layout.pieces.size(); ++p) {
-      CKPT_RETURN_IF_ERROR(GatherShard(layout.pieces[p], sources[p], out + layout.piece_offsets[p],
-                                       layout.nbytes - layout.piece_offsets[p]));
+    Fused& f = fused_[out_name];
+    if (!f.entry) f.entry = m;
+    const std::vector<KeyPart> key = FuseKey(*m, match.groups, t.name);
+    if (m->stack) f.stack_values.insert(match.groups[m->stack]);
+    for (const ShardPiece& piece : placed->pieces) {
+      f.keys.push_back({key, out.pieces.size()});
+      out.pieces.push_back(piece);
     }
     return Status::Ok();
   }
-  // Transposed: gather untransposed, then write [cols, rows].
-  std::vector<std::byte> tmp(layout.nbytes);
-  for (size_t p = 0; p < layout.pieces.size(); ++p) {
-    CKPT_RETURN_IF_ERROR(GatherShard(layout.pieces[p], sources[p], tmp.data() + layout.piece_offsets[p],
-                                     layout.nbytes - layout.piece_offsets[p]));
+
+  Status CheckSomeRuleMatched() const {
+    if (plan_.entries_.empty() || any_rule_matched_ || tensors_.empty()) return Status::Ok();
+    return InvalidArgument(PlanName("the plan") + ": none of its rules matches any tensor of the checkpoint (first: '" +
+                           tensors_[0].name + "'), so every tensor would be a full replica" + Known());
   }
-  const uint64_t esize = DTypeSize(layout.dtype);
-  if (esize == 0) return Unsupported("cannot transpose a packed sub-byte dtype");
-  const uint64_t rows = static_cast<uint64_t>(layout.shape[1]), cols = static_cast<uint64_t>(layout.shape[0]);
-  for (uint64_t r = 0; r < rows; ++r)
-    for (uint64_t c = 0; c < cols; ++c)
-      std::memcpy(out + (c * rows + r) * esize, tmp.data() + (r * cols + c) * esize, esize);
-  return Status::Ok();
+
+  // Orders each fused output's pieces by their keys, then views stacked outputs.
+  Status OrderAndStackFused() {
+    for (auto& [name, f] : fused_) {
+      ShardOutput& out = outputs_[by_name_[name]];
+      std::stable_sort(f.keys.begin(), f.keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::vector<ShardPiece> ordered;
+      for (const auto& k : f.keys) ordered.push_back(out.pieces[k.second]);
+      out.pieces = std::move(ordered);
+      if (f.entry->stack) CKPT_RETURN_IF_ERROR(Stack(name, f, &out));
+    }
+    return Status::Ok();
+  }
+
+  // Views `out` with a leading dim of one entry per distinct stack value.
+  Status Stack(const std::string& name, const Fused& f, ShardOutput* out) const {
+    const int64_t n = static_cast<int64_t>(f.stack_values.size());
+    if (f.entry->stack_count > 0) {
+      const bool ep = f.entry->rule.kind == Rule::Kind::kExpert;
+      const int64_t want = ep ? f.entry->stack_count / world_ : f.entry->stack_count;
+      if (n != want)
+        return InvalidArgument("output '" + name + "' stacks " + std::to_string(n) + " experts" +
+                               (ep ? " on rank " + std::to_string(rank_) : std::string()) + ", the config names " +
+                               std::to_string(want) + " (missing expert tensors, or a config that disagrees)");
+    }
+    CKPT_ASSIGN_OR_RETURN(OutputLayout flat, PlanOutputWith(*out, Lookup()));
+    if (flat.shape.empty() || flat.shape[0] % n != 0)
+      return InvalidArgument("output '" + name + "': " + std::to_string(flat.shape.empty() ? 0 : flat.shape[0]) +
+                             " rows cannot be stacked into " + std::to_string(n) +
+                             " equal parts (experts of different sizes?)");
+    std::vector<int64_t> shape = {n, flat.shape[0] / n};
+    shape.insert(shape.end(), flat.shape.begin() + 1, flat.shape.end());
+    out->shape = std::move(shape);
+    return Status::Ok();
+  }
+
+  Status CheckOutputsFit() const {
+    const TensorLookup lookup = Lookup();
+    for (const ShardOutput& out : outputs_) {
+      auto layout = PlanOutputWith(out, lookup);
+      if (!layout.ok()) return layout.status();
+    }
+    return Status::Ok();
+  }
+
+  const TpPlan& plan_;
+  const std::vector<TensorInfo>& tensors_;
+  const int rank_;
+  const int world_;
+  std::vector<bool> active_;  // per entry: its if_absent pattern matches no tensor
+  std::vector<ShardOutput> outputs_;
+  std::unordered_map<std::string, size_t> by_name_;  // output name -> index in outputs_
+  std::unordered_map<std::string, Fused> fused_;     // by output name
+  std::unordered_map<std::string, const TensorInfo*> names_;  // every source, by name
+  bool any_rule_matched_ = false;
+};
+
+Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const {
+  return Resolution(*this, tensors, rank, world).Run();
 }
 
 }  // namespace ckpt
