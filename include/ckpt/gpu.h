@@ -14,7 +14,8 @@
 // conversion and transposes run on the GPU.
 // This header is available in every build; without CUDA, Create returns Unsupported. The
 // engine is a plugin, libckptclient-cuda.so.0, that libckptclient opens on the first GPU
-// call (beside itself, or $CKPT_GPU_PLUGIN): libckptclient links no CUDA library.
+// call (beside itself, or $CKPT_GPU_PLUGIN), through a versioned C interface
+// (ckpt/gpu_plugin_abi.h): libckptclient links no CUDA library.
 #pragma once
 
 #include <cstdint>
@@ -107,6 +108,7 @@ class GpuStateDict {
 
  private:
   friend class GpuLoaderImpl;
+  friend struct GpuStateDictBuilder;  // the host's side of the GPU plugin's C interface
   int device_ = -1;
   std::map<std::string, GpuTensor> tensors_;
   std::shared_ptr<void> allocation_;
