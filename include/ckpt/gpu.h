@@ -123,7 +123,8 @@ class GpuLoader {
   // a background thread at once, and holds them for every Load until it is destroyed.
   // Errors: Unsupported (built without CUDA, the GPU plugin or the NVIDIA driver
   // libcuda.so.1 missing: the message names it; or no usable driver), FailedPrecondition
-  // (a GPU plugin from another build of ckpt), InvalidArgument (no such device, bad options).
+  // (a GPU plugin of another interface version, ckpt/gpu_plugin_abi.h: the message names
+  // both; or a library that is no GPU plugin), InvalidArgument (no such device, bad options).
   static Result<std::unique_ptr<GpuLoader>> Create(const Checkpoint& checkpoint, int device,
                                                    const GpuLoadOptions& options);
   virtual ~GpuLoader();
