@@ -14,7 +14,8 @@
 // conversion and transposes run on the GPU.
 // This header is available in every build; without CUDA, Create returns Unsupported. The
 // engine is a plugin, libckptclient-cuda.so.0, that libckptclient opens on the first GPU
-// call (beside itself, or $CKPT_GPU_PLUGIN): libckptclient links no CUDA library.
+// call (beside itself, or $CKPT_GPU_PLUGIN), through a versioned C interface
+// (ckpt/gpu_plugin_abi.h): libckptclient links no CUDA library.
 #pragma once
 
 #include <cstdint>
@@ -107,6 +108,7 @@ class GpuStateDict {
 
  private:
   friend class GpuLoaderImpl;
+  friend struct GpuStateDictBuilder;  // the host's side of the GPU plugin's C interface
   int device_ = -1;
   std::map<std::string, GpuTensor> tensors_;
   std::shared_ptr<void> allocation_;
@@ -121,7 +123,8 @@ class GpuLoader {
   // a background thread at once, and holds them for every Load until it is destroyed.
   // Errors: Unsupported (built without CUDA, the GPU plugin or the NVIDIA driver
   // libcuda.so.1 missing: the message names it; or no usable driver), FailedPrecondition
-  // (a GPU plugin from another build of ckpt), InvalidArgument (no such device, bad options).
+  // (a GPU plugin of another interface version, ckpt/gpu_plugin_abi.h: the message names
+  // both; or a library that is no GPU plugin), InvalidArgument (no such device, bad options).
   static Result<std::unique_ptr<GpuLoader>> Create(const Checkpoint& checkpoint, int device,
                                                    const GpuLoadOptions& options);
   virtual ~GpuLoader();

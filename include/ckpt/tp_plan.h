@@ -181,6 +181,7 @@ class TpPlan {
   std::vector<std::shared_ptr<const Entry>> entries_;
   std::shared_ptr<const Entry> default_;
   struct Requirement;
+  class Resolution;  // one Resolve call's steps (src/plan/tp_plan.cc)
   std::vector<std::shared_ptr<const Requirement>> requirements_;
   std::string json_;
   std::string family_;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ckpt/collective.h"
-#include "client/collective_plan.h"
+#include "plan/collective_plan.h"
 
 namespace ckpt::cuda {
 
@@ -23,7 +23,7 @@ class NcclGroupOps : public NcclGroup {
 };
 
 // The factories behind NcclGroup's (include/ckpt/collective.h), reached through the GPU
-// plugin's table (client/gpu_plugin_abi.h); NcclGroup::Join is the host's (it needs the
+// plugin's C table (src/gpu_plugin/entry.cc); NcclGroup::Join is the host's (it needs the
 // Client), written on NcclCheckMembership, NcclNewUniqueId and NcclCreate.
 // NcclCheckMembership: InvalidArgument for a rank, size, timeout or device out of range.
 Status NcclCheckMembership(int rank, int size, int device, const NcclGroupOptions& options);

@@ -66,9 +66,9 @@ if [ $cuda = 1 ]; then
   for f in "$build/lib/libckptclient-cuda.so.0" "$lib/libckptclient-cuda.so.0"; do
     if readelf -d "$f" | grep NEEDED | grep -E "$gpu_libs"; then fail "$f needs a GPU library"; fi
     exported=$(nm -D --defined-only "$f" | awk '{print $3}' | grep -v '^$' | sort -u)
-    [ "$exported" = "ckpt_gpu_plugin_v1" ] || fail "$f exports more than its entry point: $(head -5 <<< "$exported")"
+    [ "$exported" = "ckpt_gpu_plugin_entry" ] || fail "$f exports more than its entry point: $(head -5 <<< "$exported")"
   done
-  echo "ok: the GPU plugin needs no GPU library and exports only ckpt_gpu_plugin_v1"
+  echo "ok: the GPU plugin needs no GPU library and exports only ckpt_gpu_plugin_entry"
 fi
 
 cmake -S "$src/tests/client/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \

@@ -112,7 +112,7 @@ class NoGpuLibrariesTest(unittest.TestCase):
                              "except ckpt.CkptError as e:\n    print('ERR', e)\n",
                              CKPT_GPU_PLUGIN=ckpt._ckpt.__file__)
         self.assertIn("False", out)
-        self.assertIn("has no ckpt_gpu_plugin_v1: not a ckpt GPU plugin", out)
+        self.assertIn("has no ckpt_gpu_plugin_entry: not a ckpt GPU plugin", out)
 
     @unittest.skipUnless(os.path.exists(PLUGIN), "built without CUDA")
     def test_a_library_that_is_not_nccl_is_refused(self):

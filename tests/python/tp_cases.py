@@ -1,7 +1,7 @@
 """Hand-made checkpoints with Hugging Face names and config.json for every built-in family,
 and what each rank must hold under each convention, computed here with plain torch slicing
 (the reference: written from docs/tp-plans.md and transformers' source, not from the plan
-engine). Used by tests/python/test_plans.py and tests/client/tp_families_test.cc.
+engine). Used by tests/python/test_plans.py and tests/plan/tp_families_test.cc.
 
     python3 tp_cases.py OUT_DIR [FAMILY...]
 writes OUT_DIR/<family>/model.safetensors, config.json, expected.safetensors (keys

@@ -62,7 +62,7 @@ if [ ! -f build-gpu/build.ninja ] || [ "${REBUILD:-1}" = 1 ]; then
   log "built"
 fi
 export PYTHONPATH=$root/build-gpu/python
-# libckptclient opens NCCL at run time (src/client/gpu_plugin_nccl.cc): the one already in
+# libckptclient opens NCCL at run time (src/gpu_plugin/nccl_loader.cc): the one already in
 # the process (PyTorch's), else this, the wheel's, which is not on the library path.
 [ -n "$nccl_root" ] && [ -e "$nccl_root/lib/libnccl.so.2" ] && export CKPT_NCCL_LIBRARY=$nccl_root/lib/libnccl.so.2
 data=${DATA:-/tmp/ckpt-bench}

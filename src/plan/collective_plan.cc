@@ -1,4 +1,4 @@
-#include "client/collective_plan.h"
+#include "plan/collective_plan.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "client/gpu_plugin_nccl.h"
+#include "gpu_plugin/nccl_loader.h"
 
 #include <dlfcn.h>
 #include <nccl.h>

@@ -1,4 +1,4 @@
-#include "client/tp_families.h"
+#include "plan/tp_families.h"
 
 #include <map>
 #include <optional>

@@ -1,6 +1,6 @@
-// The collective load's plan (src/client/collective_plan.h): every rank computes its own
+// The collective load's plan (src/plan/collective_plan.h): every rank computes its own
 // part from the same descriptors; the parts must fit together.
-#include "client/collective_plan.h"
+#include "plan/collective_plan.h"
 
 #include <gtest/gtest.h>
 
