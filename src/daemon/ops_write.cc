@@ -162,7 +162,7 @@ Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
 
 }  // namespace
 
-Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const protocol::WriteRequest& request,
+Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& caller, const protocol::WriteRequest& request,
                          UniqueFd ring_fd, LoadWatch* watch) {
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(request.name));
   if (!request.job.empty()) CKPT_RETURN_IF_ERROR(ValidateJobName(request.job));
