@@ -205,7 +205,7 @@ struct Sample<WriteRequest> {
             {piece({{"offsets", {3, 0}}}), "pieces[0]: 'w': the box leaves the global shape in dim 0"},
             {piece({{"shape", {2}}}), "offsets and shape must have one entry per dim"},
             {piece({{"flat", true}}), "request lacks 'pieces[0].start'"},
-            {piece({{"flat", true}, {"start", 0}}), "request lacks 'pieces[0].numel'"},
+            {piece({{"flat", true}, {"start", 0u}}), "request lacks 'pieces[0].numel'"},
             {{{"side_files", json::array({json{{"name", "x"}, {"data", "zz"}}})}}, "'side_files[0].data'"},
             {{{"side_files", json::array({json{{"name", "x"}}})}}, "request lacks 'side_files[0].data'"}};
   }
