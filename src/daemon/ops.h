@@ -75,14 +75,14 @@ struct LoadWatch {
 // Loads and publishes a checkpoint. With a connection, it watches it every progress tick
 // (about 100 ms): a cancel frame or a hang-up cancels this load (Cancelled, nothing
 // published); see docs/architecture.md.
-Result<protocol::LoadResponse> Load(const DaemonContext& ctx, const Caller& caller, const protocol::LoadRequest& request,
-                        LoadWatch* watch);
+Result<protocol::LoadResponse> Load(const DaemonContext& ctx, const Caller& caller,
+                                    const protocol::LoadRequest& request, LoadWatch* watch);
 // Loads `request.path` under its name unless that name already holds the file's current
 // content; concurrent callers share one load (see Client::Ensure for every case). A
 // waiter watches its own connection like a load does: a cancel or a hang-up withdraws it
 // alone (Cancelled; `watch` says which), and the load is cancelled once nobody waits.
-Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
-                            LoadWatch* watch);
+Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& caller,
+                                        const protocol::EnsureRequest& request, LoadWatch* watch);
 // Evicts for `caller` (its owner or an admin only, see Catalog::Evict).
 Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const Caller& caller,
                                            const protocol::EvictRequest& request);
@@ -107,7 +107,7 @@ Result<protocol::RendezvousResponse> Rendezvous(const DaemonContext& ctx, const 
 // generation (nothing published). Errors after the declaration are answered on the
 // connection by the op itself, which then sets watch->drop_connection (the part may still
 // be streaming frames that must not be read as requests).
-Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& caller, const protocol::WriteRequest& request,
-                         UniqueFd ring_fd, LoadWatch* watch);
+Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& caller,
+                                     const protocol::WriteRequest& request, UniqueFd ring_fd, LoadWatch* watch);
 
 }  // namespace ckpt::daemon

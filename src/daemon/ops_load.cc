@@ -159,8 +159,8 @@ Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string
 // returns OK. With `shared` (an ensure's runner), each tick's progress is posted there for
 // the callers waiting on it.
 Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, const std::string& path,
-                                  const std::string& name, bool replace, const format::LoadPlan& plan,
-                                  ConnectionWatch* watch, SharedLoad* shared = nullptr) {
+                                              const std::string& name, bool replace, const format::LoadPlan& plan,
+                                              ConnectionWatch* watch, SharedLoad* shared = nullptr) {
   // The segment adds a header, an aligned index and the side files to the tensor bytes.
   CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
   CheckedSum side_sum;
@@ -253,8 +253,8 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
 
 }  // namespace
 
-Result<protocol::LoadResponse> Load(const DaemonContext& ctx, const Caller& caller, const protocol::LoadRequest& request,
-                        LoadWatch* watch) {
+Result<protocol::LoadResponse> Load(const DaemonContext& ctx, const Caller& caller,
+                                    const protocol::LoadRequest& request, LoadWatch* watch) {
   CKPT_ASSIGN_OR_RETURN(const std::string name, NameOfLoad(request.path, request.name));
   ConnectionWatch connection(ctx, caller, request.progress, watch);
   auto plan = OpenAndPlan(ctx, request.path, name, request.allow_expansion);
@@ -301,9 +301,9 @@ Status StartSharedLoad(const DaemonContext& ctx, const Owner& actor, const std::
 // on success. Polls its own connection every 100 ms (progress events if asked; a cancel
 // or hang-up withdraws it alone, answered at once).
 Result<protocol::EnsureResponse> WaitForSharedLoad(const DaemonContext& ctx, const Caller& caller,
-                                       const protocol::EnsureRequest& request, const std::string& name,
-                                       const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch,
-                                       const char* action) {
+                                                  const protocol::EnsureRequest& request, const std::string& name,
+                                                  const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch,
+                                                  const char* action) {
   ConnectionWatch connection(ctx, caller, request.progress, watch, shared.get());
   if (std::string(action) == "joined") {
     spdlog::info("ensure of '{}': waiting for the load in progress ({} callers)", name, shared->participants());
@@ -329,8 +329,8 @@ Result<protocol::EnsureResponse> WaitForSharedLoad(const DaemonContext& ctx, con
 
 }  // namespace
 
-Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
-                            LoadWatch* watch) {
+Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& caller,
+                                        const protocol::EnsureRequest& request, LoadWatch* watch) {
   CKPT_ASSIGN_OR_RETURN(const std::string name, NameOfLoad(request.path, request.name));
   // A load this call could not join (it was ending) is over within moments; then the
   // decision is taken again. The bound only guards against a livelock.
