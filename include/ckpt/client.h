@@ -27,8 +27,10 @@ namespace shm {
 class SegmentReader;
 }
 
-// The messages below are what the daemon answers; their JSON encoding (the wire format,
-// also what `ckptctl --json` prints) lives in one place, src/protocol/messages.cc.
+// The structs below are what the daemon answers, as this API returns them. The wire has
+// structs of its own (src/protocol/messages.h, whose JSON is also what `ckptctl --json`
+// prints); the client maps between the two in one place, src/client/wire_mapping.h, so a
+// field added here changes the wire only when it is added there too.
 
 // One checkpoint generation as the daemon reports it.
 struct CheckpointSummary {

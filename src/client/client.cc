@@ -8,6 +8,7 @@
 
 #include "common/hex.h"
 #include "common/suggest.h"
+#include "client/wire_mapping.h"
 #include "protocol/daemon_connection.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
@@ -67,7 +68,7 @@ Result<LoadResult> Client::Load(const std::string& path, const LoadOptions& opti
   request.progress = static_cast<bool>(options.progress);
   CKPT_ASSIGN_OR_RETURN(json response, connection_->Call(protocol::LoadRequest::kOp, protocol::Encode(request),
                                                          ProgressEvents(options.progress)));
-  return protocol::DecodeAs<LoadResult>(response);
+  return client::DecodePublic<LoadResult>(response);
 }
 
 Result<EnsureResult> Client::Ensure(const std::string& path, const EnsureOptions& options) {
@@ -80,7 +81,7 @@ Result<EnsureResult> Client::Ensure(const std::string& path, const EnsureOptions
   // the generation published, or joins the load still in progress).
   CKPT_ASSIGN_OR_RETURN(json response, connection_->Call(protocol::EnsureRequest::kOp, protocol::Encode(request),
                                                          ProgressEvents(options.progress)));
-  return protocol::DecodeAs<EnsureResult>(response);
+  return client::DecodePublic<EnsureResult>(response);
 }
 
 Result<CheckpointSummary> Client::Load(const std::string& path, const std::string& name,
@@ -109,7 +110,7 @@ Result<CheckpointSummary> Client::Evict(const std::string& name, const EvictOpti
   auto response = connection_->CallRetrying(protocol::EvictRequest::kOp, protocol::Encode(request));
   if (!response.ok()) return WithSimilarNames(response.status(), name);
   CKPT_ASSIGN_OR_RETURN(auto decoded, protocol::DecodeAs<protocol::CheckpointResponse>(*response));
-  return std::move(decoded.checkpoint);
+  return client::FromWire<CheckpointSummary>(decoded.checkpoint);
 }
 
 Status Client::Evict(const std::string& name, bool force) {
@@ -119,8 +120,8 @@ Status Client::Evict(const std::string& name, bool force) {
 }
 
 Result<CheckpointList> Client::ListAll() {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("list"));
-  return protocol::DecodeAs<CheckpointList>(response);
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying(protocol::ListRequest::kOp));
+  return client::DecodePublic<CheckpointList>(response);
 }
 
 std::vector<std::string> Client::SimilarNames(const std::string& name) {
@@ -147,9 +148,9 @@ Result<std::vector<CheckpointSummary>> Client::List() {
 }
 
 Result<CheckpointInfo> Client::GetInfo(const std::string& name) {
-  auto response = connection_->CallRetrying("info", protocol::Encode(protocol::NameRequest{name}));
+  auto response = connection_->CallRetrying(protocol::InfoRequest::kOp, protocol::Encode(protocol::InfoRequest{name}));
   if (!response.ok()) return WithSimilarNames(response.status(), name);
-  return protocol::DecodeAs<CheckpointInfo>(*response);
+  return client::DecodePublic<CheckpointInfo>(*response);
 }
 
 Result<std::vector<TensorInfo>> Client::Info(const std::string& name) {
@@ -158,18 +159,18 @@ Result<std::vector<TensorInfo>> Client::Info(const std::string& name) {
 }
 
 Result<DaemonStatus> Client::GetStatus() {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("status"));
-  return protocol::DecodeAs<DaemonStatus>(response);
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying(protocol::StatusRequest::kOp));
+  return client::DecodePublic<DaemonStatus>(response);
 }
 
 Result<VerifyResult> Client::Verify(const std::string& name) {
-  auto response = connection_->CallRetrying("verify", protocol::Encode(protocol::NameRequest{name}));
+  auto response = connection_->CallRetrying(protocol::VerifyRequest::kOp, protocol::Encode(protocol::VerifyRequest{name}));
   if (!response.ok()) return WithSimilarNames(response.status(), name);
-  return protocol::DecodeAs<VerifyResult>(*response);
+  return client::DecodePublic<VerifyResult>(*response);
 }
 
 Result<std::string> Client::Metrics() {
-  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying("metrics"));
+  CKPT_ASSIGN_OR_RETURN(json response, connection_->CallRetrying(protocol::MetricsRequest::kOp));
   CKPT_ASSIGN_OR_RETURN(auto decoded, protocol::DecodeAs<protocol::MetricsResponse>(response));
   return std::move(decoded.text);
 }

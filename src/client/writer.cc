@@ -13,6 +13,7 @@
 
 #include "common/checked_math.h"
 #include "common/side_file_name.h"
+#include "client/wire_mapping.h"
 #include "common/unique_fd.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
@@ -65,7 +66,7 @@ struct Writer::Impl {
   std::string name;
   WriterOptions options;
   std::vector<Piece> pieces;
-  std::vector<std::pair<std::string, std::string>> side_files;
+  std::vector<protocol::WriteSideFile> side_files;  // (name, bytes)
   uint64_t total = 0;
   bool committed = false;
   std::atomic<bool> aborted{false};
@@ -194,9 +195,9 @@ Status Writer::AddSideFile(const std::string& name, std::string bytes) {
   if (impl_->committed) return FailedPrecondition("this writer has already committed");
   CKPT_RETURN_IF_ERROR(CheckSideFileName(name));  // the daemon checks it again
   for (const auto& s : impl_->side_files) {
-    if (s.first == name) return AlreadyExists("side file '" + name + "' was already added");
+    if (s.name == name) return AlreadyExists("side file '" + name + "' was already added");
   }
-  impl_->side_files.emplace_back(name, std::move(bytes));
+  impl_->side_files.push_back(protocol::WriteSideFile{name, std::move(bytes)});
   return Status::Ok();
 }
 
@@ -352,7 +353,7 @@ Result<LoadResult> Writer::Impl::Commit() {
     if (got_response) {
       std::lock_guard<std::mutex> lock(fd_mu);
       fd.reset();
-      return protocol::DecodeAs<LoadResult>(response);
+      return client::DecodePublic<LoadResult>(response);
     }
   }
 }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ckpt/client.h"
+#include "client/wire_mapping.h"
 #include "common/suggest.h"
 #include "ctl/persist.h"
 #include "ctl/progress_bar.h"
@@ -189,7 +190,7 @@ int Load(const Options& o, const std::string& path, const std::string& name, boo
   }
   const ckpt::CheckpointSummary& c = result->checkpoint;
   if (o.json_output) {
-    PrintJson(ckpt::protocol::Encode(*result));
+    PrintJson(ckpt::client::EncodePublic(*result));
   } else {
     const double secs = c.load_seconds;
     std::printf("loaded '%s' (generation %llu): %llu tensors, %s in %s (%s/s)\n", Printable(c.name).c_str(),
@@ -226,7 +227,7 @@ int Ensure(const Options& o, const std::string& path, const std::string& name, b
     return Fail(result.status());
   }
   if (o.json_output) {
-    PrintJson(ckpt::protocol::Encode(*result));
+    PrintJson(ckpt::client::EncodePublic(*result));
     return 0;
   }
   const ckpt::CheckpointSummary& c = result->checkpoint;
@@ -250,7 +251,7 @@ int Evict(const Options& o, const std::string& name, bool force, double wait_s) 
   auto evicted = (*client)->Evict(name, options);
   if (!evicted.ok()) return FailForName(**client, evicted.status(), name);
   if (o.json_output) {
-    PrintJson(ckpt::protocol::Encode(ckpt::protocol::CheckpointResponse{*evicted}));
+    PrintJson(ckpt::protocol::Encode(ckpt::protocol::CheckpointResponse{ckpt::client::ToWire(*evicted)}));
   } else {
     std::printf("evicted '%s'\n", Printable(name).c_str());
   }
@@ -263,7 +264,7 @@ int List(const Options& o) {
   auto list = (*client)->ListAll();
   if (!list.ok()) return Fail(list.status());
   if (o.json_output) {
-    PrintJson(ckpt::protocol::Encode(*list));
+    PrintJson(ckpt::client::EncodePublic(*list));
     return 0;
   }
   std::vector<std::vector<std::string>> rows;
@@ -299,7 +300,7 @@ int Info(const Options& o, const std::string& name) {
   auto info = (*client)->GetInfo(name);
   if (!info.ok()) return FailForName(**client, info.status(), name);
   if (o.json_output) {
-    PrintJson(ckpt::protocol::Encode(*info));
+    PrintJson(ckpt::client::EncodePublic(*info));
     return 0;
   }
   std::cout << RenderTable(kCheckpointHeader, {CheckpointRow(info->checkpoint)}, {1, 2, 3, 4, 5}) << "\n";
@@ -325,7 +326,7 @@ int Verify(const Options& o, const std::string& name) {
   if (!result.ok()) return FailForName(**client, result.status(), name);
   const ckpt::VerifyResult& r = *result;
   if (o.json_output) {
-    PrintJson(ckpt::protocol::Encode(r));
+    PrintJson(ckpt::client::EncodePublic(r));
     return r.passed ? 0 : 1;
   }
   if (r.passed) {
@@ -349,7 +350,7 @@ int Status(const Options& o) {
   if (!status.ok()) return Fail(status.status());
   const ckpt::DaemonStatus& s = *status;
   if (o.json_output) {
-    PrintJson(ckpt::protocol::Encode(s));
+    PrintJson(ckpt::client::EncodePublic(s));
     return 0;
   }
   std::cout << RenderTable({"FIELD", "VALUE"},

@@ -26,7 +26,7 @@ void SharedLoad::SetProgress(uint64_t done, uint64_t total) {
 
 std::pair<uint64_t, uint64_t> SharedLoad::progress() const { return {done_.load(), total_.load()}; }
 
-void SharedLoad::Finish(Result<LoadResult> result) {
+void SharedLoad::Finish(Result<protocol::LoadResponse> result) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (finished_) return;
@@ -36,7 +36,7 @@ void SharedLoad::Finish(Result<LoadResult> result) {
   done_cv_.notify_all();
 }
 
-std::optional<Result<LoadResult>> SharedLoad::WaitFor(std::chrono::milliseconds timeout) const {
+std::optional<Result<protocol::LoadResponse>> SharedLoad::WaitFor(std::chrono::milliseconds timeout) const {
   std::unique_lock<std::mutex> lock(mu_);
   if (!done_cv_.wait_for(lock, timeout, [&] { return finished_; })) return std::nullopt;
   return result_;

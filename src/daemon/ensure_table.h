@@ -16,8 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/client.h"
 #include "ckpt/status.h"
+#include "protocol/messages.h"
 
 namespace ckpt::daemon {
 
@@ -48,9 +48,9 @@ class SharedLoad {
   std::pair<uint64_t, uint64_t> progress() const;
 
   // Records the outcome and wakes every waiter. Called once, by the runner.
-  void Finish(Result<LoadResult> result);
+  void Finish(Result<protocol::LoadResponse> result);
   // The outcome once Finish was called, waiting up to `timeout`; nullopt if not yet.
-  std::optional<Result<LoadResult>> WaitFor(std::chrono::milliseconds timeout) const;
+  std::optional<Result<protocol::LoadResponse>> WaitFor(std::chrono::milliseconds timeout) const;
   bool finished() const;
 
  private:
@@ -59,7 +59,7 @@ class SharedLoad {
   mutable std::condition_variable done_cv_;
   int participants_ = 1;  // the runner
   bool finished_ = false;
-  std::optional<Result<LoadResult>> result_;
+  std::optional<Result<protocol::LoadResponse>> result_;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> done_{0}, total_{0};
 };

@@ -15,7 +15,6 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/client.h"
 #include "ckpt/status.h"
 #include "common/unique_fd.h"
 #include "daemon/access_policy.h"
@@ -57,7 +56,7 @@ struct Caller {
 };
 
 // The summary of a catalog entry, as list, load, attach and status report it.
-CheckpointSummary SummaryOf(const CatalogEntry& entry);
+protocol::WireSummary SummaryOf(const CatalogEntry& entry);
 int64_t NowUnixSeconds();
 // Records the device and inode of segment descriptor `fd` in `entry` (the daemon keeps no
 // descriptor per segment); IoError if fstat fails.
@@ -76,14 +75,14 @@ struct LoadWatch {
 // Loads and publishes a checkpoint. With a connection, it watches it every progress tick
 // (about 100 ms): a cancel frame or a hang-up cancels this load (Cancelled, nothing
 // published); see docs/architecture.md.
-Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const protocol::LoadRequest& request,
-                        LoadWatch* watch);
+Result<protocol::LoadResponse> Load(const DaemonContext& ctx, const Caller& caller,
+                                    const protocol::LoadRequest& request, LoadWatch* watch);
 // Loads `request.path` under its name unless that name already holds the file's current
 // content; concurrent callers share one load (see Client::Ensure for every case). A
 // waiter watches its own connection like a load does: a cancel or a hang-up withdraws it
 // alone (Cancelled; `watch` says which), and the load is cancelled once nobody waits.
-Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
-                            LoadWatch* watch);
+Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& caller,
+                                        const protocol::EnsureRequest& request, LoadWatch* watch);
 // Evicts for `caller` (its owner or an admin only, see Catalog::Evict).
 Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const Caller& caller,
                                            const protocol::EvictRequest& request);
@@ -91,12 +90,12 @@ Result<protocol::CheckpointResponse> Evict(const DaemonContext& ctx, const Calle
 // gets the read-only descriptor to pass with the response.
 Result<protocol::CheckpointResponse> Attach(const DaemonContext& ctx, const Caller& caller,
                                             const protocol::AttachRequest& request, UniqueFd* segment_fd);
-Result<CheckpointInfo> Info(const DaemonContext& ctx, const protocol::NameRequest& request);
-CheckpointList List(const DaemonContext& ctx);
-DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller);
+Result<protocol::InfoResponse> Info(const DaemonContext& ctx, const protocol::InfoRequest& request);
+protocol::ListResponse List(const DaemonContext& ctx);
+protocol::StatusResponse GetStatus(const DaemonContext& ctx, const Caller& caller);
 // Re-hashes a published checkpoint's tensors against its index checksums. OK with
 // passed == false and the first mismatching tensors when bytes differ; NotFound if unknown.
-Result<VerifyResult> Verify(const DaemonContext& ctx, const protocol::NameRequest& request);
+Result<protocol::VerifyResponse> Verify(const DaemonContext& ctx, const protocol::VerifyRequest& request);
 // Rank 0 publishes a job's hex value (answered at once with it); the other ranks wait up
 // to timeout_s for it, in the caller uid's own namespace (see RendezvousTable).
 Result<protocol::RendezvousResponse> Rendezvous(const DaemonContext& ctx, const Caller& caller,
@@ -108,7 +107,7 @@ Result<protocol::RendezvousResponse> Rendezvous(const DaemonContext& ctx, const 
 // generation (nothing published). Errors after the declaration are answered on the
 // connection by the op itself, which then sets watch->drop_connection (the part may still
 // be streaming frames that must not be read as requests).
-Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const protocol::WriteRequest& request,
-                         UniqueFd ring_fd, LoadWatch* watch);
+Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& caller,
+                                     const protocol::WriteRequest& request, UniqueFd ring_fd, LoadWatch* watch);
 
 }  // namespace ckpt::daemon

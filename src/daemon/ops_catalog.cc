@@ -22,8 +22,8 @@ int64_t NowUnixSeconds() {
       .count();
 }
 
-CheckpointSummary SummaryOf(const CatalogEntry& e) {
-  CheckpointSummary s;
+protocol::WireSummary SummaryOf(const CatalogEntry& e) {
+  protocol::WireSummary s;
   s.name = e.name;
   s.generation = e.generation;
   s.shm_name = e.shm_name;
@@ -112,30 +112,34 @@ Result<protocol::CheckpointResponse> Attach(const DaemonContext& ctx, const Call
   return protocol::CheckpointResponse{SummaryOf(entry)};
 }
 
-Result<CheckpointInfo> Info(const DaemonContext& ctx, const protocol::NameRequest& request) {
+Result<protocol::InfoResponse> Info(const DaemonContext& ctx, const protocol::InfoRequest& request) {
   CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx.catalog->Get(request.name));
-  CheckpointInfo info;
+  protocol::InfoResponse info;
   info.checkpoint = SummaryOf(entry);
-  if (entry.tensors) info.tensors = *entry.tensors;
+  if (entry.tensors) {
+    for (const TensorInfo& t : *entry.tensors) {
+      info.tensors.push_back(protocol::WireTensor{t.name, t.dtype, t.shape, t.nbytes, t.checksum});
+    }
+  }
   // The side files are in the segment only (the catalog keeps none): read its index.
   CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenSegment(ctx, entry));
   CKPT_ASSIGN_OR_RETURN(auto segment, shm::SegmentReader::FromFd(fd.get(), entry.shm_name));
   for (const std::string& side : segment->side_file_names()) {
     CKPT_ASSIGN_OR_RETURN(std::string_view bytes, segment->SideFile(side));
-    info.side_files.push_back(SideFileInfo{side, bytes.size()});
+    info.side_files.push_back(protocol::WireSideFile{side, bytes.size()});
   }
   return info;
 }
 
-CheckpointList List(const DaemonContext& ctx) {
-  CheckpointList list;
+protocol::ListResponse List(const DaemonContext& ctx) {
+  protocol::ListResponse list;
   for (const CatalogEntry& e : ctx.catalog->List()) list.checkpoints.push_back(SummaryOf(e));
   list.loading = ctx.catalog->Loading();
   return list;
 }
 
-DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller) {
-  DaemonStatus s;
+protocol::StatusResponse GetStatus(const DaemonContext& ctx, const Caller& caller) {
+  protocol::StatusResponse s;
   for (const auto& e : ctx.catalog->List()) {
     s.shm_bytes += e.segment_bytes;
     s.attached += e.attached;
@@ -165,7 +169,7 @@ DaemonStatus GetStatus(const DaemonContext& ctx, const Caller& caller) {
   s.max_connections_per_uid = ctx.options->max_connections_per_uid;
   s.admin_reserved_connections = ctx.options->admin_reserved_connections;
   s.model_roots = ctx.roots->roots();
-  s.evictions = EvictionCounters{ev.by_request, ev.for_budget, ev.replaced};
+  s.evictions = protocol::WireEvictions{ev.by_request, ev.for_budget, ev.replaced};
   s.your_role = RoleName(caller.role);
   const Usage usage = ctx.catalog->UsageOf(caller.peer.uid);
   s.your_uid = caller.peer.uid;

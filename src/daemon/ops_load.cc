@@ -158,9 +158,9 @@ Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string
 // segment spec, LoadIntoSegment and the catalog publish. Nothing is visible unless it
 // returns OK. With `shared` (an ensure's runner), each tick's progress is posted there for
 // the callers waiting on it.
-Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, const std::string& path,
-                                  const std::string& name, bool replace, const format::LoadPlan& plan,
-                                  ConnectionWatch* watch, SharedLoad* shared = nullptr) {
+Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, const std::string& path,
+                                              const std::string& name, bool replace, const format::LoadPlan& plan,
+                                              ConnectionWatch* watch, SharedLoad* shared = nullptr) {
   // The segment adds a header, an aligned index and the side files to the tensor bytes.
   CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
   CheckedSum side_sum;
@@ -232,7 +232,7 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, 
     return identified;
   }
   loaded->fd.reset();  // attach and verify open the segment again when they need it
-  LoadResult result{SummaryOf(entry), std::move(evicted)};
+  protocol::LoadResponse result{SummaryOf(entry), std::move(evicted)};
   ++ctx.counters->loads;
   ctx.counters->loaded_bytes += loaded->data_bytes;
   ctx.catalog->Publish(std::move(entry));
@@ -253,8 +253,8 @@ Result<LoadResult> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, 
 
 }  // namespace
 
-Result<LoadResult> Load(const DaemonContext& ctx, const Caller& caller, const protocol::LoadRequest& request,
-                        LoadWatch* watch) {
+Result<protocol::LoadResponse> Load(const DaemonContext& ctx, const Caller& caller,
+                                    const protocol::LoadRequest& request, LoadWatch* watch) {
   CKPT_ASSIGN_OR_RETURN(const std::string name, NameOfLoad(request.path, request.name));
   ConnectionWatch connection(ctx, caller, request.progress, watch);
   auto plan = OpenAndPlan(ctx, request.path, name, request.allow_expansion);
@@ -300,10 +300,10 @@ Status StartSharedLoad(const DaemonContext& ctx, const Owner& actor, const std::
 // A caller waiting for the ensure load it started or joined; `action` is what it answers
 // on success. Polls its own connection every 100 ms (progress events if asked; a cancel
 // or hang-up withdraws it alone, answered at once).
-Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& caller,
-                                       const protocol::EnsureRequest& request, const std::string& name,
-                                       const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch,
-                                       const char* action) {
+Result<protocol::EnsureResponse> WaitForSharedLoad(const DaemonContext& ctx, const Caller& caller,
+                                                  const protocol::EnsureRequest& request, const std::string& name,
+                                                  const std::shared_ptr<SharedLoad>& shared, LoadWatch* watch,
+                                                  const char* action) {
   ConnectionWatch connection(ctx, caller, request.progress, watch, shared.get());
   if (std::string(action) == "joined") {
     spdlog::info("ensure of '{}': waiting for the load in progress ({} callers)", name, shared->participants());
@@ -317,7 +317,7 @@ Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& c
         }
         return result->status();
       }
-      return EnsureResult{(*result)->checkpoint, (*result)->evicted, action};
+      return protocol::EnsureResponse{(*result)->checkpoint, (*result)->evicted, action};
     }
     const auto [done, total] = shared->progress();
     connection.Tick(done, total);
@@ -329,8 +329,8 @@ Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& c
 
 }  // namespace
 
-Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, const protocol::EnsureRequest& request,
-                            LoadWatch* watch) {
+Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& caller,
+                                        const protocol::EnsureRequest& request, LoadWatch* watch) {
   CKPT_ASSIGN_OR_RETURN(const std::string name, NameOfLoad(request.path, request.name));
   // A load this call could not join (it was ending) is over within moments; then the
   // decision is taken again. The bound only guards against a livelock.
@@ -341,7 +341,7 @@ Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, cons
     const std::string fingerprint = SourceFingerprint(plan);
     bool replace = false;
     Status refused;
-    std::optional<EnsureResult> current;
+    std::optional<protocol::EnsureResponse> current;
     auto entry = ctx.ensures->FindOrStart(name, request.path, [&] {
       auto existing = ctx.catalog->Get(name);
       if (!existing.ok()) return true;  // absent (a plain load in progress is refused by BeginLoad)
@@ -351,7 +351,7 @@ Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, cons
         return false;
       }
       if (!existing->source_fingerprint.empty() && existing->source_fingerprint == fingerprint) {
-        current = EnsureResult{SummaryOf(*existing), {}, "current"};
+        current = protocol::EnsureResponse{SummaryOf(*existing), {}, "current"};
         return false;
       }
       replace = true;  // changed since it was loaded, or adopted (fingerprint unknown)

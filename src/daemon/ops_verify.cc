@@ -7,7 +7,7 @@
 
 namespace ckpt::daemon {
 
-Result<VerifyResult> Verify(const DaemonContext& ctx, const protocol::NameRequest& request) {
+Result<protocol::VerifyResponse> Verify(const DaemonContext& ctx, const protocol::VerifyRequest& request) {
   const std::string& name = request.name;
   CKPT_ASSIGN_OR_RETURN(CatalogEntry entry, ctx.catalog->Get(name));
   // Our own read-only mapping: stays valid even if the checkpoint is evicted meanwhile.
@@ -23,7 +23,7 @@ Result<VerifyResult> Verify(const DaemonContext& ctx, const protocol::NameReques
     spdlog::warn("verify of '{}' generation {}: {} of {} tensors do not match their checksums (first: '{}')", name,
                  entry.generation, report.mismatch_count, report.tensors, report.mismatched.front());
   }
-  VerifyResult r;
+  protocol::VerifyResponse r;
   r.name = name;
   r.generation = entry.generation;
   r.passed = report.ok();

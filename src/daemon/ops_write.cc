@@ -162,11 +162,11 @@ Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
 
 }  // namespace
 
-Result<LoadResult> Write(const DaemonContext& ctx, const Caller& caller, const protocol::WriteRequest& request,
-                         UniqueFd ring_fd, LoadWatch* watch) {
+Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& caller,
+                                     const protocol::WriteRequest& request, UniqueFd ring_fd, LoadWatch* watch) {
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(request.name));
   if (!request.job.empty()) CKPT_RETURN_IF_ERROR(ValidateJobName(request.job));
-  for (const auto& side : request.side_files) CKPT_RETURN_IF_ERROR(CheckSideFileName(side.first));  // persist's rule
+  for (const auto& side : request.side_files) CKPT_RETURN_IF_ERROR(CheckSideFileName(side.name));  // persist's rule
   std::unique_ptr<shm::ShmMapping> ring;
   if (request.ring_bytes > 0) {
     if (!ring_fd.valid()) return InvalidArgument("a write with ring_bytes needs its ring passed with the request");

@@ -11,14 +11,6 @@ namespace ckpt::daemon {
 
 using nlohmann::json;
 
-namespace {
-// Decodes request fields into a T, or the InvalidArgument naming the bad field.
-template <typename T>
-Result<T> Fields(const json& request) {
-  return protocol::DecodeAs<T>(request);
-}
-}  // namespace
-
 RequestHandler::~RequestHandler() {
   for (const auto& [name, generation] : attachments_) {
     ctx_.catalog->Detach(name, generation, caller_.peer.pid);
@@ -58,10 +50,10 @@ using H = RequestHandler;
 
 const std::vector<RequestHandler::Operation>& RequestHandler::Table() {
   static const std::vector<Operation> kOperations = {
-      {protocol::kStatusOp, Role::kReader, "(none)", &H::RunStatus},
-      {protocol::kMetricsOp, Role::kReader, "(none)", &H::RunMetrics},
-      {protocol::kListOp, Role::kReader, "(none)", &H::RunList},
-      {protocol::kInfoOp, Role::kReader, "NameRequest", &H::RunInfo},
+      {protocol::StatusRequest::kOp, Role::kReader, "StatusRequest", &H::RunStatus},
+      {protocol::MetricsRequest::kOp, Role::kReader, "MetricsRequest", &H::RunMetrics},
+      {protocol::ListRequest::kOp, Role::kReader, "ListRequest", &H::RunList},
+      {protocol::InfoRequest::kOp, Role::kReader, "InfoRequest", &H::RunInfo},
       {protocol::AttachRequest::kOp, Role::kReader, "AttachRequest", &H::RunAttach},
       {protocol::RendezvousRequest::kOp, Role::kReader, "RendezvousRequest", &H::RunRendezvous},
       {protocol::CancelRequest::kOp, Role::kReader, "CancelRequest", &H::RunCancel},
@@ -73,7 +65,7 @@ const std::vector<RequestHandler::Operation>& RequestHandler::Table() {
       // Admins only: the daemon reads files (load, ensure) or a whole checkpoint (verify).
       {protocol::LoadRequest::kOp, Role::kAdmin, "LoadRequest", &H::RunLoad},
       {protocol::EnsureRequest::kOp, Role::kAdmin, "EnsureRequest", &H::RunEnsure},
-      {protocol::kVerifyOp, Role::kAdmin, "NameRequest", &H::RunVerify},
+      {protocol::VerifyRequest::kOp, Role::kAdmin, "VerifyRequest", &H::RunVerify},
   };
   return kOperations;
 }
@@ -117,61 +109,60 @@ Result<json> RequestHandler::RunMetrics(const json&) {
 Result<json> RequestHandler::RunList(const json&) { return protocol::Encode(List(ctx_)); }
 
 Result<json> RequestHandler::RunInfo(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::NameRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto r, protocol::DecodeAs<protocol::InfoRequest>(request));
   CKPT_ASSIGN_OR_RETURN(auto info, Info(ctx_, r));
   return protocol::Encode(info);
 }
 
-Result<json> RequestHandler::RunLoad(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::LoadRequest>(request));
+template <typename Request, typename Op>
+Result<json> RequestHandler::RunWatched(const json& request, Op op) {
+  CKPT_ASSIGN_OR_RETURN(auto r, protocol::DecodeAs<Request>(request));
   LoadWatch watch;
-  auto loaded = Load(ctx_, caller_, r, &watch);
+  auto result = op(r, &watch);
   drop_connection_ = watch.drop_connection;
-  CKPT_ASSIGN_OR_RETURN(auto result, std::move(loaded));
-  return protocol::Encode(result);
+  if (!result.ok()) return result.status();
+  return protocol::Encode(*result);
+}
+
+Result<json> RequestHandler::RunLoad(const json& request) {
+  return RunWatched<protocol::LoadRequest>(
+      request, [&](const protocol::LoadRequest& r, LoadWatch* watch) { return Load(ctx_, caller_, r, watch); });
 }
 
 Result<json> RequestHandler::RunEnsure(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EnsureRequest>(request));
-  LoadWatch watch;
-  auto ensured = Ensure(ctx_, caller_, r, &watch);
-  drop_connection_ = watch.drop_connection;
-  CKPT_ASSIGN_OR_RETURN(auto result, std::move(ensured));
-  return protocol::Encode(result);
+  return RunWatched<protocol::EnsureRequest>(
+      request, [&](const protocol::EnsureRequest& r, LoadWatch* watch) { return Ensure(ctx_, caller_, r, watch); });
 }
 
 Result<json> RequestHandler::RunEvict(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::EvictRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto r, protocol::DecodeAs<protocol::EvictRequest>(request));
   CKPT_ASSIGN_OR_RETURN(auto evicted, Evict(ctx_, caller_, r));
   return protocol::Encode(evicted);
 }
 
 Result<json> RequestHandler::RunAttach(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::AttachRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto r, protocol::DecodeAs<protocol::AttachRequest>(request));
   CKPT_ASSIGN_OR_RETURN(auto attached, Attach(ctx_, caller_, r, &response_fd_));
   attachments_.emplace_back(attached.checkpoint.name, attached.checkpoint.generation);
   return protocol::Encode(attached);
 }
 
 Result<json> RequestHandler::RunVerify(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::NameRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto r, protocol::DecodeAs<protocol::VerifyRequest>(request));
   CKPT_ASSIGN_OR_RETURN(auto verified, Verify(ctx_, r));
   return protocol::Encode(verified);
 }
 
 Result<json> RequestHandler::RunRendezvous(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::RendezvousRequest>(request));
+  CKPT_ASSIGN_OR_RETURN(auto r, protocol::DecodeAs<protocol::RendezvousRequest>(request));
   CKPT_ASSIGN_OR_RETURN(auto value, Rendezvous(ctx_, caller_, r));
   return protocol::Encode(value);
 }
 
 Result<json> RequestHandler::RunWrite(const json& request) {
-  CKPT_ASSIGN_OR_RETURN(auto r, Fields<protocol::WriteRequest>(request));
-  LoadWatch watch;
-  auto written = Write(ctx_, caller_, r, std::move(request_fd_), &watch);
-  drop_connection_ = watch.drop_connection;
-  CKPT_ASSIGN_OR_RETURN(auto result, std::move(written));
-  return protocol::Encode(result);
+  return RunWatched<protocol::WriteRequest>(request, [&](const protocol::WriteRequest& r, LoadWatch* watch) {
+    return Write(ctx_, caller_, r, std::move(request_fd_), watch);
+  });
 }
 
 Result<json> RequestHandler::RunOutsideWrite(const json& request) {

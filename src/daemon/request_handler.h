@@ -60,6 +60,10 @@ class RequestHandler {
   static const std::vector<Operation>& Table();
   static const Operation* Find(const std::string& op);
   Result<nlohmann::json> Dispatch(const nlohmann::json& request);
+  // The ops that run on the connection (load, ensure, write): decodes a Request, runs
+  // op(request, &watch), keeps whether the connection is still usable, encodes the result.
+  template <typename Request, typename Op>
+  Result<nlohmann::json> RunWatched(const nlohmann::json& request, Op op);
   // The handlers of the table's rows.
   Result<nlohmann::json> RunStatus(const nlohmann::json& request);
   Result<nlohmann::json> RunMetrics(const nlohmann::json& request);

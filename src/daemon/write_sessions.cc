@@ -313,11 +313,11 @@ Status WriteSession::Declare(const protocol::WriteRequest& request) {
   }
   for (const auto& side : request.side_files) {
     for (const auto& have : side_files_) {
-      if (have.first == side.first) {
-        return FailLocked(InvalidArgument("side file '" + side.first + "' is given by more than one part"), &lock);
+      if (have.first == side.name) {
+        return FailLocked(InvalidArgument("side file '" + side.name + "' is given by more than one part"), &lock);
       }
     }
-    side_files_.push_back(side);
+    side_files_.emplace_back(side.name, side.bytes);
   }
   slot = request.pieces;
   ++declared_count_;
@@ -427,7 +427,7 @@ Result<std::shared_ptr<shm::SegmentWriter>> WriteSession::Segment(std::shared_pt
   return segment_;
 }
 
-Result<LoadResult> WriteSession::SealAndWait(int64_t part, const std::function<Status()>& check) {
+Result<protocol::LoadResponse> WriteSession::SealAndWait(int64_t part, const std::function<Status()>& check) {
   std::unique_lock<std::mutex> lock(mu_);
   if (state_ == State::kFailed) return failure_;
   if (!sealed_[static_cast<size_t>(part)]) {
@@ -463,7 +463,7 @@ Result<LoadResult> WriteSession::SealAndWait(int64_t part, const std::function<S
   }
 }
 
-Result<LoadResult> WriteSession::Publish() {
+Result<protocol::LoadResponse> WriteSession::Publish() {
   std::shared_ptr<shm::SegmentWriter> segment;
   std::shared_ptr<TensorHasher> hasher;
   {
@@ -538,7 +538,7 @@ Result<LoadResult> WriteSession::Publish() {
     }
   }  // attach and verify open the segment again when they need it
   std::lock_guard<std::mutex> lock(mu_);
-  LoadResult result{SummaryOf(entry), evicted_};
+  protocol::LoadResponse result{SummaryOf(entry), evicted_};
   env_.catalog->Publish(std::move(entry));
   reserved_ = false;
   state_ = State::kPublished;

@@ -24,7 +24,6 @@
 #include <utility>
 #include <vector>
 
-#include "ckpt/client.h"
 #include "ckpt/status.h"
 #include "ckpt/tensor.h"
 #include "daemon/catalog.h"
@@ -127,7 +126,7 @@ class WriteSession {
   // 100 ms) and gets the published summary or the session's failure. A non-OK Status from
   // `check` (this part hung up) ends this part's wait with it but fails nothing: a sealed
   // part's bytes are all in. The deadline still fails the parts not yet sealed.
-  Result<LoadResult> SealAndWait(int64_t part, const std::function<Status()>& check);
+  Result<protocol::LoadResponse> SealAndWait(int64_t part, const std::function<Status()>& check);
   // Fails the session (the first reason wins; later calls do nothing). Removes the segment
   // (once no copy holds it) and releases the reservation; wakes every waiting part.
   void Fail(const Status& why);
@@ -141,7 +140,7 @@ class WriteSession {
   Status CheckIdleLocked() const;
   // Lays out, reserves, creates (the thread of the last declaring part; lock not held).
   Status Create();
-  Result<LoadResult> Publish();
+  Result<protocol::LoadResponse> Publish();
   std::string Progress() const;  // "a of b parts declared, c sealed" (lock held)
 
   const Environment env_;
@@ -169,7 +168,7 @@ class WriteSession {
   bool reserved_ = false;  // the catalog holds a reservation for name_
   std::shared_ptr<shm::SegmentWriter> segment_;
   std::shared_ptr<TensorHasher> hasher_;  // holds segment_ alive until its threads end
-  std::optional<LoadResult> result_;
+  std::optional<protocol::LoadResponse> result_;
   std::vector<std::string> evicted_;  // what the budget evicted for this write
   std::chrono::steady_clock::time_point last_activity_;
 };

@@ -2,9 +2,11 @@
 
 #include <cstdio>
 #include <limits>
+#include <tuple>
+#include <utility>
 
-#include "protocol/wire.h"
 #include "common/hex.h"
+#include "protocol/wire.h"
 
 namespace ckpt::protocol {
 
@@ -12,138 +14,79 @@ using nlohmann::json;
 
 namespace {
 
-// Reads typed fields from one JSON object, keeping the first error. In a request a bad
-// field is the caller's InvalidArgument; in a response it means a broken daemon (Corrupt).
-class Fields {
- public:
-  Fields(const json& j, const char* what, bool request) : j_(j), what_(what), request_(request) {
-    if (!j.is_object()) Fail(std::string("is not an object"));
-  }
+// ---- the machinery: one table of fields per struct drives Encode and Decode ----
 
-  template <typename T>
-  void Required(const char* key, T* out) {
-    Get(key, out, /*required=*/true);
+// How a field's value is written: as its C++ type says (Plain), or as text.
+struct Plain {};
+struct Hex64 {};     // a uint64_t as 16 lower-case hex digits (a checksum); 1 to 16 digits are read
+struct HexBytes {};  // a std::string of any bytes as lower-case hex
+
+// One key of a struct's JSON. `required`: Decode fails without it. Encode writes it unless
+// kSkipDefault and it holds the value of a default-constructed M, or `when` says no.
+// `max_items`: an array longer than this is refused before its items are read (0: no limit).
+template <typename M, typename T, typename C, bool kSkipDefault>
+struct Field {
+  using Codec = C;
+  static constexpr bool kSkip = kSkipDefault;
+  const char* key;
+  T M::*member;
+  bool required;
+  bool (*when)(const M&) = nullptr;
+  size_t max_items = 0;
+  Field Max(size_t n) const {
+    Field f = *this;
+    f.max_items = n;
+    return f;
   }
-  template <typename T>
-  void Optional(const char* key, T* out) {
-    Get(key, out, /*required=*/false);
+};
+
+// Required: always written, Decode fails without it.
+template <typename C = Plain, typename M, typename T>
+Field<M, T, C, false> Req(const char* key, T M::*member) {
+  return {key, member, true};
+}
+// Optional: always written, absent keeps the default.
+template <typename C = Plain, typename M, typename T>
+Field<M, T, C, false> Opt(const char* key, T M::*member) {
+  return {key, member, false};
+}
+// Optional, and left out while it holds its default.
+template <typename C = Plain, typename M, typename T>
+Field<M, T, C, true> Unset(const char* key, T M::*member) {
+  return {key, member, false};
+}
+// Optional, written only when when(m).
+template <typename C = Plain, typename M, typename T>
+Field<M, T, C, false> When(const char* key, T M::*member, bool (*when)(const M&)) {
+  return {key, member, false, when};
+}
+
+// A struct's table: what it is called in a malformed-response error, and its fields.
+template <typename... Fs>
+std::pair<const char*, std::tuple<Fs...>> Table(const char* what, Fs... fields) {
+  return {what, std::tuple<Fs...>(fields...)};
+}
+
+// The first error of one Decode. Paths name fields as 'pieces[2].key'.
+class Errors {
+ public:
+  explicit Errors(bool request) : request_(request) {}
+  bool ok() const { return message_.empty(); }
+  bool request() const { return request_; }
+  void Fail(std::string message) {
+    if (ok()) message_ = std::move(message);
   }
-  bool Has(const char* key) const { return j_.is_object() && j_.contains(key); }
-  void Fail(const std::string& message) {
-    if (!status_.ok()) return;
-    status_ = request_ ? InvalidArgument(message)
-                       : Corrupt(std::string("malformed ") + what_ + " response from ckptd: " + message);
-  }
-  Status status() const { return status_; }
+  const std::string& message() const { return message_; }
 
  private:
-  template <typename T>
-  void Get(const char* key, T* out, bool required) {
-    if (!status_.ok() || !j_.is_object()) return;
-    auto it = j_.find(key);
-    if (it == j_.end()) {
-      if (required) Fail(std::string(request_ ? "request lacks '" : "no '") + key + "'");
-      return;
-    }
-    const char* expected = Convert(*it, out);
-    if (expected != nullptr) Fail(std::string("'") + key + "' must be " + expected);
-  }
-
-  // Each returns nullptr on success, else what the value should have been.
-  static const char* Convert(const json& v, std::string* out) {
-    if (!v.is_string()) return "a string";
-    *out = v.get<std::string>();
-    return nullptr;
-  }
-  static const char* Convert(const json& v, bool* out) {
-    if (!v.is_boolean()) return "a boolean";
-    *out = v.get<bool>();
-    return nullptr;
-  }
-  static const char* Convert(const json& v, uint64_t* out) {
-    if (!v.is_number_unsigned()) return "a non-negative integer";
-    *out = v.get<uint64_t>();
-    return nullptr;
-  }
-  static const char* Convert(const json& v, uint32_t* out) {
-    if (!v.is_number_unsigned() || v.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
-      return "a non-negative 32-bit integer";
-    }
-    *out = v.get<uint32_t>();
-    return nullptr;
-  }
-  static const char* Convert(const json& v, int64_t* out) {
-    if (!v.is_number_integer()) return "an integer";
-    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return "an integer below 2^63";
-    }
-    *out = v.get<int64_t>();
-    return nullptr;
-  }
-  static const char* Convert(const json& v, int* out) {
-    int64_t wide = 0;
-    if (Convert(v, &wide) != nullptr || wide < std::numeric_limits<int>::min() ||
-        wide > std::numeric_limits<int>::max()) {
-      return "a 32-bit integer";
-    }
-    *out = static_cast<int>(wide);
-    return nullptr;
-  }
-  static const char* Convert(const json& v, double* out) {
-    if (!v.is_number()) return "a number";
-    *out = v.get<double>();
-    return nullptr;
-  }
-  template <typename T>
-  static const char* Convert(const json& v, std::vector<T>* out) {
-    if (!v.is_array()) return "an array";
-    std::vector<T> items;
-    items.reserve(v.size());
-    for (const json& item : v) {
-      T value{};
-      if (const char* e = Convert(item, &value); e != nullptr) return "an array of valid items";
-      items.push_back(std::move(value));
-    }
-    *out = std::move(items);
-    return nullptr;
-  }
-  static const char* Convert(const json& v, CheckpointSummary* out) {
-    return Decode(v, out).ok() ? nullptr : "a checkpoint summary";
-  }
-  static const char* Convert(const json& v, SideFileInfo* out) {
-    Fields f(v, "side file", false);
-    f.Required("name", &out->name);
-    f.Required("bytes", &out->bytes);
-    return f.status().ok() ? nullptr : "a side file (name, bytes)";
-  }
-  static const char* Convert(const json& v, TensorInfo* out) {
-    Fields f(v, "tensor", false);
-    std::string dtype, checksum;
-    f.Required("name", &out->name);
-    f.Required("dtype", &dtype);
-    f.Required("shape", &out->shape);
-    f.Required("nbytes", &out->nbytes);
-    f.Required("checksum", &checksum);
-    if (!f.status().ok()) return "a tensor (name, dtype, shape, nbytes, checksum)";
-    auto parsed = DTypeFromName(dtype);
-    if (!parsed) return "a tensor of a known dtype";
-    out->dtype = *parsed;
-    if (checksum.empty() || checksum.size() > 16) return "a tensor with a hex checksum";
-    uint64_t sum = 0;
-    for (char c : checksum) {
-      int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
-      if (d < 0) return "a tensor with a hex checksum";
-      sum = (sum << 4) | static_cast<uint64_t>(d);
-    }
-    out->checksum = sum;
-    return nullptr;
-  }
-
-  const json& j_;
-  const char* what_;
   bool request_;
-  Status status_;
+  std::string message_;
 };
+
+std::string Quoted(const std::string& path) { return "'" + path + "'"; }
+std::string Join(const std::string& path, const char* key) { return path.empty() ? key : path + "." + key; }
+// The prefix of a message about the struct at `path` as a whole ("" at the top).
+std::string At(const std::string& path) { return path.empty() ? "" : path + ": "; }
 
 std::string Hex16(uint64_t v) {
   char buf[17];
@@ -151,570 +94,454 @@ std::string Hex16(uint64_t v) {
   return buf;
 }
 
-json EncodeAll(const std::vector<CheckpointSummary>& list) {
-  json out = json::array();
-  for (const auto& s : list) out.push_back(Encode(s));
-  return out;
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+template <typename M>
+json EncodeObject(const M& m);
+template <typename M>
+void DecodeObject(const json& j, M* m, const std::string& path, Errors& e);
+
+// ---- values ----
+
+template <typename T>
+json Put(const T& v) {
+  if constexpr (std::is_same_v<T, DType>) {
+    return DTypeName(v);
+  } else if constexpr (std::is_same_v<T, WriteChunkItem>) {
+    return json::array({v.piece, v.offset, v.ring_offset, v.bytes});
+  } else if constexpr (IsVector<T>::value) {
+    json out = json::array();
+    for (const auto& item : v) out.push_back(Put(item));
+    return out;
+  } else if constexpr (InList<T, Parts>::value) {
+    return EncodeObject(v);
+  } else {
+    static_assert(std::is_arithmetic_v<T> || std::is_same_v<T, std::string>);
+    return json(v);
+  }
+}
+
+template <typename C, typename T>
+json PutAs(const T& v) {
+  if constexpr (std::is_same_v<C, Hex64>) {
+    return Hex16(v);
+  } else if constexpr (std::is_same_v<C, HexBytes>) {
+    return HexEncode(v);
+  } else {
+    return Put(v);
+  }
+}
+
+// Reads `v` (the value at `path`) into *out, or records why not.
+template <typename T>
+void Get(const json& v, T* out, const std::string& path, size_t max_items, Errors& e) {
+  auto fail = [&](const char* expected) { e.Fail(Quoted(path) + " must be " + expected); };
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) return fail("a string");
+    *out = v.get<std::string>();
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) return fail("a boolean");
+    *out = v.get<bool>();
+  } else if constexpr (std::is_same_v<T, uint64_t>) {
+    if (!v.is_number_unsigned()) return fail("a non-negative integer");
+    *out = v.get<uint64_t>();
+  } else if constexpr (std::is_same_v<T, uint32_t>) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+      return fail("a non-negative 32-bit integer");
+    }
+    *out = v.get<uint32_t>();
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    if (!v.is_number_integer()) return fail("an integer");
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return fail("an integer below 2^63");
+    }
+    *out = v.get<int64_t>();
+  } else if constexpr (std::is_same_v<T, int32_t>) {
+    const bool in_range =
+        v.is_number_integer() &&
+        (v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max())
+                                : v.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
+                                      v.get<int64_t>() <= std::numeric_limits<int32_t>::max());
+    if (!in_range) return fail("a 32-bit integer");
+    *out = static_cast<int32_t>(v.get<int64_t>());
+  } else if constexpr (std::is_same_v<T, double>) {
+    if (!v.is_number()) return fail("a number");
+    *out = v.get<double>();
+  } else if constexpr (std::is_same_v<T, DType>) {
+    if (!v.is_string()) return fail("a dtype name");
+    auto parsed = DTypeFromName(v.get<std::string>());
+    if (!parsed) return e.Fail(Quoted(path) + " is an unknown dtype '" + v.get<std::string>().substr(0, 32) + "'");
+    *out = *parsed;
+  } else if constexpr (std::is_same_v<T, WriteChunkItem>) {
+    constexpr const char* kShape = "[piece, offset, ring_offset, bytes], 4 non-negative integers";
+    if (!v.is_array() || v.size() != 4) return fail(kShape);
+    for (const json& n : v) {
+      if (!n.is_number_unsigned()) return fail(kShape);
+    }
+    *out = WriteChunkItem{v[0].get<uint64_t>(), v[1].get<uint64_t>(), v[2].get<uint64_t>(), v[3].get<uint64_t>()};
+  } else if constexpr (IsVector<T>::value) {
+    if (!v.is_array()) return fail("an array");
+    if (max_items != 0 && v.size() > max_items) {
+      return e.Fail(Quoted(path) + " must be an array of at most " + std::to_string(max_items) + " items");
+    }
+    T items(v.size());
+    for (size_t i = 0; i < v.size() && e.ok(); ++i) {
+      Get(v[i], &items[i], path + "[" + std::to_string(i) + "]", 0, e);
+    }
+    if (e.ok()) *out = std::move(items);
+  } else {
+    static_assert(InList<T, Parts>::value, "a field of a type the protocol cannot read");
+    DecodeObject(v, out, path, e);
+  }
+}
+
+template <typename C, typename T>
+void GetAs(const json& v, T* out, const std::string& path, size_t max_items, Errors& e) {
+  if constexpr (std::is_same_v<C, Hex64>) {
+    const bool hex = v.is_string() && !v.get_ref<const std::string&>().empty() &&
+                     v.get_ref<const std::string&>().size() <= 16 &&
+                     v.get_ref<const std::string&>().find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!hex) return e.Fail(Quoted(path) + " must be 1 to 16 lower-case hex digits");
+    *out = std::stoull(v.get<std::string>(), nullptr, 16);
+  } else if constexpr (std::is_same_v<C, HexBytes>) {
+    if (!v.is_string()) return e.Fail(Quoted(path) + " must be a string");
+    auto bytes = HexDecode(v.get<std::string>());
+    if (!bytes.ok()) return e.Fail(Quoted(path) + ": " + bytes.status().message());
+    *out = std::move(bytes).value();
+  } else {
+    Get(v, out, path, max_items, e);
+  }
+}
+
+// ---- the tables (one per struct) and the checks beyond types ----
+
+// Checks of a decoded struct beyond its fields' types (ranges, fields that depend on
+// others); `j` is its JSON object. None unless a struct has its own below.
+template <typename M>
+void Check(const json&, M*, const std::string&, Errors&) {}
+
+// Requests.
+auto Schema(const StatusRequest*) { return Table("status"); }
+auto Schema(const MetricsRequest*) { return Table("metrics"); }
+auto Schema(const ListRequest*) { return Table("list"); }
+auto Schema(const InfoRequest*) { return Table("info", Req("name", &InfoRequest::name)); }
+auto Schema(const VerifyRequest*) { return Table("verify", Req("name", &VerifyRequest::name)); }
+auto Schema(const CancelRequest*) { return Table("cancel"); }
+auto Schema(const WriteSealRequest*) { return Table("write_seal"); }
+
+auto Schema(const LoadRequest*) {
+  return Table("load", Req("path", &LoadRequest::path), Unset("name", &LoadRequest::name),
+               Opt("progress", &LoadRequest::progress), Unset("replace", &LoadRequest::replace),
+               Unset("allow_expansion", &LoadRequest::allow_expansion));
+}
+
+auto Schema(const EnsureRequest*) {
+  return Table("ensure", Req("path", &EnsureRequest::path), Unset("name", &EnsureRequest::name),
+               Opt("progress", &EnsureRequest::progress), Unset("allow_expansion", &EnsureRequest::allow_expansion));
+}
+
+auto Schema(const EvictRequest*) {
+  return Table("evict", Req("name", &EvictRequest::name), Opt("force", &EvictRequest::force),
+               Unset("wait_s", &EvictRequest::wait_s));
+}
+void Check(const json&, EvictRequest* m, const std::string& path, Errors& e) {
+  if (!(m->wait_s >= 0 && m->wait_s <= 86400)) e.Fail("'wait_s' must be a number of seconds from 0 to 86400");
+}
+
+auto Schema(const AttachRequest*) {
+  return Table("attach", Req("name", &AttachRequest::name), Unset("generation", &AttachRequest::generation),
+               Unset("segment_id", &AttachRequest::segment_id));
+}
+
+bool HasValue(const RendezvousRequest& m) { return m.has_value; }
+auto Schema(const RendezvousRequest*) {
+  return Table("rendezvous", Req("job", &RendezvousRequest::job), Req("rank", &RendezvousRequest::rank),
+               Req("world", &RendezvousRequest::world), When("value", &RendezvousRequest::value_hex, HasValue),
+               Opt("timeout_s", &RendezvousRequest::timeout_s));
+}
+void Check(const json& j, RendezvousRequest* m, const std::string& path, Errors& e) {
+  m->has_value = j.contains("value");
+  if (m->world < 1 || m->world > 65536) e.Fail("'world' must be 1 to 65536, not " + std::to_string(m->world));
+  if (m->rank < 0 || m->rank >= m->world) {
+    e.Fail("'rank' must be in [0, world): rank " + std::to_string(m->rank) + ", world " + std::to_string(m->world));
+  }
+  if (!(m->timeout_s >= 0 && m->timeout_s <= 3600)) e.Fail("'timeout_s' must be a number of seconds from 0 to 3600");
+}
+
+constexpr size_t kMaxWritePieces = 1u << 20;
+constexpr size_t kMaxChunkItems = 1u << 16;
+static_assert(kWriteChunkItemsPerFrame <= kMaxChunkItems);
+
+bool IsFlat(const WritePiece& p) { return p.flat; }
+bool IsBox(const WritePiece& p) { return !p.flat; }
+auto Schema(const WritePiece*) {
+  return Table("write", Req("key", &WritePiece::key), Req("dtype", &WritePiece::dtype),
+               Req("global_shape", &WritePiece::global_shape), When("flat", &WritePiece::flat, IsFlat),
+               When("offsets", &WritePiece::offsets, IsBox), When("shape", &WritePiece::shape, IsBox),
+               When("start", &WritePiece::start, IsFlat), When("numel", &WritePiece::numel, IsFlat));
+}
+void Check(const json& j, WritePiece* p, const std::string& path, Errors& e) {
+  const std::string at = At(path);
+  const std::string which = at + "'" + p->key.substr(0, 64) + "': ";
+  if (p->flat) {
+    for (const char* key : {"start", "numel"}) {
+      if (!j.contains(key)) return e.Fail("request lacks " + Quoted(Join(path, key)));
+    }
+    p->offsets.clear();  // a flat piece has no box
+    p->shape.clear();
+  } else {
+    p->start = p->numel = 0;  // nor a box a flat range
+  }
+  if (p->key.empty() || p->key.size() > 1024) return e.Fail(at + "a key must be 1 to 1024 bytes");
+  if (p->global_shape.size() > 8) return e.Fail(which + "more than 8 dims");
+  for (int64_t d : p->global_shape) {
+    if (d < 0) return e.Fail(which + "a negative dimension");
+  }
+  if (p->flat) return;
+  // A box defaults to the whole tensor.
+  if (p->offsets.empty()) p->offsets.assign(p->global_shape.size(), 0);
+  if (p->shape.empty() && !j.contains("shape")) p->shape = p->global_shape;
+  if (p->offsets.size() != p->global_shape.size() || p->shape.size() != p->global_shape.size()) {
+    return e.Fail(which + "offsets and shape must have one entry per dim of global_shape");
+  }
+  for (size_t d = 0; d < p->shape.size(); ++d) {
+    if (p->offsets[d] < 0 || p->shape[d] < 0 || p->offsets[d] > p->global_shape[d] ||
+        p->shape[d] > p->global_shape[d] - p->offsets[d]) {
+      return e.Fail(which + "the box leaves the global shape in dim " + std::to_string(d));
+    }
+  }
+}
+
+auto Schema(const WriteSideFile*) {
+  return Table("write", Req("name", &WriteSideFile::name), Req<HexBytes>("data", &WriteSideFile::bytes));
+}
+
+bool HasSideFiles(const WriteRequest& m) { return !m.side_files.empty(); }
+auto Schema(const WriteRequest*) {
+  return Table("write", Req("name", &WriteRequest::name), Unset("job", &WriteRequest::job),
+               Opt("part", &WriteRequest::part), Opt("parts", &WriteRequest::parts),
+               Unset("replace", &WriteRequest::replace), Opt("timeout_s", &WriteRequest::timeout_s),
+               Opt("ring_bytes", &WriteRequest::ring_bytes), Req("pieces", &WriteRequest::pieces).Max(kMaxWritePieces),
+               When("side_files", &WriteRequest::side_files, HasSideFiles));
+}
+void Check(const json&, WriteRequest* m, const std::string& path, Errors& e) {
+  if (m->parts < 1 || m->parts > kMaxWriteParts) {
+    return e.Fail("'parts' must be 1 to " + std::to_string(kMaxWriteParts) + ", not " + std::to_string(m->parts));
+  }
+  if (m->part < 0 || m->part >= m->parts) {
+    return e.Fail("'part' must be in [0, parts): part " + std::to_string(m->part) + ", parts " +
+                  std::to_string(m->parts));
+  }
+  if (!(m->timeout_s >= 0 && m->timeout_s <= 86400)) {
+    return e.Fail("'timeout_s' must be a number of seconds from 0 to 86400");
+  }
+}
+
+auto Schema(const WriteChunkRequest*) {
+  return Table("write_chunk", Req("slot", &WriteChunkRequest::slot),
+               Req("items", &WriteChunkRequest::items).Max(kMaxChunkItems));
+}
+
+// Parts of responses.
+auto Schema(const WireSummary*) {
+  using S = WireSummary;
+  return Table("checkpoint", Req("name", &S::name), Req("generation", &S::generation), Opt("shm_name", &S::shm_name),
+               Unset("segment_id", &S::segment_id), Opt("source", &S::source), Opt("format", &S::format),
+               Opt("segment_bytes", &S::segment_bytes), Opt("data_bytes", &S::data_bytes),
+               Opt("tensor_count", &S::tensor_count), Opt("load_seconds", &S::load_seconds),
+               Opt("loaded_unix_s", &S::loaded_unix_s), Opt("attached", &S::attached),
+               Opt("attached_pids", &S::attached_pids), Unset("page_bytes", &S::page_bytes),
+               Unset("huge_bytes", &S::huge_bytes), Unset("source_fingerprint", &S::source_fingerprint),
+               Opt("owner_uid", &S::owner_uid), Opt("owner_user", &S::owner_user),
+               Opt("owner_admin", &S::owner_admin));
+}
+
+auto Schema(const WireTensor*) {
+  return Table("tensor", Req("name", &WireTensor::name), Req("dtype", &WireTensor::dtype),
+               Req("shape", &WireTensor::shape), Req("nbytes", &WireTensor::nbytes),
+               Req<Hex64>("checksum", &WireTensor::checksum));
+}
+
+auto Schema(const WireSideFile*) {
+  return Table("side file", Req("name", &WireSideFile::name), Req("bytes", &WireSideFile::bytes));
+}
+
+auto Schema(const WireEvictions*) {
+  return Table("status", Opt("by_request", &WireEvictions::by_request),
+               Opt("for_budget", &WireEvictions::for_budget), Opt("replaced", &WireEvictions::replaced));
+}
+
+// Responses.
+auto Schema(const LoadResponse*) {
+  return Table("load", Req("checkpoint", &LoadResponse::checkpoint), Opt("evicted", &LoadResponse::evicted));
+}
+
+auto Schema(const EnsureResponse*) {
+  return Table("ensure", Req("checkpoint", &EnsureResponse::checkpoint), Opt("evicted", &EnsureResponse::evicted),
+               Req("action", &EnsureResponse::action));
+}
+
+auto Schema(const CheckpointResponse*) {
+  return Table("checkpoint", Req("checkpoint", &CheckpointResponse::checkpoint));
+}
+
+auto Schema(const ListResponse*) {
+  return Table("list", Req("checkpoints", &ListResponse::checkpoints), Opt("loading", &ListResponse::loading));
+}
+
+auto Schema(const InfoResponse*) {
+  return Table("info", Req("checkpoint", &InfoResponse::checkpoint), Req("tensors", &InfoResponse::tensors),
+               Opt("side_files", &InfoResponse::side_files));
+}
+
+auto Schema(const VerifyResponse*) {
+  using V = VerifyResponse;
+  return Table("verify", Req("name", &V::name), Req("generation", &V::generation), Req("passed", &V::passed),
+               Opt("tensors", &V::tensors), Opt("bytes", &V::bytes), Opt("seconds", &V::seconds),
+               Opt("mismatch_count", &V::mismatch_count), Opt("mismatched", &V::mismatched));
+}
+
+auto Schema(const StatusResponse*) {
+  using S = StatusResponse;
+  return Table("status", Req("version", &S::version), Req("protocol", &S::protocol), Req("pid", &S::pid),
+               Req("uptime_s", &S::uptime_s), Opt("socket", &S::socket), Req("shm_prefix", &S::shm_prefix),
+               Unset("segment_dir", &S::segment_dir), Req("checkpoints", &S::checkpoints),
+               Req("loading", &S::loading), Req("shm_bytes", &S::shm_bytes),
+               Opt("memory_budget_bytes", &S::memory_budget_bytes), Opt("memory_used_bytes", &S::memory_used_bytes),
+               Req("attached", &S::attached), Req("connections", &S::connections),
+               Opt("max_connections", &S::max_connections), Opt("max_connections_per_uid", &S::max_connections_per_uid),
+               Opt("admin_reserved_connections", &S::admin_reserved_connections),
+               Opt("model_roots", &S::model_roots), Opt("evictions", &S::evictions), Opt("your_role", &S::your_role),
+               Opt("your_uid", &S::your_uid), Opt("your_shm_bytes", &S::your_shm_bytes),
+               Opt("your_segments", &S::your_segments), Opt("your_writes", &S::your_writes),
+               Opt("max_shm_bytes_per_uid", &S::max_shm_bytes_per_uid),
+               Opt("max_segments_per_uid", &S::max_segments_per_uid),
+               Opt("max_writes_per_uid", &S::max_writes_per_uid), Opt("checkpoint_list", &S::checkpoint_list),
+               Opt("retired", &S::retired), Unset("segment_pages", &S::segment_pages),
+               Unset("segment_page_bytes", &S::segment_page_bytes));
+}
+
+auto Schema(const RendezvousResponse*) { return Table("rendezvous", Req("value", &RendezvousResponse::value_hex)); }
+auto Schema(const MetricsResponse*) { return Table("metrics", Req("text", &MetricsResponse::text)); }
+auto Schema(const CancelResponse*) { return Table("cancel", Opt("cancelled", &CancelResponse::cancelled)); }
+
+// Events.
+auto Schema(const ProgressEvent*) {
+  return Table("progress", Req("done", &ProgressEvent::done), Req("total", &ProgressEvent::total));
+}
+auto Schema(const ClosingEvent*) { return Table("closing", Opt("reason", &ClosingEvent::reason)); }
+auto Schema(const WriteReadyEvent*) { return Table("write_ready", Req("generation", &WriteReadyEvent::generation)); }
+auto Schema(const WriteAckEvent*) { return Table("write_ack", Req("slot", &WriteAckEvent::slot)); }
+
+// ---- encode and decode by the tables ----
+
+// Calls f(field) for each field of M's table, in table order.
+template <typename M, typename F>
+void ForEachField(F f) {
+  std::apply([&](const auto&... field) { (f(field), ...); }, Schema(static_cast<const M*>(nullptr)).second);
+}
+
+template <typename M>
+json EncodeObject(const M& m) {
+  json j = json::object();
+  ForEachField<M>([&](const auto& f) {
+    using F = std::decay_t<decltype(f)>;
+    if constexpr (F::kSkip) {
+      static const M defaults{};
+      if (m.*f.member == defaults.*f.member) return;
+    }
+    if (f.when != nullptr && !f.when(m)) return;
+    j[f.key] = PutAs<typename F::Codec>(m.*f.member);
+  });
+  return j;
+}
+
+template <typename M>
+void DecodeObject(const json& j, M* m, const std::string& path, Errors& e) {
+  if (!j.is_object()) return e.Fail(path.empty() ? std::string("is not an object") : Quoted(path) + " must be an object");
+  ForEachField<M>([&](const auto& f) {
+    using F = std::decay_t<decltype(f)>;
+    if (!e.ok()) return;
+    const std::string key = Join(path, f.key);
+    auto it = j.find(f.key);
+    if (it == j.end()) {
+      if (f.required) e.Fail((e.request() ? "request lacks " : "no ") + Quoted(key));
+      return;
+    }
+    GetAs<typename F::Codec>(*it, &(m->*f.member), key, f.max_items, e);
+  });
+  if (e.ok()) Check(j, m, path, e);
 }
 
 }  // namespace
 
-std::vector<std::string> KnownOps() {
-  return {kStatusOp,          kMetricsOp,          kListOp,
-          kInfoOp,            kVerifyOp,           LoadRequest::kOp,
-          EnsureRequest::kOp, EvictRequest::kOp,   AttachRequest::kOp,
-          RendezvousRequest::kOp, CancelRequest::kOp, WriteRequest::kOp,
-          WriteChunkRequest::kOp, WriteSealRequest::kOp};
+namespace detail {
+
+template <typename M>
+json Codec<M>::Encode(const M& m) {
+  json j = EncodeObject(m);
+  if constexpr (kIsEvent<M>) {
+    j["v"] = kProtocolVersion;
+    j["event"] = M::kEvent;
+  }
+  return j;
 }
+
+template <typename M>
+Status Codec<M>::Decode(const json& j, M* m) {
+  Errors e(kIsRequest<M> || std::is_same_v<M, WritePiece> || std::is_same_v<M, WriteSideFile>);
+  DecodeObject(j, m, "", e);
+  if (e.ok()) return Status::Ok();
+  if (e.request()) return InvalidArgument(e.message());
+  return Corrupt(std::string("malformed ") + Schema(static_cast<const M*>(nullptr)).first +
+                 " response from ckptd: " + e.message());
+}
+
+template <typename... Ts>
+void AddAddresses(TypeList<Ts...>, std::vector<const void*>* out) {
+  (out->push_back(reinterpret_cast<const void*>(&Codec<Ts>::Encode)), ...);
+  (out->push_back(reinterpret_cast<const void*>(&Codec<Ts>::Decode)), ...);
+}
+
+// Never called: it names every message's Codec, so that this file (the only one that has
+// their definitions) emits them all for the others to link against.
+std::vector<const void*> AllCodecs() {
+  std::vector<const void*> out;
+  AddAddresses(Requests{}, &out);
+  AddAddresses(Responses{}, &out);
+  AddAddresses(Events{}, &out);
+  AddAddresses(Parts{}, &out);
+  return out;
+}
+
+}  // namespace detail
+
+namespace {
+template <typename... Ts>
+std::vector<std::string> OpsOf(TypeList<Ts...>) {
+  return {Ts::kOp...};
+}
+}  // namespace
+
+std::vector<std::string> KnownOps() { return OpsOf(Requests{}); }
 
 Result<std::string> DecodeOp(const json& request) {
   auto v = request.find("v");
   if (v == request.end() || !v->is_number_integer() || v->get<int64_t>() != kProtocolVersion) {
     return Unsupported("protocol version mismatch: this daemon speaks version " + std::to_string(kProtocolVersion));
   }
-  Fields f(request, "request", true);
-  std::string op;
-  f.Required("op", &op);
-  if (!f.status().ok()) return f.status();
-  return op;
+  auto op = request.find("op");
+  if (op == request.end()) return InvalidArgument("request lacks 'op'");
+  if (!op->is_string()) return InvalidArgument("'op' must be a string");
+  return op->get<std::string>();
 }
 
 std::string EventName(const json& frame) {
   auto it = frame.find("event");
   return (it != frame.end() && it->is_string()) ? it->get<std::string>() : std::string();
-}
-
-// ---- requests ----
-
-json Encode(const LoadRequest& m) {
-  json j{{"path", m.path}, {"progress", m.progress}};
-  if (!m.name.empty()) j["name"] = m.name;
-  if (m.replace) j["replace"] = true;
-  if (m.allow_expansion) j["allow_expansion"] = true;
-  return j;
-}
-
-Status Decode(const json& j, LoadRequest* m) {
-  Fields f(j, "load", true);
-  f.Required("path", &m->path);
-  f.Optional("name", &m->name);
-  f.Optional("progress", &m->progress);
-  f.Optional("replace", &m->replace);
-  f.Optional("allow_expansion", &m->allow_expansion);
-  return f.status();
-}
-
-json Encode(const EnsureRequest& m) {
-  json j{{"path", m.path}, {"progress", m.progress}};
-  if (!m.name.empty()) j["name"] = m.name;
-  if (m.allow_expansion) j["allow_expansion"] = true;
-  return j;
-}
-
-Status Decode(const json& j, EnsureRequest* m) {
-  Fields f(j, "ensure", true);
-  f.Required("path", &m->path);
-  f.Optional("name", &m->name);
-  f.Optional("progress", &m->progress);
-  f.Optional("allow_expansion", &m->allow_expansion);
-  return f.status();
-}
-
-json Encode(const EvictRequest& m) {
-  json j{{"name", m.name}, {"force", m.force}};
-  if (m.wait_s > 0) j["wait_s"] = m.wait_s;
-  return j;
-}
-
-Status Decode(const json& j, EvictRequest* m) {
-  Fields f(j, "evict", true);
-  f.Required("name", &m->name);
-  f.Optional("force", &m->force);
-  f.Optional("wait_s", &m->wait_s);
-  if (f.status().ok() && !(m->wait_s >= 0 && m->wait_s <= 86400)) {
-    f.Fail("'wait_s' must be a number of seconds from 0 to 86400");
-  }
-  return f.status();
-}
-
-json Encode(const NameRequest& m) { return json{{"name", m.name}}; }
-
-Status Decode(const json& j, NameRequest* m) {
-  Fields f(j, "request", true);
-  f.Required("name", &m->name);
-  return f.status();
-}
-
-json Encode(const AttachRequest& m) {
-  json j{{"name", m.name}};
-  if (m.generation != 0) j["generation"] = m.generation;
-  if (!m.segment_id.empty()) j["segment_id"] = m.segment_id;
-  return j;
-}
-
-Status Decode(const json& j, AttachRequest* m) {
-  Fields f(j, "attach", true);
-  f.Required("name", &m->name);
-  f.Optional("generation", &m->generation);
-  f.Optional("segment_id", &m->segment_id);
-  return f.status();
-}
-
-json Encode(const RendezvousRequest& m) {
-  json j{{"job", m.job}, {"rank", m.rank}, {"world", m.world}, {"timeout_s", m.timeout_s}};
-  if (m.has_value) j["value"] = m.value_hex;
-  return j;
-}
-
-Status Decode(const json& j, RendezvousRequest* m) {
-  Fields f(j, "rendezvous", true);
-  f.Required("job", &m->job);
-  f.Required("rank", &m->rank);
-  f.Required("world", &m->world);
-  m->has_value = f.Has("value");
-  f.Optional("value", &m->value_hex);
-  f.Optional("timeout_s", &m->timeout_s);
-  if (!f.status().ok()) return f.status();
-  if (m->world < 1 || m->world > 65536) f.Fail("'world' must be 1 to 65536, not " + std::to_string(m->world));
-  if (m->rank < 0 || m->rank >= m->world) {
-    f.Fail("'rank' must be in [0, world): rank " + std::to_string(m->rank) + ", world " + std::to_string(m->world));
-  }
-  if (!(m->timeout_s >= 0 && m->timeout_s <= 3600)) f.Fail("'timeout_s' must be a number of seconds from 0 to 3600");
-  return f.status();
-}
-
-// ---- responses ----
-
-json Encode(const CheckpointSummary& m) {
-  json j{{"name", m.name},
-         {"generation", m.generation},
-         {"shm_name", m.shm_name},
-         {"source", m.source},
-         {"format", m.format},
-         {"segment_bytes", m.segment_bytes},
-         {"data_bytes", m.data_bytes},
-         {"tensor_count", m.tensor_count},
-         {"load_seconds", m.load_seconds},
-         {"loaded_unix_s", m.loaded_unix_s},
-         {"attached", m.attached},
-         {"attached_pids", m.attached_pids},
-         {"owner_uid", m.owner_uid},
-         {"owner_user", m.owner_user},
-         {"owner_admin", m.owner_admin}};
-  if (!m.segment_id.empty()) j["segment_id"] = m.segment_id;
-  if (m.page_bytes != 0) j["page_bytes"] = m.page_bytes;
-  if (m.huge_bytes >= 0) j["huge_bytes"] = m.huge_bytes;
-  if (!m.source_fingerprint.empty()) j["source_fingerprint"] = m.source_fingerprint;
-  return j;
-}
-
-Status Decode(const json& j, CheckpointSummary* m) {
-  Fields f(j, "checkpoint", false);
-  f.Required("name", &m->name);
-  f.Required("generation", &m->generation);
-  f.Optional("shm_name", &m->shm_name);
-  f.Optional("segment_id", &m->segment_id);
-  f.Optional("source", &m->source);
-  f.Optional("format", &m->format);
-  f.Optional("segment_bytes", &m->segment_bytes);
-  f.Optional("data_bytes", &m->data_bytes);
-  f.Optional("tensor_count", &m->tensor_count);
-  f.Optional("load_seconds", &m->load_seconds);
-  f.Optional("loaded_unix_s", &m->loaded_unix_s);
-  f.Optional("attached", &m->attached);
-  f.Optional("attached_pids", &m->attached_pids);
-  f.Optional("page_bytes", &m->page_bytes);
-  f.Optional("huge_bytes", &m->huge_bytes);
-  f.Optional("source_fingerprint", &m->source_fingerprint);
-  f.Optional("owner_uid", &m->owner_uid);
-  f.Optional("owner_user", &m->owner_user);
-  f.Optional("owner_admin", &m->owner_admin);
-  return f.status();
-}
-
-json Encode(const CheckpointList& m) { return json{{"checkpoints", EncodeAll(m.checkpoints)}, {"loading", m.loading}}; }
-
-Status Decode(const json& j, CheckpointList* m) {
-  Fields f(j, "list", false);
-  f.Required("checkpoints", &m->checkpoints);
-  f.Optional("loading", &m->loading);
-  return f.status();
-}
-
-json EncodeTensor(const TensorInfo& t) {
-  return json{{"name", t.name},
-              {"dtype", DTypeName(t.dtype)},
-              {"shape", t.shape},
-              {"nbytes", t.nbytes},
-              {"checksum", Hex16(t.checksum)}};
-}
-
-json Encode(const CheckpointInfo& m) {
-  json tensors = json::array();
-  for (const TensorInfo& t : m.tensors) tensors.push_back(EncodeTensor(t));
-  json sides = json::array();
-  for (const SideFileInfo& side : m.side_files) sides.push_back(json{{"name", side.name}, {"bytes", side.bytes}});
-  return json{{"checkpoint", Encode(m.checkpoint)}, {"tensors", std::move(tensors)}, {"side_files", std::move(sides)}};
-}
-
-Status Decode(const json& j, CheckpointInfo* m) {
-  Fields f(j, "info", false);
-  f.Required("checkpoint", &m->checkpoint);
-  f.Required("tensors", &m->tensors);
-  f.Optional("side_files", &m->side_files);  // absent from daemons before 0.1.0's issue 22
-  return f.status();
-}
-
-json Encode(const LoadResult& m) { return json{{"checkpoint", Encode(m.checkpoint)}, {"evicted", m.evicted}}; }
-
-Status Decode(const json& j, LoadResult* m) {
-  Fields f(j, "load", false);
-  f.Required("checkpoint", &m->checkpoint);
-  f.Optional("evicted", &m->evicted);
-  return f.status();
-}
-
-json Encode(const EnsureResult& m) {
-  return json{{"checkpoint", Encode(m.checkpoint)}, {"evicted", m.evicted}, {"action", m.action}};
-}
-
-Status Decode(const json& j, EnsureResult* m) {
-  Fields f(j, "ensure", false);
-  f.Required("checkpoint", &m->checkpoint);
-  f.Optional("evicted", &m->evicted);
-  f.Required("action", &m->action);
-  return f.status();
-}
-
-json Encode(const VerifyResult& m) {
-  return json{{"name", m.name},
-              {"generation", m.generation},
-              {"passed", m.passed},
-              {"tensors", m.tensors},
-              {"bytes", m.bytes},
-              {"seconds", m.seconds},
-              {"mismatch_count", m.mismatch_count},
-              {"mismatched", m.mismatched}};
-}
-
-Status Decode(const json& j, VerifyResult* m) {
-  Fields f(j, "verify", false);
-  f.Required("name", &m->name);
-  f.Required("generation", &m->generation);
-  f.Required("passed", &m->passed);
-  f.Optional("tensors", &m->tensors);
-  f.Optional("bytes", &m->bytes);
-  f.Optional("seconds", &m->seconds);
-  f.Optional("mismatch_count", &m->mismatch_count);
-  f.Optional("mismatched", &m->mismatched);
-  return f.status();
-}
-
-json Encode(const DaemonStatus& m) {
-  json j{{"version", m.version},
-              {"protocol", m.protocol},
-              {"pid", m.pid},
-              {"uptime_s", m.uptime_s},
-              {"socket", m.socket},
-              {"shm_prefix", m.shm_prefix},
-              {"checkpoints", m.checkpoints},
-              {"loading", m.loading},
-              {"shm_bytes", m.shm_bytes},
-              {"memory_budget_bytes", m.memory_budget_bytes},
-              {"memory_used_bytes", m.memory_used_bytes},
-              {"attached", m.attached},
-              {"connections", m.connections},
-              {"max_connections", m.max_connections},
-              {"max_connections_per_uid", m.max_connections_per_uid},
-              {"admin_reserved_connections", m.admin_reserved_connections},
-              {"model_roots", m.model_roots},
-              {"evictions",
-               json{{"by_request", m.evictions.by_request},
-                    {"for_budget", m.evictions.for_budget},
-                    {"replaced", m.evictions.replaced}}},
-              {"your_role", m.your_role},
-              {"your_uid", m.your_uid},
-              {"your_shm_bytes", m.your_shm_bytes},
-              {"your_segments", m.your_segments},
-              {"your_writes", m.your_writes},
-              {"max_shm_bytes_per_uid", m.max_shm_bytes_per_uid},
-              {"max_segments_per_uid", m.max_segments_per_uid},
-              {"max_writes_per_uid", m.max_writes_per_uid},
-              {"checkpoint_list", EncodeAll(m.checkpoint_list)},
-              {"retired", EncodeAll(m.retired)}};
-  if (!m.segment_dir.empty()) j["segment_dir"] = m.segment_dir;
-  if (!m.segment_pages.empty()) j["segment_pages"] = m.segment_pages;
-  if (m.segment_page_bytes != 0) j["segment_page_bytes"] = m.segment_page_bytes;
-  return j;
-}
-
-Status Decode(const json& j, DaemonStatus* m) {
-  Fields f(j, "status", false);
-  f.Required("version", &m->version);
-  f.Required("protocol", &m->protocol);
-  f.Required("pid", &m->pid);
-  f.Required("uptime_s", &m->uptime_s);
-  f.Optional("socket", &m->socket);
-  f.Required("shm_prefix", &m->shm_prefix);
-  f.Required("checkpoints", &m->checkpoints);
-  f.Required("loading", &m->loading);
-  f.Required("shm_bytes", &m->shm_bytes);
-  f.Optional("memory_budget_bytes", &m->memory_budget_bytes);
-  f.Optional("memory_used_bytes", &m->memory_used_bytes);
-  f.Required("attached", &m->attached);
-  f.Required("connections", &m->connections);
-  f.Optional("max_connections", &m->max_connections);
-  f.Optional("max_connections_per_uid", &m->max_connections_per_uid);
-  f.Optional("admin_reserved_connections", &m->admin_reserved_connections);
-  f.Optional("model_roots", &m->model_roots);
-  f.Optional("segment_dir", &m->segment_dir);
-  f.Optional("segment_pages", &m->segment_pages);
-  f.Optional("segment_page_bytes", &m->segment_page_bytes);
-  f.Optional("your_role", &m->your_role);
-  f.Optional("your_uid", &m->your_uid);
-  f.Optional("your_shm_bytes", &m->your_shm_bytes);
-  f.Optional("your_segments", &m->your_segments);
-  f.Optional("your_writes", &m->your_writes);
-  f.Optional("max_shm_bytes_per_uid", &m->max_shm_bytes_per_uid);
-  f.Optional("max_segments_per_uid", &m->max_segments_per_uid);
-  f.Optional("max_writes_per_uid", &m->max_writes_per_uid);
-  f.Optional("checkpoint_list", &m->checkpoint_list);
-  f.Optional("retired", &m->retired);
-  if (f.status().ok() && j.contains("evictions")) {
-    Fields e(j.at("evictions"), "status", false);
-    e.Optional("by_request", &m->evictions.by_request);
-    e.Optional("for_budget", &m->evictions.for_budget);
-    e.Optional("replaced", &m->evictions.replaced);
-    if (!e.status().ok()) return e.status();
-  }
-  return f.status();
-}
-
-json Encode(const CheckpointResponse& m) { return json{{"checkpoint", Encode(m.checkpoint)}}; }
-
-Status Decode(const json& j, CheckpointResponse* m) {
-  Fields f(j, "checkpoint", false);
-  f.Required("checkpoint", &m->checkpoint);
-  return f.status();
-}
-
-json Encode(const RendezvousResponse& m) { return json{{"value", m.value_hex}}; }
-
-Status Decode(const json& j, RendezvousResponse* m) {
-  Fields f(j, "rendezvous", false);
-  f.Required("value", &m->value_hex);
-  return f.status();
-}
-
-json Encode(const MetricsResponse& m) { return json{{"text", m.text}}; }
-
-Status Decode(const json& j, MetricsResponse* m) {
-  Fields f(j, "metrics", false);
-  f.Required("text", &m->text);
-  return f.status();
-}
-
-json Encode(const CancelResponse& m) { return json{{"cancelled", m.cancelled}}; }
-
-Status Decode(const json& j, CancelResponse* m) {
-  Fields f(j, "cancel", false);
-  f.Optional("cancelled", &m->cancelled);
-  return f.status();
-}
-
-// ---- events ----
-
-json Encode(const ProgressEvent& m) {
-  return json{{"v", kProtocolVersion}, {"event", kProgressEvent}, {"done", m.done}, {"total", m.total}};
-}
-
-Status Decode(const json& j, ProgressEvent* m) {
-  Fields f(j, "progress", false);
-  f.Required("done", &m->done);
-  f.Required("total", &m->total);
-  return f.status();
-}
-
-json Encode(const ClosingEvent& m) {
-  return json{{"v", kProtocolVersion}, {"event", kClosingEvent}, {"reason", m.reason}};
-}
-
-Status Decode(const json& j, ClosingEvent* m) {
-  Fields f(j, "closing", false);
-  f.Optional("reason", &m->reason);
-  return f.status();
-}
-
-// ---- the write path ----
-
-namespace {
-constexpr size_t kMaxWritePieces = 1u << 20;
-constexpr size_t kMaxChunkItems = 1u << 16;
-static_assert(kWriteChunkItemsPerFrame <= kMaxChunkItems);
-
-json EncodePiece(const WritePiece& p) {
-  json j{{"key", p.key}, {"dtype", DTypeName(p.dtype)}, {"global_shape", p.global_shape}};
-  if (p.flat) {
-    j["flat"] = true;
-    j["start"] = p.start;
-    j["numel"] = p.numel;
-  } else {
-    j["offsets"] = p.offsets;
-    j["shape"] = p.shape;
-  }
-  return j;
-}
-
-Status DecodePiece(const json& j, size_t index, WritePiece* p) {
-  const std::string what = "pieces[" + std::to_string(index) + "]";
-  if (!j.is_object()) return InvalidArgument("'" + what + "' must be an object");
-  Fields f(j, "write", true);
-  std::string dtype;
-  f.Required("key", &p->key);
-  f.Required("dtype", &dtype);
-  f.Required("global_shape", &p->global_shape);
-  f.Optional("flat", &p->flat);
-  if (p->flat) {
-    f.Required("start", &p->start);
-    f.Required("numel", &p->numel);
-  } else {
-    f.Optional("offsets", &p->offsets);
-    f.Optional("shape", &p->shape);
-  }
-  if (!f.status().ok()) return InvalidArgument(what + ": " + f.status().message());
-  auto parsed = DTypeFromName(dtype);
-  if (!parsed) return InvalidArgument(what + " ('" + p->key + "'): unknown dtype '" + dtype.substr(0, 32) + "'");
-  p->dtype = *parsed;
-  if (p->key.empty() || p->key.size() > 1024) return InvalidArgument(what + ": a key must be 1 to 1024 bytes");
-  if (p->global_shape.size() > 8) return InvalidArgument(what + " ('" + p->key + "'): more than 8 dims");
-  for (int64_t d : p->global_shape) {
-    if (d < 0) return InvalidArgument(what + " ('" + p->key + "'): a negative dimension");
-  }
-  if (!p->flat) {
-    // A box defaults to the whole tensor.
-    if (p->offsets.empty()) p->offsets.assign(p->global_shape.size(), 0);
-    if (p->shape.empty() && !j.contains("shape")) p->shape = p->global_shape;
-    if (p->offsets.size() != p->global_shape.size() || p->shape.size() != p->global_shape.size()) {
-      return InvalidArgument(what + " ('" + p->key + "'): offsets and shape must have one entry per dim of " +
-                             "global_shape");
-    }
-    for (size_t d = 0; d < p->shape.size(); ++d) {
-      if (p->offsets[d] < 0 || p->shape[d] < 0 || p->offsets[d] > p->global_shape[d] ||
-          p->shape[d] > p->global_shape[d] - p->offsets[d]) {
-        return InvalidArgument(what + " ('" + p->key + "'): the box leaves the global shape in dim " +
-                               std::to_string(d));
-      }
-    }
-  }
-  return Status::Ok();
-}
-}  // namespace
-
-json Encode(const WriteRequest& m) {
-  json pieces = json::array();
-  for (const WritePiece& p : m.pieces) pieces.push_back(EncodePiece(p));
-  json sides = json::array();
-  for (const auto& [name, bytes] : m.side_files) {
-    sides.push_back(json{{"name", name}, {"data", HexEncode(bytes)}});
-  }
-  json j{{"name", m.name},      {"part", m.part},           {"parts", m.parts},
-         {"timeout_s", m.timeout_s}, {"ring_bytes", m.ring_bytes}, {"pieces", std::move(pieces)}};
-  if (!m.job.empty()) j["job"] = m.job;
-  if (m.replace) j["replace"] = true;
-  if (!m.side_files.empty()) j["side_files"] = std::move(sides);
-  return j;
-}
-
-Status Decode(const json& j, WriteRequest* m) {
-  Fields f(j, "write", true);
-  f.Required("name", &m->name);
-  f.Optional("job", &m->job);
-  f.Optional("part", &m->part);
-  f.Optional("parts", &m->parts);
-  f.Optional("replace", &m->replace);
-  f.Optional("timeout_s", &m->timeout_s);
-  f.Optional("ring_bytes", &m->ring_bytes);
-  if (!f.status().ok()) return f.status();
-  if (m->parts < 1 || m->parts > kMaxWriteParts) {
-    return InvalidArgument("'parts' must be 1 to " + std::to_string(kMaxWriteParts) + ", not " +
-                           std::to_string(m->parts));
-  }
-  if (m->part < 0 || m->part >= m->parts) {
-    return InvalidArgument("'part' must be in [0, parts): part " + std::to_string(m->part) + ", parts " +
-                           std::to_string(m->parts));
-  }
-  if (!(m->timeout_s >= 0 && m->timeout_s <= 86400)) {
-    return InvalidArgument("'timeout_s' must be a number of seconds from 0 to 86400");
-  }
-  auto pieces = j.find("pieces");
-  if (pieces == j.end() || !pieces->is_array()) return InvalidArgument("'pieces' must be an array");
-  if (pieces->size() > kMaxWritePieces) return InvalidArgument("too many pieces in one part");
-  m->pieces.resize(pieces->size());
-  for (size_t i = 0; i < pieces->size(); ++i) CKPT_RETURN_IF_ERROR(DecodePiece((*pieces)[i], i, &m->pieces[i]));
-  if (auto sides = j.find("side_files"); sides != j.end()) {
-    if (!sides->is_array()) return InvalidArgument("'side_files' must be an array");
-    for (const json& s : *sides) {
-      Fields sf(s, "write", true);
-      std::string name, hex;
-      sf.Required("name", &name);
-      sf.Required("data", &hex);
-      if (!sf.status().ok()) return InvalidArgument("side_files: " + sf.status().message());
-      auto bytes = HexDecode(hex);
-      if (!bytes.ok()) return InvalidArgument("side file '" + name.substr(0, 255) + "': " + bytes.status().message());
-      m->side_files.emplace_back(std::move(name), std::move(bytes).value());
-    }
-  }
-  return Status::Ok();
-}
-
-json Encode(const WriteChunkRequest& m) {
-  json items = json::array();
-  for (const WriteChunkItem& i : m.items) items.push_back(json::array({i.piece, i.offset, i.ring_offset, i.bytes}));
-  return json{{"slot", m.slot}, {"items", std::move(items)}};
-}
-
-Status Decode(const json& j, WriteChunkRequest* m) {
-  Fields f(j, "write_chunk", true);
-  f.Required("slot", &m->slot);
-  if (!f.status().ok()) return f.status();
-  auto items = j.find("items");
-  if (items == j.end() || !items->is_array() || items->size() > kMaxChunkItems) {
-    return InvalidArgument("'items' must be an array of at most " + std::to_string(kMaxChunkItems) + " items");
-  }
-  m->items.clear();
-  m->items.reserve(items->size());
-  for (const json& item : *items) {
-    if (!item.is_array() || item.size() != 4) {
-      return InvalidArgument("each of 'items' must be [piece, offset, ring_offset, bytes]");
-    }
-    uint64_t v[4];
-    for (size_t k = 0; k < 4; ++k) {
-      if (!item[k].is_number_unsigned()) {
-        return InvalidArgument("each of 'items' must be 4 non-negative integers [piece, offset, ring_offset, bytes]");
-      }
-      v[k] = item[k].get<uint64_t>();
-    }
-    m->items.push_back(WriteChunkItem{v[0], v[1], v[2], v[3]});
-  }
-  return Status::Ok();
-}
-
-json Encode(const WriteReadyEvent& m) {
-  return json{{"v", kProtocolVersion}, {"event", kWriteReadyEvent}, {"generation", m.generation}};
-}
-
-Status Decode(const json& j, WriteReadyEvent* m) {
-  Fields f(j, "write_ready", false);
-  f.Required("generation", &m->generation);
-  return f.status();
-}
-
-json Encode(const WriteAckEvent& m) { return json{{"v", kProtocolVersion}, {"event", kWriteAckEvent}, {"slot", m.slot}}; }
-
-Status Decode(const json& j, WriteAckEvent* m) {
-  Fields f(j, "write_ack", false);
-  f.Required("slot", &m->slot);
-  return f.status();
 }
 
 }  // namespace ckpt::protocol

@@ -1,27 +1,97 @@
-// The protocol's messages: one struct per request, response and event, and their JSON
-// encoding, in one place. The daemon decodes requests and encodes responses with these;
-// the C++ Client (and through it ckptctl and the Python module) encodes requests and
-// decodes responses with them. Framing and the {"v", "ok"/"code"/"error"} envelope are
-// in protocol/wire.h.
+// The protocol's messages: one struct per request, response and event, each the wire's own
+// type (not the public structs of include/ckpt/: the client maps between the two in
+// client/wire_mapping.h, the daemon builds these directly). Framing and the
+// {"v", "ok"/"code"/"error"} envelope are in protocol/wire.h.
 //
-// Decode() checks every field's type and range and returns InvalidArgument (a request)
-// naming the field; absent optional fields keep the struct's default. Encode() writes
-// every field (optional ones only when set). Policy (who may do what, which names are
-// allowed) is the daemon's, not the protocol's: see daemon/policy.h.
+// Each struct's JSON is one table in messages.cc (its keys, which are required, which are
+// left out when unset), which drives both Encode and Decode: no field is named twice.
+// Decode() checks every field's type and range and fails naming the field (by its path,
+// e.g. 'pieces[2].key'); absent optional fields keep the struct's default. A bad request
+// is InvalidArgument; a bad response or event is Corrupt ("malformed ... response from
+// ckptd"). Neither throws. Policy (who may do what, which names are allowed) is the
+// daemon's, not the protocol's: see daemon/policy.h.
+//
+// Every message type is in one of the lists at the end (Requests, Responses, Events);
+// tests/protocol/messages_test.cc checks each of them against golden JSON, so a message
+// added there without a test does not compile.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "ckpt/client.h"
+#include "ckpt/dtype.h"
 #include "ckpt/status.h"
-#include "ckpt/tensor.h"
 
 namespace ckpt::protocol {
 
+// ---- parts of messages ----
+
+// One checkpoint generation (see ckpt::CheckpointSummary for each field's meaning).
+struct WireSummary {
+  std::string name;
+  uint64_t generation = 0;
+  std::string shm_name;
+  std::string segment_id;  // empty: not reported (left out)
+  std::string source;
+  std::string format;
+  uint64_t segment_bytes = 0;
+  uint64_t data_bytes = 0;
+  uint64_t tensor_count = 0;
+  double load_seconds = 0;
+  int64_t loaded_unix_s = 0;
+  uint32_t attached = 0;
+  std::vector<int64_t> attached_pids;
+  uint64_t page_bytes = 0;            // 0: not reported (left out)
+  int64_t huge_bytes = -1;            // -1: not known (left out)
+  std::string source_fingerprint;     // empty: not known (left out)
+  uint32_t owner_uid = 0;
+  std::string owner_user;
+  bool owner_admin = false;
+};
+
+// One tensor of a checkpoint's index: dtype by its safetensors name, checksum as 16 hex digits.
+struct WireTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  uint64_t checksum = 0;
+};
+
+// A side file kept with a checkpoint: its name and size.
+struct WireSideFile {
+  std::string name;
+  uint64_t bytes = 0;
+};
+
+struct WireEvictions {
+  uint64_t by_request = 0;
+  uint64_t for_budget = 0;
+  uint64_t replaced = 0;
+};
+
 // ---- requests (each names its op) ----
+
+struct StatusRequest {
+  static constexpr const char* kOp = "status";
+};
+struct MetricsRequest {
+  static constexpr const char* kOp = "metrics";
+};
+struct ListRequest {
+  static constexpr const char* kOp = "list";
+};
+struct InfoRequest {
+  static constexpr const char* kOp = "info";
+  std::string name;
+};
+struct VerifyRequest {
+  static constexpr const char* kOp = "verify";
+  std::string name;
+};
 
 struct LoadRequest {
   static constexpr const char* kOp = "load";
@@ -49,11 +119,6 @@ struct EvictRequest {
   double wait_s = 0;  // 0 to 86400
 };
 
-// info and verify take just a name.
-struct NameRequest {
-  std::string name;
-};
-
 struct AttachRequest {
   static constexpr const char* kOp = "attach";
   std::string name;
@@ -66,7 +131,7 @@ struct RendezvousRequest {
   std::string job;
   int64_t rank = 0;
   int64_t world = 0;
-  bool has_value = false;  // "value" present (rank 0 publishes)
+  bool has_value = false;  // "value" present (rank 0 publishes); not a key of its own
   std::string value_hex;
   double timeout_s = 60;   // 0 to 3600
 };
@@ -78,118 +143,18 @@ struct CancelRequest {
   static constexpr const char* kOp = "cancel";
 };
 
-// ---- responses ----
-
-struct CheckpointResponse {  // evict and attach
-  CheckpointSummary checkpoint;
-};
-struct RendezvousResponse {
-  std::string value_hex;
-};
-struct MetricsResponse {
-  std::string text;
-};
-struct CancelResponse {
-  bool cancelled = false;
-};
-
-// ---- events (frames before a response) ----
-
-struct ProgressEvent {
-  uint64_t done = 0;
-  uint64_t total = 0;
-};
-// The daemon closes the connection right after this frame (idle, or stopping) without
-// having read any request that follows: a request sent meanwhile may be repeated.
-struct ClosingEvent {
-  std::string reason;
-};
-inline constexpr const char* kProgressEvent = "progress";
-inline constexpr const char* kClosingEvent = "closing";
-
-// Ops whose request is a NameRequest or has no fields.
-inline constexpr const char* kStatusOp = "status";
-inline constexpr const char* kMetricsOp = "metrics";
-inline constexpr const char* kListOp = "list";
-inline constexpr const char* kInfoOp = "info";
-inline constexpr const char* kVerifyOp = "verify";
-
-// Every op a client may send. The daemon's table of operations (daemon/request_handler.cc)
-// has exactly these (tests/daemon/op_table_test.cc checks it); an op it does not list is
-// refused.
-std::vector<std::string> KnownOps();
-
-// The version and op of a request. Unsupported for another protocol version;
-// InvalidArgument without an op.
-Result<std::string> DecodeOp(const nlohmann::json& request);
-
-nlohmann::json Encode(const LoadRequest& m);
-nlohmann::json Encode(const EvictRequest& m);
-nlohmann::json Encode(const EnsureRequest& m);
-nlohmann::json Encode(const EnsureResult& m);
-nlohmann::json Encode(const NameRequest& m);
-nlohmann::json Encode(const AttachRequest& m);
-nlohmann::json Encode(const RendezvousRequest& m);
-nlohmann::json Encode(const CheckpointSummary& m);
-nlohmann::json Encode(const CheckpointList& m);
-nlohmann::json Encode(const CheckpointInfo& m);
-nlohmann::json Encode(const LoadResult& m);
-nlohmann::json Encode(const VerifyResult& m);
-nlohmann::json Encode(const DaemonStatus& m);
-nlohmann::json Encode(const CheckpointResponse& m);
-nlohmann::json Encode(const RendezvousResponse& m);
-nlohmann::json Encode(const MetricsResponse& m);
-nlohmann::json Encode(const CancelResponse& m);
-// Events carry their "v" and "event" fields.
-nlohmann::json Encode(const ProgressEvent& m);
-nlohmann::json Encode(const ClosingEvent& m);
-nlohmann::json EncodeTensor(const TensorInfo& t);
-
-// Requests: InvalidArgument naming the field that is missing or of the wrong type.
-Status Decode(const nlohmann::json& j, LoadRequest* m);
-Status Decode(const nlohmann::json& j, EvictRequest* m);
-Status Decode(const nlohmann::json& j, EnsureRequest* m);
-Status Decode(const nlohmann::json& j, NameRequest* m);
-Status Decode(const nlohmann::json& j, AttachRequest* m);
-Status Decode(const nlohmann::json& j, RendezvousRequest* m);
-// Responses and events: Corrupt ("malformed ... response from ckptd") on a bad field.
-Status Decode(const nlohmann::json& j, CheckpointSummary* m);
-Status Decode(const nlohmann::json& j, CheckpointList* m);
-Status Decode(const nlohmann::json& j, CheckpointInfo* m);
-Status Decode(const nlohmann::json& j, LoadResult* m);
-Status Decode(const nlohmann::json& j, EnsureResult* m);
-Status Decode(const nlohmann::json& j, VerifyResult* m);
-Status Decode(const nlohmann::json& j, DaemonStatus* m);
-Status Decode(const nlohmann::json& j, CheckpointResponse* m);
-Status Decode(const nlohmann::json& j, RendezvousResponse* m);
-Status Decode(const nlohmann::json& j, MetricsResponse* m);
-Status Decode(const nlohmann::json& j, CancelResponse* m);
-Status Decode(const nlohmann::json& j, ProgressEvent* m);
-Status Decode(const nlohmann::json& j, ClosingEvent* m);
-
-// The "event" field of a frame ("" if it is not an event).
-std::string EventName(const nlohmann::json& frame);
-
-// Decodes into a fresh T.
-template <typename T>
-Result<T> DecodeAs(const nlohmann::json& j) {
-  T m;
-  Status st = Decode(j, &m);
-  if (!st.ok()) return st;
-  return m;
-}
-
 // ---- the write path (issue 15; docs/write-path.md) ----
 // A part (rank) of a write connects, sends one WriteRequest with its staging ring (a
 // sealed memfd, SCM_RIGHTS), and keeps that connection for the whole write: the daemon
 // answers with a WriteReadyEvent once every part declared and the segment exists, then
 // the part sends WriteChunkRequests (each answered by a WriteAckEvent once its ring bytes
 // were copied) and finally one WriteSealRequest (or a CancelRequest: abort). The request's
-// one response (a LoadResult, or the error that failed the whole generation) comes after
+// one response (a LoadResponse, or the error that failed the whole generation) comes after
 // the seal, when every part sealed and the generation is published.
 
 // One piece of a global tensor that a part writes: a box (offsets, shape) or, with `flat`,
-// the elements [start, start + numel) of the flattened tensor (a ZeRO partition).
+// the elements [start, start + numel) of the flattened tensor (a ZeRO partition). A box
+// whose offsets (shape) are absent on the wire starts at 0 (covers the global shape).
 struct WritePiece {
   std::string key;
   DType dtype = DType::kU8;
@@ -199,6 +164,12 @@ struct WritePiece {
   std::vector<int64_t> shape;    // box: its extent in each dim
   uint64_t start = 0;            // flat
   uint64_t numel = 0;            // flat
+};
+
+// A side file a write publishes: its bytes (any bytes), hex on the wire as "data".
+struct WriteSideFile {
+  std::string name;
+  std::string bytes;
 };
 
 struct WriteRequest {
@@ -211,13 +182,13 @@ struct WriteRequest {
   double timeout_s = 600;  // the whole write, from its first part's request (0 to 86400)
   uint64_t ring_bytes = 0; // size of the ring passed with the request (0: no ring, no bytes)
   std::vector<WritePiece> pieces;
-  std::vector<std::pair<std::string, std::string>> side_files;  // (name, bytes); hex on the wire
+  std::vector<WriteSideFile> side_files;
 };
 inline constexpr int64_t kMaxWriteParts = 65536;
 
 // Ring bytes [ring_offset, ring_offset + bytes) are the next `bytes` bytes of piece
 // `piece` (an index into the part's pieces), starting at byte `offset` of the piece's
-// row-major bytes (a box) or of its flat range.
+// row-major bytes (a box) or of its flat range. On the wire: [piece, offset, ring_offset, bytes].
 struct WriteChunkItem {
   uint64_t piece = 0;
   uint64_t offset = 0;
@@ -237,25 +208,183 @@ struct WriteSealRequest {
   static constexpr const char* kOp = "write_seal";
 };
 
+// ---- responses ----
+
+// load and write (what was published, and what the budget evicted for it).
+struct LoadResponse {
+  WireSummary checkpoint;
+  std::vector<std::string> evicted;
+};
+// ensure; `action` is "loaded", "reloaded", "joined" or "current" (see ckpt::EnsureResult).
+struct EnsureResponse {
+  WireSummary checkpoint;
+  std::vector<std::string> evicted;
+  std::string action;
+};
+// evict and attach.
+struct CheckpointResponse {
+  WireSummary checkpoint;
+};
+struct ListResponse {
+  std::vector<WireSummary> checkpoints;
+  std::vector<std::string> loading;
+};
+struct InfoResponse {
+  WireSummary checkpoint;
+  std::vector<WireTensor> tensors;
+  std::vector<WireSideFile> side_files;  // absent from daemons before 0.1.0's issue 22
+};
+struct VerifyResponse {
+  std::string name;
+  uint64_t generation = 0;
+  bool passed = false;
+  uint64_t tensors = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  uint64_t mismatch_count = 0;
+  std::vector<std::string> mismatched;
+};
+// status (see ckpt::DaemonStatus for each field's meaning).
+struct StatusResponse {
+  std::string version;
+  int32_t protocol = 0;
+  int64_t pid = 0;
+  int64_t uptime_s = 0;
+  std::string socket;
+  std::string shm_prefix;
+  std::string segment_dir;  // empty: left out
+  uint64_t checkpoints = 0;
+  uint64_t loading = 0;
+  uint64_t shm_bytes = 0;
+  uint64_t memory_budget_bytes = 0;
+  uint64_t memory_used_bytes = 0;
+  uint64_t attached = 0;
+  int64_t connections = 0;
+  int64_t max_connections = 0;
+  int64_t max_connections_per_uid = 0;
+  int64_t admin_reserved_connections = 0;
+  std::vector<std::string> model_roots;
+  WireEvictions evictions;
+  std::string your_role;
+  uint32_t your_uid = 0;
+  uint64_t your_shm_bytes = 0;
+  uint64_t your_segments = 0;
+  uint64_t your_writes = 0;
+  uint64_t max_shm_bytes_per_uid = 0;
+  uint64_t max_segments_per_uid = 0;
+  uint64_t max_writes_per_uid = 0;
+  std::vector<WireSummary> checkpoint_list;
+  std::vector<WireSummary> retired;
+  std::string segment_pages;        // empty: left out
+  uint64_t segment_page_bytes = 0;  // 0: left out
+};
+struct RendezvousResponse {
+  std::string value_hex;  // "value" on the wire
+};
+struct MetricsResponse {
+  std::string text;
+};
+struct CancelResponse {
+  bool cancelled = false;
+};
+
+// ---- events (frames before a response; Encode adds their "v" and "event") ----
+
+struct ProgressEvent {
+  static constexpr const char* kEvent = "progress";
+  uint64_t done = 0;
+  uint64_t total = 0;
+};
+// The daemon closes the connection right after this frame (idle, or stopping) without
+// having read any request that follows: a request sent meanwhile may be repeated.
+struct ClosingEvent {
+  static constexpr const char* kEvent = "closing";
+  std::string reason;
+};
 struct WriteReadyEvent {
+  static constexpr const char* kEvent = "write_ready";
   uint64_t generation = 0;
 };
 struct WriteAckEvent {
+  static constexpr const char* kEvent = "write_ack";
   uint64_t slot = 0;
 };
-inline constexpr const char* kWriteReadyEvent = "write_ready";
-inline constexpr const char* kWriteAckEvent = "write_ack";
+inline constexpr const char* kProgressEvent = ProgressEvent::kEvent;
+inline constexpr const char* kClosingEvent = ClosingEvent::kEvent;
+inline constexpr const char* kWriteReadyEvent = WriteReadyEvent::kEvent;
+inline constexpr const char* kWriteAckEvent = WriteAckEvent::kEvent;
 
-nlohmann::json Encode(const WriteRequest& m);
-nlohmann::json Encode(const WriteChunkRequest& m);
-nlohmann::json Encode(const WriteReadyEvent& m);
-nlohmann::json Encode(const WriteAckEvent& m);
-// Requests: InvalidArgument naming the bad field (pieces' dtypes and dims are checked here;
-// their coverage is the daemon's, see daemon/write_sessions.h).
-Status Decode(const nlohmann::json& j, WriteRequest* m);
-Status Decode(const nlohmann::json& j, WriteChunkRequest* m);
-// Events: Corrupt on a bad field.
-Status Decode(const nlohmann::json& j, WriteReadyEvent* m);
-Status Decode(const nlohmann::json& j, WriteAckEvent* m);
+// ---- the registry ----
+
+template <typename... T>
+struct TypeList {};
+
+// Every request a client may send (their kOp are the ops), every response and every event.
+using Requests = TypeList<StatusRequest, MetricsRequest, ListRequest, InfoRequest, VerifyRequest, LoadRequest,
+                          EnsureRequest, EvictRequest, AttachRequest, RendezvousRequest, CancelRequest, WriteRequest,
+                          WriteChunkRequest, WriteSealRequest>;
+using Responses = TypeList<LoadResponse, EnsureResponse, CheckpointResponse, ListResponse, InfoResponse,
+                           VerifyResponse, StatusResponse, RendezvousResponse, MetricsResponse, CancelResponse>;
+using Events = TypeList<ProgressEvent, ClosingEvent, WriteReadyEvent, WriteAckEvent>;
+// Structs that are parts of messages and have a JSON object of their own.
+using Parts = TypeList<WireSummary, WireTensor, WireSideFile, WireEvictions, WritePiece, WriteSideFile>;
+
+template <typename T, typename List>
+struct InList;
+template <typename T, typename... Ts>
+struct InList<T, TypeList<Ts...>> : std::bool_constant<(std::is_same_v<T, Ts> || ...)> {};
+
+template <typename T>
+inline constexpr bool kIsRequest = InList<T, Requests>::value;
+template <typename T>
+inline constexpr bool kIsEvent = InList<T, Events>::value;
+template <typename T>
+inline constexpr bool kIsMessage =
+    kIsRequest<T> || InList<T, Responses>::value || kIsEvent<T> || InList<T, Parts>::value;
+
+// Every op a client may send: the kOp of each of Requests. The daemon's table of
+// operations (daemon/request_handler.cc) has exactly these (tests/daemon/ownership_test.cc
+// checks it); an op it does not list is refused.
+std::vector<std::string> KnownOps();
+
+// The version and op of a request. Unsupported for another protocol version;
+// InvalidArgument without an op.
+Result<std::string> DecodeOp(const nlohmann::json& request);
+
+// The "event" field of a frame ("" if it is not an event).
+std::string EventName(const nlohmann::json& frame);
+
+namespace detail {
+// Defined in messages.cc for every type of the lists above.
+template <typename M>
+struct Codec {
+  static nlohmann::json Encode(const M& m);
+  static Status Decode(const nlohmann::json& j, M* m);
+};
+}  // namespace detail
+
+// The JSON of `m`: every field, optional ones only when set; events with "v" and "event";
+// requests without "v" and "op" (the connection adds them). Never throws.
+template <typename M>
+nlohmann::json Encode(const M& m) {
+  static_assert(kIsMessage<M>, "not a protocol message: add it to a list in protocol/messages.h");
+  return detail::Codec<M>::Encode(m);
+}
+
+// Reads `j` into `*m` (see the top of this file for the errors). Never throws.
+template <typename M>
+Status Decode(const nlohmann::json& j, M* m) {
+  static_assert(kIsMessage<M>, "not a protocol message: add it to a list in protocol/messages.h");
+  return detail::Codec<M>::Decode(j, m);
+}
+
+// Decodes into a fresh M.
+template <typename M>
+Result<M> DecodeAs(const nlohmann::json& j) {
+  M m;
+  Status st = Decode(j, &m);
+  if (!st.ok()) return st;
+  return m;
+}
 
 }  // namespace ckpt::protocol

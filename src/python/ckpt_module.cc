@@ -19,6 +19,7 @@
 #include "client/persist_json.h"
 #include "ckpt/tp_plan.h"
 #include "ckpt/writer.h"
+#include "client/wire_mapping.h"
 #include "protocol/messages.h"
 
 namespace py = pybind11;
@@ -46,11 +47,12 @@ void Check(const ckpt::Status& status) {
 }
 
 // A message as a Python dict with exactly the fields of its wire encoding
-// (protocol/messages.cc), so the module has no field list of its own to keep in step.
+// (protocol/messages.cc, through client/wire_mapping.h), so the module has no field list
+// of its own to keep in step.
 template <typename T>
 py::object MessageDict(const T& message) {
   // No static py::object: it would be destroyed after the interpreter finalized.
-  return py::module_::import("json").attr("loads")(ckpt::protocol::Encode(message).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  return py::module_::import("json").attr("loads")(ckpt::client::EncodePublic(message).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 py::dict TensorDict(const ckpt::TensorInfo& t) {
