@@ -21,6 +21,7 @@ lines`; with --count only that last line. Exit status 0 (it measures, it does no
 import argparse
 import ast
 import os
+import signal
 import re
 import sys
 
@@ -227,6 +228,7 @@ def files(paths):
 
 
 def main(argv):
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `| head` ends the listing quietly
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-n", "--lines", type=int, default=80, help="list functions longer than this (default 80)")
     ap.add_argument("--count", action="store_true", help="print only the count")
