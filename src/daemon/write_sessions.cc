@@ -53,13 +53,11 @@ void ReleaseInBackground(std::shared_ptr<TensorHasher> hasher, std::shared_ptr<s
   }
 }
 
-}  // namespace
-
-Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& parts) {
-  WriteLayout layout;
-  layout.targets.resize(parts.size());
-  std::unordered_map<std::string, KeyPieces> keys;
-  std::vector<const std::string*> order;
+// Every tensor's pieces, grouped by key in first-seen order (the order of `order`); each
+// tensor's TensorInfo is appended to layout.tensors. Errors: a sub-byte dtype, a global
+// shape or size that overflows, pieces of one key that disagree on dtype or global shape.
+Status GroupPieces(const std::vector<std::vector<WritePiece>>& parts, WriteLayout& layout,
+                   std::unordered_map<std::string, KeyPieces>& keys, std::vector<const std::string*>& order) {
   for (size_t part = 0; part < parts.size(); ++part) {
     for (size_t i = 0; i < parts[part].size(); ++i) {
       const WritePiece& p = parts[part][i];
@@ -94,6 +92,138 @@ Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& 
       it->second.pieces.emplace_back(static_cast<int64_t>(part), i);
     }
   }
+  return Status::Ok();
+}
+
+// Flat ranges of one tensor of `numel` elements of `elem` bytes: each inside it, no
+// overlaps and no gaps; sets their targets.
+Status PlaceFlat(const std::vector<std::vector<WritePiece>>& parts, const std::string& key, const KeyPieces& kp,
+                 uint64_t numel, uint64_t elem, WriteLayout& layout) {
+  std::vector<std::pair<uint64_t, std::pair<int64_t, size_t>>> ranges;
+  for (const auto& [part, i] : kp.pieces) {
+    const WritePiece& p = parts[part][i];
+    auto end = CheckedAdd(p.start, p.numel);
+    if (!end || *end > numel) {
+      return InvalidArgument("tensor '" + key + "': " + PieceName(part, i) + " (elements " +
+                             std::to_string(p.start) + " + " + std::to_string(p.numel) +
+                             ") leaves the tensor of " + std::to_string(numel) + " elements");
+    }
+    ranges.push_back({p.start, {part, i}});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [start, who] : ranges) {
+    const WritePiece& p = parts[who.first][who.second];
+    if (p.numel == 0) continue;
+    if (start < covered) {
+      return InvalidArgument("tensor '" + key + "': " + PieceName(who.first, who.second) +
+                             " overlaps another piece at element " + std::to_string(start));
+    }
+    if (start > covered) {
+      return InvalidArgument("tensor '" + key + "': no part writes elements " + std::to_string(covered) +
+                             " to " + std::to_string(start));
+    }
+    covered = start + p.numel;
+  }
+  if (covered != numel) {
+    return InvalidArgument("tensor '" + key + "': no part writes elements " + std::to_string(covered) + " to " +
+                           std::to_string(numel));
+  }
+  layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is [0, numel)
+  for (const auto& [part, i] : kp.pieces) {
+    const WritePiece& p = parts[part][i];
+    PieceTarget target;
+    target.tensor = kp.tensor;
+    target.bytes = p.numel * elem;
+    target.base = p.start * elem;
+    target.run_bytes = target.bytes;
+    layout.targets[part].resize(parts[part].size());
+    layout.targets[part][i] = std::move(target);
+  }
+  return Status::Ok();
+}
+
+// Where box `p` of tensor `t` (row-major `stride` in elements) lands: its base, its runs
+// (the innermost dims the box spans whole, plus the first one it does not) and the outer
+// dims that step between runs.
+PieceTarget BoxTarget(const WritePiece& p, const TensorInfo& t, size_t tensor, const std::vector<uint64_t>& stride,
+                      uint64_t elem) {
+  const size_t ndim = t.shape.size();
+  PieceTarget target;
+  target.tensor = tensor;
+  uint64_t v = 1;
+  for (int64_t d : p.shape) v *= static_cast<uint64_t>(d);
+  target.bytes = v * elem;
+  size_t k = ndim;  // dims [k, ndim) are in the run
+  uint64_t run = 1;
+  while (k > 0) {
+    --k;
+    run *= static_cast<uint64_t>(p.shape[k]);
+    if (p.shape[k] != t.shape[k]) break;
+  }
+  if (ndim == 0) k = 0;
+  target.run_bytes = run * elem;
+  uint64_t base = 0;
+  for (size_t d = 0; d < ndim; ++d) base += static_cast<uint64_t>(p.offsets[d]) * stride[d];
+  target.base = base * elem;
+  for (size_t d = 0; d < k; ++d) {
+    target.outer_shape.push_back(static_cast<uint64_t>(p.shape[d]));
+    target.outer_stride.push_back(stride[d] * elem);
+  }
+  return target;
+}
+
+// Boxes of one tensor: each inside the tensor (checked at decode), pairwise disjoint,
+// volumes summing to the tensor's: then they cover it exactly. `pair_tests` counts the
+// pair tests of the whole layout (at most kMaxBoxPairTests). Sets their targets.
+Status PlaceBoxes(const std::vector<std::vector<WritePiece>>& parts, const std::string& key, const KeyPieces& kp,
+                  const TensorInfo& t, uint64_t numel, uint64_t elem, uint64_t& pair_tests, WriteLayout& layout) {
+  const uint64_t n = kp.pieces.size();
+  pair_tests += n * (n - 1) / 2;
+  if (pair_tests > kMaxBoxPairTests) {
+    return InvalidArgument("tensor '" + key + "': too many box pieces to check (" + std::to_string(n) + ")");
+  }
+  uint64_t volume = 0;
+  for (size_t a = 0; a < kp.pieces.size(); ++a) {
+    const WritePiece& pa = parts[kp.pieces[a].first][kp.pieces[a].second];
+    uint64_t v = 1;
+    for (int64_t d : pa.shape) v *= static_cast<uint64_t>(d);  // <= numel: inside the tensor
+    auto sum = CheckedAdd(volume, v);
+    volume = sum ? *sum : numel + 1;
+    if (v == 0) continue;
+    for (size_t b = a + 1; b < kp.pieces.size(); ++b) {
+      const WritePiece& pb = parts[kp.pieces[b].first][kp.pieces[b].second];
+      if (BoxesOverlap(pa, pb)) {
+        return InvalidArgument("tensor '" + key + "': " + PieceName(kp.pieces[a].first, kp.pieces[a].second) +
+                               " and " + PieceName(kp.pieces[b].first, kp.pieces[b].second) + " overlap");
+      }
+    }
+    if (volume > numel) break;  // reported below
+  }
+  if (volume != numel) {
+    return InvalidArgument("tensor '" + key + "': the pieces hold " + std::to_string(volume) + " of its " +
+                           std::to_string(numel) + " elements (a hole, or pieces missing)");
+  }
+  layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is the whole box
+  // Row-major strides of the global tensor, in elements.
+  const size_t ndim = t.shape.size();
+  std::vector<uint64_t> stride(ndim, 1);
+  for (size_t d = ndim; d-- > 1;) stride[d - 1] = stride[d] * static_cast<uint64_t>(t.shape[d]);
+  for (const auto& [part, i] : kp.pieces) {
+    layout.targets[part].resize(parts[part].size());
+    layout.targets[part][i] = BoxTarget(parts[part][i], t, kp.tensor, stride, elem);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& parts) {
+  WriteLayout layout;
+  layout.targets.resize(parts.size());
+  std::unordered_map<std::string, KeyPieces> keys;
+  std::vector<const std::string*> order;
+  CKPT_RETURN_IF_ERROR(GroupPieces(parts, layout, keys, order));
 
   // Coverage, per tensor, and the targets.
   layout.in_order.assign(layout.tensors.size(), false);
@@ -113,109 +243,10 @@ Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& 
                                PieceName(part, i) + "); a tensor is written one way");
       }
     }
-    // Row-major strides of the global tensor, in elements.
-    const size_t ndim = t.shape.size();
-    std::vector<uint64_t> stride(ndim, 1);
-    for (size_t d = ndim; d-- > 1;) stride[d - 1] = stride[d] * static_cast<uint64_t>(t.shape[d]);
     if (flat) {
-      std::vector<std::pair<uint64_t, std::pair<int64_t, size_t>>> ranges;
-      for (const auto& [part, i] : kp.pieces) {
-        const WritePiece& p = parts[part][i];
-        auto end = CheckedAdd(p.start, p.numel);
-        if (!end || *end > numel) {
-          return InvalidArgument("tensor '" + *key + "': " + PieceName(part, i) + " (elements " +
-                                 std::to_string(p.start) + " + " + std::to_string(p.numel) +
-                                 ") leaves the tensor of " + std::to_string(numel) + " elements");
-        }
-        ranges.push_back({p.start, {part, i}});
-      }
-      std::sort(ranges.begin(), ranges.end());
-      uint64_t covered = 0;
-      for (const auto& [start, who] : ranges) {
-        const WritePiece& p = parts[who.first][who.second];
-        if (p.numel == 0) continue;
-        if (start < covered) {
-          return InvalidArgument("tensor '" + *key + "': " + PieceName(who.first, who.second) +
-                                 " overlaps another piece at element " + std::to_string(start));
-        }
-        if (start > covered) {
-          return InvalidArgument("tensor '" + *key + "': no part writes elements " + std::to_string(covered) +
-                                 " to " + std::to_string(start));
-        }
-        covered = start + p.numel;
-      }
-      if (covered != numel) {
-        return InvalidArgument("tensor '" + *key + "': no part writes elements " + std::to_string(covered) + " to " +
-                               std::to_string(numel));
-      }
-      layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is [0, numel)
-      for (const auto& [part, i] : kp.pieces) {
-        const WritePiece& p = parts[part][i];
-        PieceTarget target;
-        target.tensor = kp.tensor;
-        target.bytes = p.numel * elem;
-        target.base = p.start * elem;
-        target.run_bytes = target.bytes;
-        layout.targets[part].resize(parts[part].size());
-        layout.targets[part][i] = std::move(target);
-      }
-      continue;
-    }
-    // Boxes: each inside the tensor (checked at decode), pairwise disjoint, volumes summing
-    // to the tensor's: then they cover it exactly.
-    const uint64_t n = kp.pieces.size();
-    pair_tests += n * (n - 1) / 2;
-    if (pair_tests > kMaxBoxPairTests) {
-      return InvalidArgument("tensor '" + *key + "': too many box pieces to check (" + std::to_string(n) + ")");
-    }
-    uint64_t volume = 0;
-    for (size_t a = 0; a < kp.pieces.size(); ++a) {
-      const WritePiece& pa = parts[kp.pieces[a].first][kp.pieces[a].second];
-      uint64_t v = 1;
-      for (int64_t d : pa.shape) v *= static_cast<uint64_t>(d);  // <= numel: inside the tensor
-      auto sum = CheckedAdd(volume, v);
-      volume = sum ? *sum : numel + 1;
-      if (v == 0) continue;
-      for (size_t b = a + 1; b < kp.pieces.size(); ++b) {
-        const WritePiece& pb = parts[kp.pieces[b].first][kp.pieces[b].second];
-        if (BoxesOverlap(pa, pb)) {
-          return InvalidArgument("tensor '" + *key + "': " + PieceName(kp.pieces[a].first, kp.pieces[a].second) +
-                                 " and " + PieceName(kp.pieces[b].first, kp.pieces[b].second) + " overlap");
-        }
-      }
-      if (volume > numel) break;  // reported below
-    }
-    if (volume != numel) {
-      return InvalidArgument("tensor '" + *key + "': the pieces hold " + std::to_string(volume) + " of its " +
-                             std::to_string(numel) + " elements (a hole, or pieces missing)");
-    }
-    layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is the whole box
-    for (const auto& [part, i] : kp.pieces) {
-      const WritePiece& p = parts[part][i];
-      PieceTarget target;
-      target.tensor = kp.tensor;
-      uint64_t v = 1;
-      for (int64_t d : p.shape) v *= static_cast<uint64_t>(d);
-      target.bytes = v * elem;
-      // The run: the innermost dims the box spans whole, plus the first one it does not.
-      size_t k = ndim;  // dims [k, ndim) are in the run
-      uint64_t run = 1;
-      while (k > 0) {
-        --k;
-        run *= static_cast<uint64_t>(p.shape[k]);
-        if (p.shape[k] != t.shape[k]) break;
-      }
-      if (ndim == 0) k = 0;
-      target.run_bytes = run * elem;
-      uint64_t base = 0;
-      for (size_t d = 0; d < ndim; ++d) base += static_cast<uint64_t>(p.offsets[d]) * stride[d];
-      target.base = base * elem;
-      for (size_t d = 0; d < k; ++d) {
-        target.outer_shape.push_back(static_cast<uint64_t>(p.shape[d]));
-        target.outer_stride.push_back(stride[d] * elem);
-      }
-      layout.targets[part].resize(parts[part].size());
-      layout.targets[part][i] = std::move(target);
+      CKPT_RETURN_IF_ERROR(PlaceFlat(parts, *key, kp, numel, elem, layout));
+    } else {
+      CKPT_RETURN_IF_ERROR(PlaceBoxes(parts, *key, kp, t, numel, elem, pair_tests, layout));
     }
   }
   CKPT_ASSIGN_OR_RETURN(layout.data_bytes, data_bytes.Get("the checkpoint's size"));
