@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cuda/convert_kernels.h"
+#include "cuda/copy_knobs.h"
 #include "cuda/copy_split.h"
 #include "cuda/copy_tasks.h"
 #include "cuda/cuda_resources.h"
@@ -36,7 +37,6 @@ cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint6
 
 }  // namespace
 
-constexpr int kMaxBuffers = 8;
 
 // One worker's resources, kept across runs. The stream is declared last, so destroyed
 // (after synchronising) first.
@@ -71,7 +71,7 @@ class CopyResources {
         bounce_(options.path == HostPath::kBounce),
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
-        nbuf_(BounceBuffers()),
+        nbuf_(CurrentCopyKnobs().buffers),
         populated_at_(static_cast<size_t>(nworkers_)),
         ready_at_(static_cast<size_t>(nworkers_)),
         workers_(static_cast<size_t>(nworkers_)) {
@@ -621,7 +621,8 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   // gathers overlap the allocation (which may still fail: the run then ends with its
   // error). The total is asked once per process, before the workers start
   // (StartCopyResources): a cudaMemGetInfo here would wait for their registrations.
-  const bool early = !dest_.base && CopyEarlyStart() && dest_.bytes <= DeviceMemoryBytes(device_);
+  const CopyKnobs knobs = CurrentCopyKnobs();
+  const bool early = !dest_.base && knobs.early && dest_.bytes <= DeviceMemoryBytes(device_);
   if (dest_.base) {
     base_ = dest_.base;
   } else if (!early) {
@@ -629,9 +630,9 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     base_ = b;
     base_at_ = Since(t0_);
   }
-  const bool spans = options_.path == HostPath::kBounce && CopySpans();
+  const bool spans = options_.path == HostPath::kBounce && knobs.spans;
   tasks_ = CutIntoTasks(jobs_, chunk_, spans ? &pieces_ : nullptr);
-  order_ = TaskOrder(tasks_, CopyTaskMix());
+  order_ = TaskOrder(tasks_, knobs.order);
   for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || !CopiedAsItIs(j);
   const bool do_register = options_.path == HostPath::kRegister;
   if (do_register) {
@@ -716,7 +717,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
     }
   }
   stats->copied_bytes = copied_;
-  if (CopyTraceEnabled()) {
+  if (knobs.trace) {
     double end_min = 1e9, end_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
     double busy_max = 0;
     uint64_t gather_bytes = 0;
@@ -750,7 +751,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
                  "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,"
                  "\"populated_at\":[%s],\"ready_at\":[%s]}\n",
                  tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0,
-                 CopyTaskMix() == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, spans ? 1 : 0, rel(rt.start),
+                 knobs.order == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, spans ? 1 : 0, rel(rt.start),
                  rel(rt.first_ready), rel(rt.last_ready), planned_s, wait_s, started_s, posted_s, base_at_, first, end_min, end_max, copied_s, Since(t0_),
                  copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
                  gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0,
@@ -764,34 +765,6 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
 uint64_t ChunkBytes(const GpuLoadOptions& options) {
   if (options.chunk_bytes != 0) return options.chunk_bytes;
   return options.path == HostPath::kBounce ? kDefaultBounceChunk : uint64_t{16} << 20;
-}
-
-int BounceBuffers() {
-  const char* v = std::getenv("CKPT_COPY_BUFFERS");
-  if (!v || !*v) return 2;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return *end == '\0' && n >= 1 && n <= kMaxBuffers ? static_cast<int>(n) : 2;
-}
-
-TaskMix CopyTaskMix() {
-  const char* v = std::getenv("CKPT_COPY_ORDER");
-  return v && std::strcmp(v, "spread") == 0 ? TaskMix::kSpread : TaskMix::kAddress;
-}
-
-bool CopySpans() {
-  const char* v = std::getenv("CKPT_COPY_SPANS");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
-bool CopyEarlyStart() {
-  const char* v = std::getenv("CKPT_COPY_EARLY");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
-bool CopyTraceEnabled() {
-  const char* v = std::getenv("CKPT_COPY_TRACE");
-  return v && std::strcmp(v, "1") == 0;
 }
 
 uint64_t DeviceMemoryBytes(int device) {
