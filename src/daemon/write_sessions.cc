@@ -506,61 +506,14 @@ Result<LoadResult> WriteSession::Publish() {
   // Every page reserved (the background reservation has long ended unless the file
   // system filled up: then ResourceExhausted, nothing published).
   CKPT_RETURN_IF_ERROR(segment->Populate(env_.threads));
-  // Checksums of the bytes as they are in the segment, which only the daemon can write:
-  // the in-order tensors' were computed while the chunks came in (the last ranges may
-  // still be in the hasher's queue); the others' (several pieces, written in any order)
-  // now, in parallel.
-  const size_t count = layout_.tensors.size();
-  std::vector<uint64_t> checksums = hasher->Finish();
-  std::vector<size_t> rest;
-  uint64_t rest_bytes = 0;
-  for (size_t i = 0; i < count; ++i) {
-    if (!layout_.in_order[i]) {
-      rest.push_back(i);
-      rest_bytes += layout_.tensors[i].nbytes;
-    }
-  }
-  const auto streamed_at = std::chrono::steady_clock::now();
-  std::atomic<size_t> next{0};
-  Status hashed = loader::RunWorkers(
-      std::max(1, std::min<int>(env_.threads, static_cast<int>(std::max<size_t>(rest.size(), 1)))),
-      [&](int, const std::atomic<bool>& stop) {
-        for (size_t k = next++; k < rest.size() && !stop.load(); k = next++) {
-          const size_t i = rest[k];
-          checksums[i] = shm::Checksum(segment->tensor_data(i), layout_.tensors[i].nbytes);
-        }
-        return Status::Ok();
-      },
-      nullptr);
-  CKPT_RETURN_IF_ERROR(hashed);
-  spdlog::info("checksums of '{}' generation {}: {} tensors ({} bytes) hashed while streaming, {} ({} bytes) at "
-               "publish in {:.3f} s", name_, generation_, count - rest.size(), hasher->hashed_bytes(), rest.size(),
-               rest_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - streamed_at).count());
+  CKPT_ASSIGN_OR_RETURN(const std::vector<uint64_t> checksums, FinishChecksums(*segment, *hasher));
   const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kFailed) return failure_;
   }
   CKPT_RETURN_IF_ERROR(segment->Publish(checksums, static_cast<uint64_t>(nanos.count())));
-  CatalogEntry entry;
-  entry.name = name_;
-  entry.generation = generation_;
-  entry.shm_name = segment->file_name();
-  entry.segment_id = shm::SegmentIdHex(segment->segment_id());
-  entry.source_path = "write:" + (job_.empty() ? std::string("(one process)") : job_) + " uid " + std::to_string(uid_);
-  entry.format = "published";
-  entry.segment_bytes = segment->segment_bytes();
-  entry.data_bytes = layout_.data_bytes;
-  entry.page_bytes = env_.segments->pages().segment_alignment();
-  // What the kernel mapped huge (a walk of /proc/self/smaps: about 70 ms for 10 GiB);
-  // none where the directory gives no huge pages.
-  entry.huge_bytes = env_.segments->pages().huge ? static_cast<int64_t>(segment->HugeMappedBytes()) : 0;
-  entry.load_seconds = nanos.count() / 1e9;
-  entry.loaded_unix_s = NowUnixSeconds();
-  std::vector<TensorInfo> tensors = layout_.tensors;
-  for (size_t i = 0; i < count; ++i) tensors[i].checksum = checksums[i];
-  entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(tensors));
-  entry.owner = owner_;
+  CatalogEntry entry = PublishedEntry(*segment, checksums, nanos);
   {
     UniqueFd read_only = segment->TakeReadOnlyFd();
     if (Status identified = RecordSegmentIdentity(read_only.get(), &entry); !identified.ok()) {
@@ -582,10 +535,68 @@ Result<LoadResult> WriteSession::Publish() {
   ReleaseInBackground(std::move(hasher), std::move(segment));
   result_ = result;
   spdlog::info("published '{}' generation {} written by {} part(s): {} tensors, {} bytes in {:.3f} s; {} pages, {} "
-               "of {} bytes on huge pages", name_, generation_, parts_, count, layout_.data_bytes, nanos.count() / 1e9,
-               shm::PageSizeName(result.checkpoint.page_bytes), result.checkpoint.huge_bytes,
+               "of {} bytes on huge pages", name_, generation_, parts_, layout_.tensors.size(), layout_.data_bytes,
+               nanos.count() / 1e9, shm::PageSizeName(result.checkpoint.page_bytes), result.checkpoint.huge_bytes,
                result.checkpoint.segment_bytes);
   return result;
+}
+
+Result<std::vector<uint64_t>> WriteSession::FinishChecksums(const shm::SegmentWriter& segment, TensorHasher& hasher) {
+  // Checksums of the bytes as they are in the segment, which only the daemon can write:
+  // the in-order tensors' were computed while the chunks came in (the last ranges may
+  // still be in the hasher's queue); the others' (several pieces, written in any order)
+  // now, in parallel.
+  const size_t count = layout_.tensors.size();
+  std::vector<uint64_t> checksums = hasher.Finish();
+  std::vector<size_t> rest;
+  uint64_t rest_bytes = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (!layout_.in_order[i]) {
+      rest.push_back(i);
+      rest_bytes += layout_.tensors[i].nbytes;
+    }
+  }
+  const auto streamed_at = std::chrono::steady_clock::now();
+  std::atomic<size_t> next{0};
+  Status hashed = loader::RunWorkers(
+      std::max(1, std::min<int>(env_.threads, static_cast<int>(std::max<size_t>(rest.size(), 1)))),
+      [&](int, const std::atomic<bool>& stop) {
+        for (size_t k = next++; k < rest.size() && !stop.load(); k = next++) {
+          const size_t i = rest[k];
+          checksums[i] = shm::Checksum(segment.tensor_data(i), layout_.tensors[i].nbytes);
+        }
+        return Status::Ok();
+      },
+      nullptr);
+  CKPT_RETURN_IF_ERROR(hashed);
+  spdlog::info("checksums of '{}' generation {}: {} tensors ({} bytes) hashed while streaming, {} ({} bytes) at "
+               "publish in {:.3f} s", name_, generation_, count - rest.size(), hasher.hashed_bytes(), rest.size(),
+               rest_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - streamed_at).count());
+  return checksums;
+}
+
+CatalogEntry WriteSession::PublishedEntry(const shm::SegmentWriter& segment, const std::vector<uint64_t>& checksums,
+                                          std::chrono::nanoseconds took) const {
+  CatalogEntry entry;
+  entry.name = name_;
+  entry.generation = generation_;
+  entry.shm_name = segment.file_name();
+  entry.segment_id = shm::SegmentIdHex(segment.segment_id());
+  entry.source_path = "write:" + (job_.empty() ? std::string("(one process)") : job_) + " uid " + std::to_string(uid_);
+  entry.format = "published";
+  entry.segment_bytes = segment.segment_bytes();
+  entry.data_bytes = layout_.data_bytes;
+  entry.page_bytes = env_.segments->pages().segment_alignment();
+  // What the kernel mapped huge (a walk of /proc/self/smaps: about 70 ms for 10 GiB);
+  // none where the directory gives no huge pages.
+  entry.huge_bytes = env_.segments->pages().huge ? static_cast<int64_t>(segment.HugeMappedBytes()) : 0;
+  entry.load_seconds = took.count() / 1e9;
+  entry.loaded_unix_s = NowUnixSeconds();
+  std::vector<TensorInfo> tensors = layout_.tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].checksum = checksums[i];
+  entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(tensors));
+  entry.owner = owner_;
+  return entry;
 }
 
 void WriteSession::Fail(const Status& why) {
