@@ -338,6 +338,17 @@ class CopyRun final : public RunBody {
   void Fail(Status s) override;
 
  private:
+  // What Go measured of the run, for the trace (CKPT_COPY_TRACE): seconds from its start.
+  struct TraceMarks {
+    size_t workers = 0, active = 0, ready_at_start = 0;
+    bool early = false, spans = false;
+    TaskMix order = TaskMix::kAddress;
+    double planned_s = 0, ready_wait_s = 0, started_s = 0, posted_s = 0, first_issue_s = -1, copied_s = 0;
+  };
+  // Writes the run's trace line to stderr: `m`, the workers' times and `rt`, the
+  // preparation's (relative to the run's start; negative: before it).
+  void WriteTrace(const TraceMarks& m, const CopyResources::Times& rt) const;
+
   // One worker in this run: its resources and where it is in its ring of buffers.
   struct Lane {
     WorkerRes* r = nullptr;  // touched only once `active`
@@ -609,6 +620,45 @@ void CopyRun::Work(size_t i, WorkerRes& r) {
   w.end = Since(t0_);
 }
 
+void CopyRun::WriteTrace(const TraceMarks& m, const CopyResources::Times& rt) const {
+  double end_min = 1e9, end_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
+  double busy_max = 0;
+  uint64_t gather_bytes = 0;
+  for (const Lane& w : lanes_) {
+    if (!w.active) continue;
+    end_min = std::min(end_min, w.end);
+    end_max = std::max(end_max, w.end);
+    gather += w.gather_s, packed += w.packed_s, wait += w.wait_s, issue += w.issue_s;
+    busy_max = std::max(busy_max, w.gather_s + w.packed_s + w.issue_s);
+    gather_bytes += w.gather_bytes;
+  }
+  const double gib = 1073741824.0, packed_bytes = static_cast<double>(copied_.load() - gather_bytes);
+  auto rel = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0_).count(); };
+  auto list = [&](const std::vector<Clock::time_point>& ts) {
+    std::string out;
+    for (const Clock::time_point& t : ts) {
+      char b[32];
+      std::snprintf(b, sizeof(b), "%s%.4f", out.empty() ? "" : ",", rel(t));
+      out += b;
+    }
+    return out;
+  };
+  std::fprintf(stderr,
+               "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
+               "\"order\":\"%s\",\"early\":%d,\"spans\":%d,\"prep_start_s\":%.4f,\"first_ready_s\":%.4f,\"last_ready_s\":%.4f,"
+               "\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,\"posted_s\":%.4f,\"base_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
+               "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
+               "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
+               "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,"
+               "\"populated_at\":[%s],\"ready_at\":[%s]}\n",
+               tasks_.size(), m.workers, m.active, m.ready_at_start, nbuf_, chunk_ / 1048576.0,
+               m.order == TaskMix::kSpread ? "spread" : "address", m.early ? 1 : 0, m.spans ? 1 : 0, rel(rt.start),
+               rel(rt.first_ready), rel(rt.last_ready), m.planned_s, m.ready_wait_s, m.started_s, m.posted_s, base_at_, m.first_issue_s, end_min, end_max, m.copied_s, Since(t0_),
+               copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
+               gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0,
+               list(rt.populated).c_str(), list(rt.ready).c_str());
+}
+
 Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   t0_ = Clock::now();
   CurrentDeviceGuard keep_callers_device;
@@ -718,44 +768,11 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   }
   stats->copied_bytes = copied_;
   if (knobs.trace) {
-    double end_min = 1e9, end_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
-    double busy_max = 0;
-    uint64_t gather_bytes = 0;
-    for (const Lane& w : lanes_) {
-      if (!w.active) continue;
-      end_min = std::min(end_min, w.end);
-      end_max = std::max(end_max, w.end);
-      gather += w.gather_s, packed += w.packed_s, wait += w.wait_s, issue += w.issue_s;
-      busy_max = std::max(busy_max, w.gather_s + w.packed_s + w.issue_s);
-      gather_bytes += w.gather_bytes;
-    }
-    const double gib = 1073741824.0, packed_bytes = static_cast<double>(copied_.load() - gather_bytes);
-    // The workers' preparation, relative to this run's start (negative: before it).
-    const CopyResources::Times rt = resources->times();
-    auto rel = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0_).count(); };
-    auto list = [&](const std::vector<Clock::time_point>& ts) {
-      std::string out;
-      for (const Clock::time_point& t : ts) {
-        char b[32];
-        std::snprintf(b, sizeof(b), "%s%.4f", out.empty() ? "" : ",", rel(t));
-        out += b;
-      }
-      return out;
-    };
-    std::fprintf(stderr,
-                 "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
-                 "\"order\":\"%s\",\"early\":%d,\"spans\":%d,\"prep_start_s\":%.4f,\"first_ready_s\":%.4f,\"last_ready_s\":%.4f,"
-                 "\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,\"posted_s\":%.4f,\"base_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
-                 "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
-                 "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
-                 "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,"
-                 "\"populated_at\":[%s],\"ready_at\":[%s]}\n",
-                 tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0,
-                 knobs.order == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, spans ? 1 : 0, rel(rt.start),
-                 rel(rt.first_ready), rel(rt.last_ready), planned_s, wait_s, started_s, posted_s, base_at_, first, end_min, end_max, copied_s, Since(t0_),
-                 copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
-                 gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0,
-                 list(rt.populated).c_str(), list(rt.ready).c_str());
+    TraceMarks m;
+    m.workers = n, m.active = active, m.ready_at_start = ready_at_start, m.early = early, m.spans = spans;
+    m.order = knobs.order, m.planned_s = planned_s, m.ready_wait_s = wait_s, m.started_s = started_s;
+    m.posted_s = posted_s, m.first_issue_s = first, m.copied_s = copied_s;
+    WriteTrace(m, resources->times());
   }
   return result;
 }
