@@ -136,9 +136,9 @@ void DescribePlan(const format::LoadPlan& plan, shm::SegmentSpec& spec) {
   }
 }
 
-// The plan's files opened for reading (O_DIRECT where `direct_io` and possible); Corrupt
+// The plan's files opened for reading (O_DIRECT as `direct_io` says); Corrupt
 // when a tensor's bytes end past its file's end.
-Result<std::vector<SourceFile>> OpenSourceFiles(const format::LoadPlan& plan, bool direct_io) {
+Result<std::vector<SourceFile>> OpenSourceFiles(const format::LoadPlan& plan, DirectIo direct_io) {
   std::vector<SourceFile> files;
   for (const auto& opened : plan.files) {
     if (!opened) return Internal("plan lists a file that is not open");
