@@ -338,6 +338,13 @@ class CopyRun final : public RunBody {
   void Fail(Status s) override;
 
  private:
+  // Go's steps. PlanRun: the device memory now unless `early` (or given), the tasks, their
+  // order, the registration groups; dest.allocate's error. AllocateWhileGathering: the
+  // early allocation, while the workers gather (its error stops the run). OverflowTag: the
+  // first active worker's overflow flag (0: none), read from the device.
+  Status PlanRun(const CopyKnobs& knobs, bool early);
+  void AllocateWhileGathering();
+  Result<int> OverflowTag(CopyResources& resources);
   // What Go measured of the run, for the trace (CKPT_COPY_TRACE): seconds from its start.
   struct TraceMarks {
     size_t workers = 0, active = 0, ready_at_start = 0;
@@ -620,6 +627,51 @@ void CopyRun::Work(size_t i, WorkerRes& r) {
   w.end = Since(t0_);
 }
 
+Status CopyRun::PlanRun(const CopyKnobs& knobs, bool early) {
+  if (dest_.base) {
+    base_ = dest_.base;
+  } else if (!early) {
+    CKPT_ASSIGN_OR_RETURN(std::byte* b, dest_.allocate());
+    base_ = b;
+    base_at_ = Since(t0_);
+  }
+  const bool spans = options_.path == HostPath::kBounce && knobs.spans;
+  tasks_ = CutIntoTasks(jobs_, chunk_, spans ? &pieces_ : nullptr);
+  order_ = TaskOrder(tasks_, knobs.order);
+  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || !CopiedAsItIs(j);
+  if (options_.path == HostPath::kRegister) {
+    groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
+    for (const Group& g : groups_) bounds_.push_back(g.begin);
+    group_done_.assign(groups_.size(), 0);
+  }
+  return Status::Ok();
+}
+
+void CopyRun::AllocateWhileGathering() {
+  // Every worker waits for this before its first copy to the device (WaitBase).
+  Result<std::byte*> b = dest_.allocate();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (b.ok()) {
+    base_.store(*b, std::memory_order_release);
+    base_at_ = Since(t0_);
+  } else {
+    if (first_error_.ok()) first_error_ = b.status();
+    abort_ = true;
+  }
+  cv_.notify_all();
+}
+
+Result<int> CopyRun::OverflowTag(CopyResources& resources) {
+  const size_t n = lanes_.size();
+  std::vector<int> tags(n);
+  CKPT_CUDA_RETURN("reading the overflow flags",
+                   cudaMemcpy(tags.data(), resources.flags(), n * sizeof(int), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) {  // a worker that never ran did not reset its flag
+    if (lanes_[i].active && tags[i] != 0) return tags[i];
+  }
+  return 0;
+}
+
 void CopyRun::WriteTrace(const TraceMarks& m, const CopyResources::Times& rt) const {
   double end_min = 1e9, end_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
   double busy_max = 0;
@@ -673,23 +725,9 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   // (StartCopyResources): a cudaMemGetInfo here would wait for their registrations.
   const CopyKnobs knobs = CurrentCopyKnobs();
   const bool early = !dest_.base && knobs.early && dest_.bytes <= DeviceMemoryBytes(device_);
-  if (dest_.base) {
-    base_ = dest_.base;
-  } else if (!early) {
-    CKPT_ASSIGN_OR_RETURN(std::byte* b, dest_.allocate());
-    base_ = b;
-    base_at_ = Since(t0_);
-  }
+  CKPT_RETURN_IF_ERROR(PlanRun(knobs, early));
   const bool spans = options_.path == HostPath::kBounce && knobs.spans;
-  tasks_ = CutIntoTasks(jobs_, chunk_, spans ? &pieces_ : nullptr);
-  order_ = TaskOrder(tasks_, knobs.order);
-  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || !CopiedAsItIs(j);
   const bool do_register = options_.path == HostPath::kRegister;
-  if (do_register) {
-    groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
-    for (const Group& g : groups_) bounds_.push_back(g.begin);
-    group_done_.assign(groups_.size(), 0);
-  }
   const double planned_s = Since(t0_);
 
   // Resources, started before the run (an early return frees nothing a copy still uses):
@@ -720,19 +758,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   }
   resources->Post(n, *this);  // the workers ready take tasks at once, the others as they become ready
   const double posted_s = Since(t0_);
-  if (early) {
-    // Every worker waits for this before its first copy to the device (WaitBase).
-    Result<std::byte*> b = dest_.allocate();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (b.ok()) {
-      base_.store(*b, std::memory_order_release);
-      base_at_ = Since(t0_);
-    } else {
-      if (first_error_.ok()) first_error_ = b.status();
-      abort_ = true;
-    }
-    cv_.notify_all();
-  }
+  if (early) AllocateWhileGathering();
   resources->Finish(*this);  // a failed worker set abort_, which stops the registrars
   for (auto& t : registrars) t.join();
   stats->register_seconds = do_register ? Since(r0) : 0;
@@ -759,12 +785,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
 
   CopyResult result;
   if (needs_flags_ && active > 0) {
-    std::vector<int> tags(n);
-    CKPT_CUDA_RETURN("reading the overflow flags",
-                     cudaMemcpy(tags.data(), resources->flags(), n * sizeof(int), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; ++i) {  // a worker that never ran did not reset its flag
-      if (lanes_[i].active && tags[i] != 0 && result.overflow_tag == 0) result.overflow_tag = tags[i];
-    }
+    CKPT_ASSIGN_OR_RETURN(result.overflow_tag, OverflowTag(*resources));
   }
   stats->copied_bytes = copied_;
   if (knobs.trace) {
