@@ -197,7 +197,7 @@ std::optional<int> ApplyCommandLine(CommandLine& cl) {
   auto per_uid = ParseBytes(cl.shm_bytes_per_uid);
   if (!per_uid.ok()) return ckpt::daemon::ReportConfigError("max-shm-bytes-per-uid: " + per_uid.status().message());
   cl.options.max_shm_bytes_per_uid = cl.shm_bytes_per_uid.empty() ? cl.options.memory_budget_bytes / 2 : *per_uid;
-  if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(options); !checked.ok()) {
+  if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(cl.options); !checked.ok()) {
     return ckpt::daemon::ReportConfigError(checked.message());
   }
   return std::nullopt;
@@ -215,7 +215,7 @@ void RaiseFileLimit() {
 // Creates the server, tells systemd, runs it until a signal of `signals` (blocked in every
 // thread) stops it; the exit status.
 int Serve(const CommandLine& cl, sigset_t& signals) {
-  auto server = ckpt::daemon::Server::Create(options);
+  auto server = ckpt::daemon::Server::Create(cl.options);
   if (!server.ok()) {
     if (ckpt::daemon::IsConfigurationError(server.status())) {
       return ckpt::daemon::ReportConfigError(server.status().message());
