@@ -31,7 +31,7 @@ TEST(SegmentLayoutTest, HeaderIndexNamesThenAlignedDataRoundedToThePage) {
   ASSERT_EQ(layout->tensor_offsets.size(), 2u);
   EXPECT_EQ(layout->tensor_offsets[0], 8192u);
   EXPECT_EQ(layout->tensor_offsets[1], 8192u + kDataAlignment);  // 12 bytes, then aligned
-  EXPECT_EQ(layout->data_end, 8192u + kDataAlignment + 100);
+  EXPECT_EQ(layout->data_end, 8192u + 3 * kDataAlignment);  // the last tensor's end, aligned too
   EXPECT_EQ(layout->segment_bytes, 12288u);
   // a huge-page directory: the same offsets, the size a whole 2 MiB page
   auto huge = PlanSegmentLayout(TwoTensors(), 2u << 20);
@@ -84,7 +84,7 @@ TEST(SegmentLayoutTest, AnAliasSharesItsTargetsOffsetAndTakesNoBytes) {
   auto layout = PlanSegmentLayout(spec, 4096);
   ASSERT_TRUE(layout.ok()) << layout.status().ToString();
   EXPECT_EQ(layout->tensor_offsets[2], layout->tensor_offsets[0]);
-  EXPECT_EQ(layout->data_end, layout->tensor_offsets[1] + 100);
+  EXPECT_EQ(layout->data_end, layout->tensor_offsets[1] + 2 * kDataAlignment);  // 100 bytes, aligned
 }
 
 TEST(SegmentLayoutTest, RefusesWhatCannotBeLaidOut) {
