@@ -42,6 +42,7 @@
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
 #include "cuda/copy_engine.h"
+#include "cuda/copy_knobs.h"
 #include "cuda/gpu_loader_impl.h"
 #include "format/safetensors.h"
 #include "loader/checkpoint_loader.h"
@@ -192,7 +193,7 @@ static int Load(int argc, char** argv) {
               "\"register_s\":%.4f,\"registered_GiB\":%.3f,\"unregister_s\":%.4f,\"copied_GiB\":%.3f,\"out_GiB\":%.3f,"
               "\"GiBps\":%.2f,\"tensors\":%zu}\n",
               path_name.c_str(), rank, world, device, dtype.c_str(), o.streams,
-              cuda::ChunkBytes(o) / 1048576.0, cuda::BounceBuffers(), o.register_threads, context_s, attach_s, create_s, resolve_s, total_s, st.total_seconds, st.setup_seconds,
+              cuda::ChunkBytes(o) / 1048576.0, cuda::CurrentCopyKnobs().buffers, o.register_threads, context_s, attach_s, create_s, resolve_s, total_s, st.total_seconds, st.setup_seconds,
               st.register_seconds, st.registered_bytes / 1073741824.0, st.unregister_seconds,
               st.copied_bytes / 1073741824.0, out_bytes / 1073741824.0, st.copied_bytes / 1073741824.0 / total_s,
               dict->tensors().size());

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Load-throughput benchmark of ckptd's loader (docs/benchmarks.md, "Loading").
+# Load-throughput benchmark of ckptd's loader (docs/benchmarks.md, "Loading a checkpoint into a segment").
 #
 #   tools/bench_load.sh [MIB] [RUNS] [ckpt-bench-load options...]
 #

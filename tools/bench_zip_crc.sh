@@ -2,7 +2,7 @@
 # What checking zip CRC-32s costs a load (issue 23): a GPT-shaped PyTorch .bin written by
 # torch.save, loaded warm (page cache) by the real loader with the checks and without
 # them (ckpt-bench-load's nocrc config drops the plan's CRC checks), interleaved in one
-# run so that noise hits both. docs/benchmarks.md, "zip CRC-32".
+# run so that noise hits both. docs/benchmarks.md, "Smaller figures".
 #
 #   tools/bench_zip_crc.sh [MIB] [RUNS] [THREADS]     (defaults 4096, 5, 16)
 #

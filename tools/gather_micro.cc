@@ -1,5 +1,5 @@
 // What a copy-engine worker's gather costs from a mapping it touches for the first time
-// (issue 14; docs/benchmarks.md, "The merged engine on 4 KiB and huge pages"). Standalone,
+// (issue 14; docs/benchmarks-archive-2026-12.md, "The merged engine on 4 KiB and huge pages"). Standalone,
 // one thread, no GPU:
 //   g++ -O2 -o /tmp/gather_micro tools/gather_micro.cc && /tmp/gather_micro [ROW PITCH [GIB]]
 // Writes a GIB GiB file in /dev/shm (default 1), then copies ROW bytes of every PITCH bytes

@@ -163,6 +163,20 @@ def _walk(module: nn.Module) -> _Walk:
     return _Walk(groups, params, buffers, owners)
 
 
+class _Match:
+    """How a state dict's tensors meet a walked module: what goes where and what is wrong."""
+
+    def __init__(self):
+        self.assign: List[Tuple[List[str], torch.Tensor, nn.Parameter]] = []  # (tied names, tensor, old)
+        self.buffer_fill: List[Tuple[str, torch.Tensor]] = []
+        self.used = set()
+        self.missing: List[str] = []
+        self.bad_shapes: List[str] = []
+        self.tied_differ: List[str] = []
+        self.ignored: List[str] = []
+        self.unexpected: List[str] = []
+
+
 def _fill(module: nn.Module, walk: _Walk, shards: Mapping[str, torch.Tensor], place: Launch,
           device: torch.device, *, strict: bool, shapes: str, ignore: Iterable[str],
           make_parameter: Optional[Callable[[str, torch.Tensor, nn.Parameter], torch.Tensor]],
@@ -170,18 +184,37 @@ def _fill(module: nn.Module, walk: _Walk, shards: Mapping[str, torch.Tensor], pl
     """fill_module's checks and commit, for shards already fetched and a walk of `module`
     taken since its last change (load_model walks the model while the shards are copied)."""
     from . import InvalidArgument
+    m = _Match()
+    _match_parameters(walk, shards, place, shapes, m)
+    _match_buffers(walk, shards, m)
     ignore_re = [re.compile(p) for p in ignore]
-    groups, params, buffers = walk.groups, walk.params, walk.buffers
-    missing: List[str] = []
-    bad_shapes: List[str] = []
-    tied_differ: List[str] = []
-    used = set()
-    assign: List[Tuple[List[str], torch.Tensor, nn.Parameter]] = []
-    for key, names in groups.items():
-        old = params[key]
+    for name in shards:
+        if name in m.used:
+            continue
+        if any(r.search(name) for r in ignore_re):
+            m.ignored.append(name)
+        else:
+            m.unexpected.append(name)
+    problems = _fill_problems(walk, m, strict, allow_meta)
+    if problems:
+        where = f"checkpoint '{label}'" if isinstance(label, str) else "the state dict"
+        raise InvalidArgument(f"cannot fill {type(module).__name__} from {where} (rank {place.rank} of "
+                              f"{place.world}): " + "; ".join(problems) + ". The module is unchanged.")
+    new_params, new_buffers = _new_values(walk, m, make_parameter, device)
+    loaded, tied = _commit(walk, new_params, new_buffers)
+    filled_buffers = [name for name, _ in m.buffer_fill]
+    return FillReport(loaded, filled_buffers, tied, m.missing, m.unexpected, m.ignored)
+
+
+def _match_parameters(walk: _Walk, shards: Mapping[str, torch.Tensor], place: Launch, shapes: str,
+                      m: _Match) -> None:
+    """Each group of tied parameters against the shards: its tensor (the first name present),
+    a shape that does not fit, tied names whose tensors differ, or missing."""
+    for key, names in walk.groups.items():
+        old = walk.params[key]
         present = [n for n in names if n in shards]
         if not present:
-            missing.extend(names)
+            m.missing.extend(names)
             continue
         source = present[0]
         t = shards[source]
@@ -190,79 +223,80 @@ def _fill(module: nn.Module, walk: _Walk, shards: Mapping[str, torch.Tensor], pl
             # exactly its local part.
             want = tuple(old.to_local().shape)
             if tuple(t.shape) != want:
-                bad_shapes.append(f"{source} {tuple(t.shape)} (local part of the module's DTensor {want})")
+                m.bad_shapes.append(f"{source} {tuple(t.shape)} (local part of the module's DTensor {want})")
         elif not _shape_ok(t.shape, old.shape, place.world, shapes):
-            bad_shapes.append(f"{source} {tuple(t.shape)} (module {tuple(old.shape)})")
+            m.bad_shapes.append(f"{source} {tuple(t.shape)} (module {tuple(old.shape)})")
         for other in present[1:]:
             o = shards[other]
             if o.shape != t.shape or o.dtype != t.dtype or not torch.equal(o.to(t.device), t):
-                tied_differ.append(f"{other} != {source}")
-        used.update(present)
-        assign.append((names, t, old))
-    buffer_fill: List[Tuple[str, torch.Tensor]] = []
-    ignored: List[str] = []
-    for name, (b, persistent) in buffers.items():
+                m.tied_differ.append(f"{other} != {source}")
+        m.used.update(present)
+        m.assign.append((names, t, old))
+
+
+def _match_buffers(walk: _Walk, shards: Mapping[str, torch.Tensor], m: _Match) -> None:
+    """Each buffer against the shards: persistent ones filled (shape checked), the ones the
+    module computes ignored, a buffer on the meta device with no tensor missing."""
+    for name, (b, persistent) in walk.buffers.items():
         if name in shards:
-            used.add(name)
+            m.used.add(name)
             if not persistent:
-                ignored.append(name)  # the module computes it (rotary inv_freq, causal masks)
+                m.ignored.append(name)  # the module computes it (rotary inv_freq, causal masks)
                 continue
             t = shards[name]
             if tuple(t.shape) != tuple(b.shape):
-                bad_shapes.append(f"{name} {tuple(t.shape)} (buffer {tuple(b.shape)})")
-            buffer_fill.append((name, t))
+                m.bad_shapes.append(f"{name} {tuple(t.shape)} (buffer {tuple(b.shape)})")
+            m.buffer_fill.append((name, t))
         elif b.device.type == "meta":
-            missing.append(f"{name} (buffer on the meta device)")
-    unexpected = []
-    for name in shards:
-        if name in used:
-            continue
-        if any(r.search(name) for r in ignore_re):
-            ignored.append(name)
-        else:
-            unexpected.append(name)
+            m.missing.append(f"{name} (buffer on the meta device)")
 
+
+def _fill_problems(walk: _Walk, m: _Match, strict: bool, allow_meta: bool) -> List[str]:
+    """What makes the fill fail, one listing per kind; empty if it may go ahead."""
     problems = []
-    if bad_shapes:
-        problems.append(_listing("tensors whose shape does not fit", bad_shapes))
-    if tied_differ:
-        problems.append(_listing("tied parameters with different tensors in the checkpoint", tied_differ))
-    if strict and missing:
-        problems.append(_listing("missing (no tensor in the checkpoint)", missing))
-    elif missing and not allow_meta:
-        on_meta = [n for key, names in groups.items() if params[key].device.type == "meta"
-                   for n in names if n in missing]
-        on_meta += [n for n in missing if n.endswith("(buffer on the meta device)")]
+    if m.bad_shapes:
+        problems.append(_listing("tensors whose shape does not fit", m.bad_shapes))
+    if m.tied_differ:
+        problems.append(_listing("tied parameters with different tensors in the checkpoint", m.tied_differ))
+    if strict and m.missing:
+        problems.append(_listing("missing (no tensor in the checkpoint)", m.missing))
+    elif m.missing and not allow_meta:
+        on_meta = [n for key, names in walk.groups.items() if walk.params[key].device.type == "meta"
+                   for n in names if n in m.missing]
+        on_meta += [n for n in m.missing if n.endswith("(buffer on the meta device)")]
         if on_meta:
             problems.append(_listing("left on the meta device (no tensor in the checkpoint; strict=False "
                                      "fills only what the checkpoint has: pass allow_meta=True to accept)",
                                      on_meta))
-    if strict and unexpected:
-        problems.append(_listing("unexpected (no such parameter or buffer)", unexpected))
-    if problems:
-        where = f"checkpoint '{label}'" if isinstance(label, str) else "the state dict"
-        raise InvalidArgument(f"cannot fill {type(module).__name__} from {where} (rank {place.rank} of "
-                              f"{place.world}): " + "; ".join(problems) + ". The module is unchanged.")
+    if strict and m.unexpected:
+        problems.append(_listing("unexpected (no such parameter or buffer)", m.unexpected))
+    return problems
 
-    # Prepare every new parameter and buffer value (make_parameter, moves to the device:
-    # the steps that can still fail) before the module is touched.
+
+def _new_values(walk: _Walk, m: _Match, make_parameter, device: torch.device):
+    """Every new parameter and buffer value (make_parameter, moves to the device: the steps
+    that can still fail), prepared before the module is touched: (new_params, new_buffers)."""
     new_params: List[Tuple[List[str], nn.Parameter]] = []
-    for names, t, old in assign:
+    for names, t, old in m.assign:
         value = make_parameter(names[0], t, old) if make_parameter is not None else t
         grad = bool(old.requires_grad) and (t.is_floating_point() or t.is_complex())
         new_params.append((names, value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=grad)))
-    new_buffers: List[Tuple[str, torch.Tensor]] = list(buffer_fill)
-    filled = {name for name, _ in buffer_fill}
+    new_buffers: List[Tuple[str, torch.Tensor]] = list(m.buffer_fill)
+    filled = {name for name, _ in m.buffer_fill}
     moved: Dict[int, torch.Tensor] = {}  # one copy per buffer object, however many names it has
-    for name, (b, _) in buffers.items():
+    for name, (b, _) in walk.buffers.items():
         if name not in filled and b.device.type != "meta" and b.device != device:
             if id(b) not in moved:
                 moved[id(b)] = b.to(device)
             new_buffers.append((name, moved[id(b)]))
+    return new_params, new_buffers
 
-    # Commit: dictionary stores only. Every name is a registered parameter (or buffer) of its
-    # owner (the walk found it there), so replacing the entry is what setattr would end up
-    # doing, without Module.__setattr__'s type dispatch per name.
+
+def _commit(walk: _Walk, new_params, new_buffers):
+    """Stores the new values: dictionary stores only. Every name is a registered parameter
+    (or buffer) of its owner (the walk found it there), so replacing the entry is what
+    setattr would end up doing, without Module.__setattr__'s type dispatch per name.
+    Returns (loaded names, tied groups)."""
     loaded: List[str] = []
     tied: List[Tuple[str, ...]] = []
     owners = walk.owners
@@ -276,5 +310,4 @@ def _fill(module: nn.Module, walk: _Walk, shards: Mapping[str, torch.Tensor], pl
     for name, value in new_buffers:
         owner, attr = owners[name]
         owner._buffers[attr] = value
-    filled_buffers = [name for name, _ in buffer_fill]
-    return FillReport(loaded, filled_buffers, tied, missing, unexpected, ignored)
+    return loaded, tied

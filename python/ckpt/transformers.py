@@ -617,15 +617,7 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     started = time.perf_counter()
     times: Dict[str, float] = {}
     tf = _transformers()
-    convention = "hf" if convention is None else convention
-    if convention not in ("hf", "megatron"):
-        raise InvalidArgument(f"convention must be 'hf' or 'megatron', not {convention!r}")
-    if fill not in ("ckpt", "transformers"):
-        raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
-    if not isinstance(name, (str, Checkpoint)):
-        raise InvalidArgument(f"name must be a checkpoint name or a ckpt.Checkpoint, not {type(name).__name__}")
-    if detach not in ("background", "now"):
-        raise InvalidArgument(f"detach must be 'background' or 'now', not {detach!r}")
+    convention = _checked_load_args(name, convention, fill, detach)
     from . import as_device, as_dtype
     dtype = as_dtype(dtype)
     launch = resolve_rank_world(rank, world)
@@ -646,6 +638,49 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
     if fill == "transformers":
         return _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,
                                           attn_implementation, strict, started)
+    model = _load_through_ckpt(tf, checkpoint, cfg, launch, device, dtype, mesh, tp, tp_plan, convention, copy,
+                               model_class, attn_implementation, strict, allow_meta, state_dict_kwargs, times,
+                               started)
+    if model.ckpt_fill != "ckpt":  # fell back to fill="transformers", which keeps views of the mapping
+        return model
+    if attached_here:
+        # The only reference left is this frame's (`checkpoint`): moved into a box, so that
+        # this frame holds none when the box is handed over (else the detach thread could
+        # drop its reference first and the unmap would run here).
+        box, checkpoint = [checkpoint], None
+        times["total"] = time.perf_counter() - started
+        if detach == "background":
+            _detach_in_background(box, times)
+        else:
+            box.clear()  # unmaps (GIL released) and closes the lease here
+            times["detach"] = time.perf_counter() - started - times["total"]
+        del box
+    else:
+        times["total"] = time.perf_counter() - started
+    return model
+
+
+def _checked_load_args(name, convention, fill, detach) -> str:
+    """load_model's choices checked (InvalidArgument naming the one that is wrong); the
+    convention, "hf" for None."""
+    convention = "hf" if convention is None else convention
+    if convention not in ("hf", "megatron"):
+        raise InvalidArgument(f"convention must be 'hf' or 'megatron', not {convention!r}")
+    if fill not in ("ckpt", "transformers"):
+        raise InvalidArgument(f"fill must be 'ckpt' or 'transformers', not {fill!r}")
+    if not isinstance(name, (str, Checkpoint)):
+        raise InvalidArgument(f"name must be a checkpoint name or a ckpt.Checkpoint, not {type(name).__name__}")
+    if detach not in ("background", "now"):
+        raise InvalidArgument(f"detach must be 'background' or 'now', not {detach!r}")
+    return convention
+
+
+def _load_through_ckpt(tf, checkpoint, cfg, launch, device, dtype, mesh, tp, tp_plan, convention, copy,
+                       model_class, attn_implementation, strict, allow_meta, state_dict_kwargs, times, started):
+    """load_model with fill="ckpt": the shards fetched on a second thread while this one
+    builds the model skeleton (both must succeed), then filled in, tied, in eval mode; the
+    model of fill="transformers" where transformers lacks the TP machinery. Holds no
+    reference to `checkpoint` once it returned."""
     plan = _ckpt_plan(checkpoint, tp_plan, cfg, launch.world)
     kwargs = dict(state_dict_kwargs)
     if _supports_conventions(checkpoint) and plan is not None and not isinstance(plan, (dict, list)) \
@@ -663,37 +698,12 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
         finally:
             times["engine"] = time.perf_counter() - t0
 
-    def lap(phase, since):
-        now = time.perf_counter()
-        times[phase] = now - since
-        return now
-
-    # The shards are fetched on a second thread while this one builds the model skeleton;
-    # both must succeed.
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-load") as pool:
         pending = pool.submit(fetch)
         try:
-            t = time.perf_counter()
-            with _intra_op_threads(_BUILD_THREADS if device.type == "cuda" else None):
-                # Float buffers are computed on the CPU and then moved, as from_pretrained
-                # computes them (rotary inv_freq on a GPU can differ from the CPU's in the
-                # last bit); boolean masks are made on the device (exact anywhere).
-                masks = device if device.type == "cuda" and _DEVICE_MASKS else None
-                model = build_model(cfg, model_class=model_class, dtype=dtype,
-                                    attn_implementation=attn_implementation, masks_device=masks)
-                t = lap("build", t)
-                make = None
-                if tp:
-                    model, tpi = _distribute(model, mesh, launch.world)
-                    _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
-                    make = _dtensor_maker(tpi, model, mesh)
-                    t = lap("tp", t)
-                _buffers_to(model, device)
-                t = lap("buffers", t)
-                walk = _walk(model)
-                ignore = _ignored(model)
-                t = lap("walk", t)
+            model, make, walk, ignore, t = _build_skeleton(cfg, model_class, dtype, attn_implementation, device,
+                                                           tp, mesh, launch.world, times)
         except _NoTpMachinery as e:
             pending.result()  # its errors first: they say more about the checkpoint
             warnings.warn(f"transformers {tf.__version__}: {e}; load_model falls back to fill='transformers'")
@@ -703,33 +713,53 @@ def load_model(name: Union[str, Checkpoint], *, rank: Optional[int] = None, worl
             pending.cancel()
             raise
         shards = pending.result()
-        t = lap("wait", t)
+        t = _lap(times, "wait", t)
     report = _fill(model, walk, shards, launch, device, strict=strict,
                    shapes="local" if launch.world == 1 else "global", ignore=ignore, make_parameter=make,
                    label=checkpoint.name, allow_meta=allow_meta)
     del shards
-    t = lap("fill", t)
+    t = _lap(times, "fill", t)
     _tie(model)
     model.eval()
-    t = lap("tie", t)
+    t = _lap(times, "tie", t)
     model.ckpt_fill = "ckpt"
     model.ckpt_report = report
     model.ckpt_times = times
-    if attached_here:
-        # The only reference left is this frame's (`checkpoint`, also fetch's cell): moved
-        # into a box, so that this frame holds none when the box is handed over (else the
-        # detach thread could drop its reference first and the unmap would run here).
-        box, checkpoint = [checkpoint], None
-        times["total"] = time.perf_counter() - started
-        if detach == "background":
-            _detach_in_background(box, times)
-        else:
-            box.clear()  # unmaps (GIL released) and closes the lease here
-            times["detach"] = time.perf_counter() - started - times["total"]
-        del box
-    else:
-        times["total"] = time.perf_counter() - started
     return model
+
+
+def _lap(times: Dict[str, float], phase: str, since: float) -> float:
+    """times[phase] = the seconds since `since`; returns now."""
+    now = time.perf_counter()
+    times[phase] = now - since
+    return now
+
+
+def _build_skeleton(cfg, model_class, dtype, attn_implementation, device, tp, mesh, world, times):
+    """The model with its parameters on the meta device, the TP plan applied (tp), its
+    non-persistent buffers on `device`, walked: (model, make_parameter, walk, ignored
+    patterns, the time it ended); times gets build, tp, buffers, walk."""
+    t = time.perf_counter()
+    with _intra_op_threads(_BUILD_THREADS if device.type == "cuda" else None):
+        # Float buffers are computed on the CPU and then moved, as from_pretrained
+        # computes them (rotary inv_freq on a GPU can differ from the CPU's in the
+        # last bit); boolean masks are made on the device (exact anywhere).
+        masks = device if device.type == "cuda" and _DEVICE_MASKS else None
+        model = build_model(cfg, model_class=model_class, dtype=dtype,
+                            attn_implementation=attn_implementation, masks_device=masks)
+        t = _lap(times, "build", t)
+        make = None
+        if tp:
+            model, tpi = _distribute(model, mesh, world)
+            _tie(model)  # a backend that replaced parameters by placeholders: one per tied group again
+            make = _dtensor_maker(tpi, model, mesh)
+            t = _lap(times, "tp", t)
+        _buffers_to(model, device)
+        t = _lap(times, "buffers", t)
+        walk = _walk(model)
+        ignore = _ignored(model)
+        t = _lap(times, "walk", t)
+    return model, make, walk, ignore, t
 
 
 def _load_through_transformers(tf, checkpoint, cfg, launch, device, dtype, mesh, model_class,

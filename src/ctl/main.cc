@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -422,6 +423,87 @@ std::string SubcommandWord(int argc, char** argv) {
   return "";
 }
 
+// The subcommands and what their arguments set.
+struct Commands {
+  CLI::App *load = nullptr, *ensure = nullptr, *evict = nullptr, *list = nullptr, *info = nullptr,
+           *status = nullptr, *metrics = nullptr, *verify = nullptr, *persist = nullptr;
+  std::string path, name;
+  bool force = false, replace = false, allow_expansion = false;
+  double wait_s = 0;
+  ckpt::ctl::PersistArgs persist_args;
+};
+
+// Adds every subcommand to `app`, their arguments stored in `c` (which must outlive app).
+void AddCommands(CLI::App& app, Commands& c) {
+  c.load = app.add_subcommand("load", "load a checkpoint file into shared memory");
+  c.load->add_option("path", c.path, "checkpoint file or model folder (safetensors, sharded *.index.json, PyTorch .bin/.pt)")->required();
+  c.load->add_option("--name", c.name, "name to publish it under (default: file name)");
+  c.load->add_flag("--replace", c.replace,
+                   "publish a new generation under an existing name; clients attached to the old "
+                   "one keep it until they detach");
+  c.load->add_flag("--allow-expansion", c.allow_expansion,
+                   "admit a checkpoint whose shared-memory size is far above its file size");
+  c.ensure = app.add_subcommand(
+      "ensure", "load a checkpoint unless it is loaded from that path and unchanged (safe from many ranks at once)");
+  c.ensure->add_option("path", c.path, "checkpoint file or model folder")->required();
+  c.ensure->add_option("--name", c.name, "name to publish it under (default: file name)");
+  c.ensure->add_flag("--allow-expansion", c.allow_expansion,
+                     "admit a checkpoint whose shared-memory size is far above its file size");
+  c.evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
+  c.evict->add_option("name", c.name, "checkpoint name")->required();
+  c.evict->add_flag("--force", c.force, "evict even while processes are attached (they keep their mapping)");
+  c.evict->add_option("--wait", c.wait_s, "wait up to this many seconds for attached processes to detach");
+  c.list = app.add_subcommand("list", "list loaded checkpoints");
+  c.info = app.add_subcommand("info", "show a checkpoint's tensors");
+  c.info->add_option("name", c.name, "checkpoint name")->required();
+  c.status = app.add_subcommand("status", "show the daemon's state, budget and attachments");
+  c.metrics = app.add_subcommand("metrics", "print metrics in the Prometheus text format");
+  c.verify = app.add_subcommand("verify", "re-check a checkpoint's shared memory against its checksums");
+  c.verify->add_option("name", c.name, "checkpoint name")->required();
+  c.persist = ckpt::ctl::AddPersistCommand(app, &c.persist_args);
+}
+
+// An unknown subcommand gets the known ones closest to it (CLI11 would only say that an
+// argument was not expected): the exit status, or nothing when the word is known.
+std::optional<int> RefuseUnknownCommand(const Commands& c, int argc, char** argv) {
+  if (const std::string word = SubcommandWord(argc, argv); !word.empty()) {
+    std::vector<std::string> known;
+    for (const CLI::App* sub : {c.load, c.ensure, c.evict, c.list, c.info, c.status, c.metrics, c.verify, c.persist}) {
+      known.push_back(sub->get_name());
+    }
+    if (std::find(known.begin(), known.end(), word) == known.end()) {
+      return Fail(ckpt::InvalidArgument("unknown command '" + word + "'; run ckptctl --help for the commands"),
+                  ckpt::Suggest(word, known), static_cast<int>(CLI::ExitCodes::ExtrasError));
+    }
+  }
+  return std::nullopt;
+}
+
+// Runs the subcommand that was parsed; its exit status.
+int RunCommand(const Options& o, Commands& c) {
+  if (*c.load) return Load(o, c.path, c.name, c.replace, c.allow_expansion);
+  if (*c.ensure) return Ensure(o, c.path, c.name, c.allow_expansion);
+  if (*c.evict) return Evict(o, c.name, c.force, c.wait_s);
+  if (*c.list) return List(o);
+  if (*c.info) return Info(o, c.name);
+  if (*c.status) return Status(o);
+  if (*c.metrics) return Metrics(o);
+  if (*c.verify) return Verify(o, c.name);
+  if (*c.persist) {
+    auto bar = std::make_unique<ckpt::ctl::ProgressBar>(STDERR_FILENO, ::isatty(STDERR_FILENO) != 0);
+    auto sigint = std::make_unique<CancelOnSigint>();
+    return ckpt::ctl::RunPersist(
+        o.socket, o.json_output, c.persist_args, [&](uint64_t done, uint64_t total) { bar->Update(done, total); },
+        [&] {
+          if (bar) bar->Finish();
+          bar.reset();
+          sigint.reset();  // the persist is over: Ctrl-C is plain again
+        },
+        [](const ckpt::Status& s) { return Fail(s); }, [&] { return sigint && sigint->cancelled(); });
+  }
+  return 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -444,49 +526,9 @@ int main(int argc, char** argv) {
     std::exit(0);
   }, "print the version and exit");
 
-  std::string path, name;
-  bool force = false, replace = false, allow_expansion = false;
-  double wait_s = 0;
-  auto* load = app.add_subcommand("load", "load a checkpoint file into shared memory");
-  load->add_option("path", path, "checkpoint file or model folder (safetensors, sharded *.index.json, PyTorch .bin/.pt)")->required();
-  load->add_option("--name", name, "name to publish it under (default: file name)");
-  load->add_flag("--replace", replace,
-                 "publish a new generation under an existing name; clients attached to the old "
-                 "one keep it until they detach");
-  load->add_flag("--allow-expansion", allow_expansion,
-                 "admit a checkpoint whose shared-memory size is far above its file size");
-  auto* ensure = app.add_subcommand(
-      "ensure", "load a checkpoint unless it is loaded from that path and unchanged (safe from many ranks at once)");
-  ensure->add_option("path", path, "checkpoint file or model folder")->required();
-  ensure->add_option("--name", name, "name to publish it under (default: file name)");
-  ensure->add_flag("--allow-expansion", allow_expansion,
-                   "admit a checkpoint whose shared-memory size is far above its file size");
-  auto* evict = app.add_subcommand("evict", "remove a checkpoint from shared memory");
-  evict->add_option("name", name, "checkpoint name")->required();
-  evict->add_flag("--force", force, "evict even while processes are attached (they keep their mapping)");
-  evict->add_option("--wait", wait_s, "wait up to this many seconds for attached processes to detach");
-  auto* list = app.add_subcommand("list", "list loaded checkpoints");
-  auto* info = app.add_subcommand("info", "show a checkpoint's tensors");
-  info->add_option("name", name, "checkpoint name")->required();
-  auto* status = app.add_subcommand("status", "show the daemon's state, budget and attachments");
-  auto* metrics = app.add_subcommand("metrics", "print metrics in the Prometheus text format");
-  auto* verify = app.add_subcommand("verify", "re-check a checkpoint's shared memory against its checksums");
-  verify->add_option("name", name, "checkpoint name")->required();
-  ckpt::ctl::PersistArgs persist_args;
-  auto* persist = ckpt::ctl::AddPersistCommand(app, &persist_args);
-
-  // An unknown subcommand gets the known ones closest to it (CLI11 would only say that
-  // an argument was not expected).
-  if (const std::string word = SubcommandWord(argc, argv); !word.empty()) {
-    std::vector<std::string> known;
-    for (const CLI::App* sub : {load, ensure, evict, list, info, status, metrics, verify, persist}) {
-      known.push_back(sub->get_name());
-    }
-    if (std::find(known.begin(), known.end(), word) == known.end()) {
-      return Fail(ckpt::InvalidArgument("unknown command '" + word + "'; run ckptctl --help for the commands"),
-                  ckpt::Suggest(word, known), static_cast<int>(CLI::ExitCodes::ExtrasError));
-    }
-  }
+  Commands c;
+  AddCommands(app, c);
+  if (std::optional<int> refused = RefuseUnknownCommand(c, argc, argv)) return *refused;
 
   try {
     app.parse(argc, argv);
@@ -495,28 +537,8 @@ int main(int argc, char** argv) {
     return Fail(ckpt::InvalidArgument(e.what()), {}, e.get_exit_code());
   }
   try {
-    if (*load) return Load(o, path, name, replace, allow_expansion);
-    if (*ensure) return Ensure(o, path, name, allow_expansion);
-    if (*evict) return Evict(o, name, force, wait_s);
-    if (*list) return List(o);
-    if (*info) return Info(o, name);
-    if (*status) return Status(o);
-    if (*metrics) return Metrics(o);
-    if (*verify) return Verify(o, name);
-    if (*persist) {
-      auto bar = std::make_unique<ckpt::ctl::ProgressBar>(STDERR_FILENO, ::isatty(STDERR_FILENO) != 0);
-      auto sigint = std::make_unique<CancelOnSigint>();
-      return ckpt::ctl::RunPersist(
-          o.socket, o.json_output, persist_args, [&](uint64_t done, uint64_t total) { bar->Update(done, total); },
-          [&] {
-            if (bar) bar->Finish();
-            bar.reset();
-            sigint.reset();  // the persist is over: Ctrl-C is plain again
-          },
-          [](const ckpt::Status& s) { return Fail(s); }, [&] { return sigint && sigint->cancelled(); });
-    }
+    return RunCommand(o, c);
   } catch (const std::exception& e) {
     return Fail(ckpt::Internal(std::string("ckptctl failed: ") + e.what()));
   }
-  return 1;
 }

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cuda/convert_kernels.h"
+#include "cuda/copy_knobs.h"
 #include "cuda/copy_split.h"
 #include "cuda/copy_tasks.h"
 #include "cuda/cuda_resources.h"
@@ -36,7 +37,6 @@ cudaError_t CopyH2D(const std::byte* src, uint64_t spitch, std::byte* dst, uint6
 
 }  // namespace
 
-constexpr int kMaxBuffers = 8;
 
 // One worker's resources, kept across runs. The stream is declared last, so destroyed
 // (after synchronising) first.
@@ -71,7 +71,7 @@ class CopyResources {
         bounce_(options.path == HostPath::kBounce),
         nworkers_(std::max(1, options.streams)),
         chunk_(ChunkBytes(options)),
-        nbuf_(BounceBuffers()),
+        nbuf_(CurrentCopyKnobs().buffers),
         populated_at_(static_cast<size_t>(nworkers_)),
         ready_at_(static_cast<size_t>(nworkers_)),
         workers_(static_cast<size_t>(nworkers_)) {
@@ -338,6 +338,24 @@ class CopyRun final : public RunBody {
   void Fail(Status s) override;
 
  private:
+  // Go's steps. PlanRun: the device memory now unless `early` (or given), the tasks, their
+  // order, the registration groups; dest.allocate's error. AllocateWhileGathering: the
+  // early allocation, while the workers gather (its error stops the run). OverflowTag: the
+  // first active worker's overflow flag (0: none), read from the device.
+  Status PlanRun(const CopyKnobs& knobs, bool early);
+  void AllocateWhileGathering();
+  Result<int> OverflowTag(CopyResources& resources);
+  // What Go measured of the run, for the trace (CKPT_COPY_TRACE): seconds from its start.
+  struct TraceMarks {
+    size_t workers = 0, active = 0, ready_at_start = 0;
+    bool early = false, spans = false;
+    TaskMix order = TaskMix::kAddress;
+    double planned_s = 0, ready_wait_s = 0, started_s = 0, posted_s = 0, first_issue_s = -1, copied_s = 0;
+  };
+  // Writes the run's trace line to stderr: `m`, the workers' times and `rt`, the
+  // preparation's (relative to the run's start; negative: before it).
+  void WriteTrace(const TraceMarks& m, const CopyResources::Times& rt) const;
+
   // One worker in this run: its resources and where it is in its ring of buffers.
   struct Lane {
     WorkerRes* r = nullptr;  // touched only once `active`
@@ -609,6 +627,90 @@ void CopyRun::Work(size_t i, WorkerRes& r) {
   w.end = Since(t0_);
 }
 
+Status CopyRun::PlanRun(const CopyKnobs& knobs, bool early) {
+  if (dest_.base) {
+    base_ = dest_.base;
+  } else if (!early) {
+    CKPT_ASSIGN_OR_RETURN(std::byte* b, dest_.allocate());
+    base_ = b;
+    base_at_ = Since(t0_);
+  }
+  const bool spans = options_.path == HostPath::kBounce && knobs.spans;
+  tasks_ = CutIntoTasks(jobs_, chunk_, spans ? &pieces_ : nullptr);
+  order_ = TaskOrder(tasks_, knobs.order);
+  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || !CopiedAsItIs(j);
+  if (options_.path == HostPath::kRegister) {
+    groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
+    for (const Group& g : groups_) bounds_.push_back(g.begin);
+    group_done_.assign(groups_.size(), 0);
+  }
+  return Status::Ok();
+}
+
+void CopyRun::AllocateWhileGathering() {
+  // Every worker waits for this before its first copy to the device (WaitBase).
+  Result<std::byte*> b = dest_.allocate();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (b.ok()) {
+    base_.store(*b, std::memory_order_release);
+    base_at_ = Since(t0_);
+  } else {
+    if (first_error_.ok()) first_error_ = b.status();
+    abort_ = true;
+  }
+  cv_.notify_all();
+}
+
+Result<int> CopyRun::OverflowTag(CopyResources& resources) {
+  const size_t n = lanes_.size();
+  std::vector<int> tags(n);
+  CKPT_CUDA_RETURN("reading the overflow flags",
+                   cudaMemcpy(tags.data(), resources.flags(), n * sizeof(int), cudaMemcpyDeviceToHost));
+  for (size_t i = 0; i < n; ++i) {  // a worker that never ran did not reset its flag
+    if (lanes_[i].active && tags[i] != 0) return tags[i];
+  }
+  return 0;
+}
+
+void CopyRun::WriteTrace(const TraceMarks& m, const CopyResources::Times& rt) const {
+  double end_min = 1e9, end_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
+  double busy_max = 0;
+  uint64_t gather_bytes = 0;
+  for (const Lane& w : lanes_) {
+    if (!w.active) continue;
+    end_min = std::min(end_min, w.end);
+    end_max = std::max(end_max, w.end);
+    gather += w.gather_s, packed += w.packed_s, wait += w.wait_s, issue += w.issue_s;
+    busy_max = std::max(busy_max, w.gather_s + w.packed_s + w.issue_s);
+    gather_bytes += w.gather_bytes;
+  }
+  const double gib = 1073741824.0, packed_bytes = static_cast<double>(copied_.load() - gather_bytes);
+  auto rel = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0_).count(); };
+  auto list = [&](const std::vector<Clock::time_point>& ts) {
+    std::string out;
+    for (const Clock::time_point& t : ts) {
+      char b[32];
+      std::snprintf(b, sizeof(b), "%s%.4f", out.empty() ? "" : ",", rel(t));
+      out += b;
+    }
+    return out;
+  };
+  std::fprintf(stderr,
+               "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
+               "\"order\":\"%s\",\"early\":%d,\"spans\":%d,\"prep_start_s\":%.4f,\"first_ready_s\":%.4f,\"last_ready_s\":%.4f,"
+               "\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,\"posted_s\":%.4f,\"base_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
+               "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
+               "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
+               "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,"
+               "\"populated_at\":[%s],\"ready_at\":[%s]}\n",
+               tasks_.size(), m.workers, m.active, m.ready_at_start, nbuf_, chunk_ / 1048576.0,
+               m.order == TaskMix::kSpread ? "spread" : "address", m.early ? 1 : 0, m.spans ? 1 : 0, rel(rt.start),
+               rel(rt.first_ready), rel(rt.last_ready), m.planned_s, m.ready_wait_s, m.started_s, m.posted_s, base_at_, m.first_issue_s, end_min, end_max, m.copied_s, Since(t0_),
+               copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
+               gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0,
+               list(rt.populated).c_str(), list(rt.ready).c_str());
+}
+
 Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   t0_ = Clock::now();
   CurrentDeviceGuard keep_callers_device;
@@ -621,24 +723,11 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   // gathers overlap the allocation (which may still fail: the run then ends with its
   // error). The total is asked once per process, before the workers start
   // (StartCopyResources): a cudaMemGetInfo here would wait for their registrations.
-  const bool early = !dest_.base && CopyEarlyStart() && dest_.bytes <= DeviceMemoryBytes(device_);
-  if (dest_.base) {
-    base_ = dest_.base;
-  } else if (!early) {
-    CKPT_ASSIGN_OR_RETURN(std::byte* b, dest_.allocate());
-    base_ = b;
-    base_at_ = Since(t0_);
-  }
-  const bool spans = options_.path == HostPath::kBounce && CopySpans();
-  tasks_ = CutIntoTasks(jobs_, chunk_, spans ? &pieces_ : nullptr);
-  order_ = TaskOrder(tasks_, CopyTaskMix());
-  for (const CopyJob& j : jobs_) needs_flags_ = needs_flags_ || !CopiedAsItIs(j);
+  const CopyKnobs knobs = CurrentCopyKnobs();
+  const bool early = !dest_.base && knobs.early && dest_.bytes <= DeviceMemoryBytes(device_);
+  CKPT_RETURN_IF_ERROR(PlanRun(knobs, early));
+  const bool spans = options_.path == HostPath::kBounce && knobs.spans;
   const bool do_register = options_.path == HostPath::kRegister;
-  if (do_register) {
-    groups_ = PlanGroups(tasks_, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)), options_.register_group_bytes);
-    for (const Group& g : groups_) bounds_.push_back(g.begin);
-    group_done_.assign(groups_.size(), 0);
-  }
   const double planned_s = Since(t0_);
 
   // Resources, started before the run (an early return frees nothing a copy still uses):
@@ -669,19 +758,7 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
   }
   resources->Post(n, *this);  // the workers ready take tasks at once, the others as they become ready
   const double posted_s = Since(t0_);
-  if (early) {
-    // Every worker waits for this before its first copy to the device (WaitBase).
-    Result<std::byte*> b = dest_.allocate();
-    std::lock_guard<std::mutex> lock(mu_);
-    if (b.ok()) {
-      base_.store(*b, std::memory_order_release);
-      base_at_ = Since(t0_);
-    } else {
-      if (first_error_.ok()) first_error_ = b.status();
-      abort_ = true;
-    }
-    cv_.notify_all();
-  }
+  if (early) AllocateWhileGathering();
   resources->Finish(*this);  // a failed worker set abort_, which stops the registrars
   for (auto& t : registrars) t.join();
   stats->register_seconds = do_register ? Since(r0) : 0;
@@ -708,53 +785,15 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
 
   CopyResult result;
   if (needs_flags_ && active > 0) {
-    std::vector<int> tags(n);
-    CKPT_CUDA_RETURN("reading the overflow flags",
-                     cudaMemcpy(tags.data(), resources->flags(), n * sizeof(int), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; ++i) {  // a worker that never ran did not reset its flag
-      if (lanes_[i].active && tags[i] != 0 && result.overflow_tag == 0) result.overflow_tag = tags[i];
-    }
+    CKPT_ASSIGN_OR_RETURN(result.overflow_tag, OverflowTag(*resources));
   }
   stats->copied_bytes = copied_;
-  if (CopyTraceEnabled()) {
-    double end_min = 1e9, end_max = 0, gather = 0, packed = 0, wait = 0, issue = 0;
-    double busy_max = 0;
-    uint64_t gather_bytes = 0;
-    for (const Lane& w : lanes_) {
-      if (!w.active) continue;
-      end_min = std::min(end_min, w.end);
-      end_max = std::max(end_max, w.end);
-      gather += w.gather_s, packed += w.packed_s, wait += w.wait_s, issue += w.issue_s;
-      busy_max = std::max(busy_max, w.gather_s + w.packed_s + w.issue_s);
-      gather_bytes += w.gather_bytes;
-    }
-    const double gib = 1073741824.0, packed_bytes = static_cast<double>(copied_.load() - gather_bytes);
-    // The workers' preparation, relative to this run's start (negative: before it).
-    const CopyResources::Times rt = resources->times();
-    auto rel = [&](Clock::time_point t) { return std::chrono::duration<double>(t - t0_).count(); };
-    auto list = [&](const std::vector<Clock::time_point>& ts) {
-      std::string out;
-      for (const Clock::time_point& t : ts) {
-        char b[32];
-        std::snprintf(b, sizeof(b), "%s%.4f", out.empty() ? "" : ",", rel(t));
-        out += b;
-      }
-      return out;
-    };
-    std::fprintf(stderr,
-                 "{\"what\":\"copy_trace\",\"tasks\":%zu,\"workers\":%zu,\"active\":%zu,\"ready_at_start\":%zu,\"buffers\":%d,\"chunk_MiB\":%g,"
-                 "\"order\":\"%s\",\"early\":%d,\"spans\":%d,\"prep_start_s\":%.4f,\"first_ready_s\":%.4f,\"last_ready_s\":%.4f,"
-                 "\"planned_s\":%.4f,\"ready_wait_s\":%.4f,\"started_s\":%.4f,\"posted_s\":%.4f,\"base_s\":%.4f,\"first_issue_s\":%.4f,\"first_worker_done_s\":%.4f,\"last_worker_done_s\":%.4f,"
-                 "\"copied_s\":%.4f,\"end_s\":%.4f,\"GiB\":%.3f,\"gather_GiB\":%.3f,"
-                 "\"cpu_gather_s\":%.4f,\"cpu_packed_s\":%.4f,\"buffer_wait_s\":%.4f,\"issue_s\":%.4f,\"busiest_worker_s\":%.4f,"
-                 "\"gather_GiBps_per_thread\":%.2f,\"packed_GiBps_per_thread\":%.2f,"
-                 "\"populated_at\":[%s],\"ready_at\":[%s]}\n",
-                 tasks_.size(), n, active, ready_at_start, nbuf_, chunk_ / 1048576.0,
-                 CopyTaskMix() == TaskMix::kSpread ? "spread" : "address", early ? 1 : 0, spans ? 1 : 0, rel(rt.start),
-                 rel(rt.first_ready), rel(rt.last_ready), planned_s, wait_s, started_s, posted_s, base_at_, first, end_min, end_max, copied_s, Since(t0_),
-                 copied_.load() / gib, gather_bytes / gib, gather, packed, wait, issue, busy_max,
-                 gather > 0 ? gather_bytes / gib / gather : 0.0, packed > 0 ? packed_bytes / gib / packed : 0.0,
-                 list(rt.populated).c_str(), list(rt.ready).c_str());
+  if (knobs.trace) {
+    TraceMarks m;
+    m.workers = n, m.active = active, m.ready_at_start = ready_at_start, m.early = early, m.spans = spans;
+    m.order = knobs.order, m.planned_s = planned_s, m.ready_wait_s = wait_s, m.started_s = started_s;
+    m.posted_s = posted_s, m.first_issue_s = first, m.copied_s = copied_s;
+    WriteTrace(m, resources->times());
   }
   return result;
 }
@@ -764,34 +803,6 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
 uint64_t ChunkBytes(const GpuLoadOptions& options) {
   if (options.chunk_bytes != 0) return options.chunk_bytes;
   return options.path == HostPath::kBounce ? kDefaultBounceChunk : uint64_t{16} << 20;
-}
-
-int BounceBuffers() {
-  const char* v = std::getenv("CKPT_COPY_BUFFERS");
-  if (!v || !*v) return 2;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  return *end == '\0' && n >= 1 && n <= kMaxBuffers ? static_cast<int>(n) : 2;
-}
-
-TaskMix CopyTaskMix() {
-  const char* v = std::getenv("CKPT_COPY_ORDER");
-  return v && std::strcmp(v, "spread") == 0 ? TaskMix::kSpread : TaskMix::kAddress;
-}
-
-bool CopySpans() {
-  const char* v = std::getenv("CKPT_COPY_SPANS");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
-bool CopyEarlyStart() {
-  const char* v = std::getenv("CKPT_COPY_EARLY");
-  return !(v && std::strcmp(v, "0") == 0);
-}
-
-bool CopyTraceEnabled() {
-  const char* v = std::getenv("CKPT_COPY_TRACE");
-  return v && std::strcmp(v, "1") == 0;
 }
 
 uint64_t DeviceMemoryBytes(int device) {

@@ -5,7 +5,7 @@
 // Work is cut into tasks of at most ChunkBytes(options) of one piece (a
 // transposed piece stays one task: it is rearranged on the GPU as a whole, and runs
 // first so that it never forms the tail), so a large tensor is spread over every worker.
-// Each worker thread owns a stream; on the bounce path it also owns BounceBuffers()
+// Each worker thread owns a stream; on the bounce path it also owns CurrentCopyKnobs().buffers
 // pinned buffers of chunk_bytes from one slab, filled by memcpy while the others are in
 // flight. Small chunks win there: on an H200 host 16 workers x 2 x 1-4 MiB move 41-47
 // GiB/s against 32-35 GiB/s with 16 MiB (docs/benchmarks.md), because the staged bytes
@@ -70,28 +70,12 @@ inline constexpr uint64_t kDefaultBounceChunk = uint64_t{2} << 20;
 // (measured best).
 uint64_t ChunkBytes(const GpuLoadOptions& options);
 
-// Pinned buffers per worker on the bounce path: 2, or CKPT_COPY_BUFFERS (1 to 8) where
-// that is set (an experiment knob of the benchmark, not an interface).
-int BounceBuffers();
-
-// Experiment knobs of the benchmark (not an interface), read at every run:
-// CKPT_COPY_ORDER=address|spread (TaskMix of the tasks that are not whole-job tasks;
-// default address: spread measured no faster, docs/benchmarks.md) and CKPT_COPY_EARLY=0|1
-// (1, the default: workers start gathering before the device memory exists, see
-// CopyDestination; 0: it is allocated first) and CKPT_COPY_SPANS=0|1 (1, the default:
-// on the bounce path, packed destinations are filled in full-size span tasks, see
-// CutIntoTasks; 0: one task per rectangle of a region).
-TaskMix CopyTaskMix();
-bool CopyEarlyStart();
-bool CopySpans();
+// The engine's experiment knobs (CKPT_COPY_BUFFERS, _ORDER, _SPANS, _EARLY, _TRACE) are
+// declared and read in copy_knobs.h (CurrentCopyKnobs); each run reads them once.
 
 // The device's total memory in bytes (cudaMemGetInfo, asked once per device and
 // process); 0 where the driver does not say.
 uint64_t DeviceMemoryBytes(int device);
-
-// True where CKPT_COPY_TRACE=1: every Load then prints its phases' timestamps, one JSON
-// object per line, to stderr (tools/bench_gpu.sh collects them).
-bool CopyTraceEnabled();
 
 // The reusable copy workers for one (device, options): per worker a thread, a stream,
 // its events, its overflow flag on the device and, on the bounce path, its part of one

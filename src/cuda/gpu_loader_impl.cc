@@ -11,6 +11,7 @@
 
 #include "cuda/convert_kernels.h"
 #include "cuda/copy_engine.h"
+#include "cuda/copy_knobs.h"
 #include "cuda/cuda_resources.h"
 #include "cuda/nccl_group.h"
 
@@ -122,7 +123,7 @@ Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs
   CKPT_RETURN_IF_ERROR(Copy(outputs, planned, all, dest, offsets, &dict.stats_));
   const double copy_s = Since(c0);
   dict.stats_.total_seconds = Since(t0);
-  if (cuda::CopyTraceEnabled()) {
+  if (cuda::CurrentCopyKnobs().trace) {
     std::fprintf(stderr, "{\"what\":\"load_trace\",\"outputs\":%zu,\"plan_s\":%.4f,\"arena_s\":%.4f,\"arena_GiB\":%.3f,"
                  "\"setup_s\":%.4f,\"copy_s\":%.4f,\"total_s\":%.4f}\n",
                  outputs.size(), plan_s, arena_s, arena_bytes / 1073741824.0, dict.stats_.setup_seconds, copy_s,

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <system_error>
@@ -49,88 +50,102 @@ ckpt::Result<uint64_t> ParseBytes(const std::string& text) {
   if (shift > 0 && n > (~0ull >> shift)) return ckpt::InvalidArgument("size too large: '" + text + "'");
   return static_cast<uint64_t>(n) << shift;
 }
-}  // namespace
 
-int main(int argc, char** argv) {
+// What the command line and the configuration file set: the server's options and the
+// texts parsed after CLI11 (modes, sizes, the log level).
+struct CommandLine {
   ckpt::daemon::ServerOptions options;
   std::string log_level = "info";
   std::string socket_mode = "0660", shm_mode = "0640";
   std::string memory_budget;
   std::string shm_bytes_per_uid;
   std::string metrics_file_mode = "0644";
+};
 
-  CLI::App app{"ckptd: holds checkpoints once per node in POSIX shared memory"};
-  app.add_option("--socket", options.socket_path, "control socket path")->capture_default_str();
-  app.add_option("--shm-prefix", options.shm_prefix,
+// The options of the socket, the segments, the loads and the connections.
+void AddServiceOptions(CLI::App& app, CommandLine& cl) {
+  app.add_option("--socket", cl.options.socket_path, "control socket path")->capture_default_str();
+  app.add_option("--shm-prefix", cl.options.shm_prefix,
                  "without segment-dir, segments live in /dev/shm/<prefix>.<random>, a directory named in the state "
                  "directory")
       ->capture_default_str();
-  app.add_option("--segment-dir", options.segment_dir,
+  app.add_option("--segment-dir", cl.options.segment_dir,
                  "directory for the segments, in a place only root or ckptd can create names (every parent "
                  "owned by root or ckptd, not writable by others), ideally a tmpfs of its own mounted with "
                  "huge=within_size (the unit mounts /run/ckptd-segments); created if missing and ckptd may, "
                  "else /dev/shm/<prefix>.<random> is used (default: that)");
-  app.add_option("--state-dir", options.state_dir,
+  app.add_option("--state-dir", cl.options.state_dir,
                  "directory for the daemon's state (the generation high-water mark); systemd's StateDirectory=")
       ->capture_default_str();
-  app.add_option("--socket-mode", socket_mode, "permission bits of the socket (octal)")->capture_default_str();
-  app.add_option("--shm-mode", shm_mode, "permission bits of segments (octal)")->capture_default_str();
-  app.add_option("--load-threads", options.load_threads, "reader threads per load")->capture_default_str();
-  app.add_option("--max-connections", options.max_connections, "concurrent client connections")
+  app.add_option("--socket-mode", cl.socket_mode, "permission bits of the socket (octal)")->capture_default_str();
+  app.add_option("--shm-mode", cl.shm_mode, "permission bits of segments (octal)")->capture_default_str();
+  app.add_option("--load-threads", cl.options.load_threads, "reader threads per load")->capture_default_str();
+  app.add_option("--max-connections", cl.options.max_connections, "concurrent client connections")
       ->capture_default_str();
-  app.add_option("--max-connections-per-uid", options.max_connections_per_uid,
+  app.add_option("--max-connections-per-uid", cl.options.max_connections_per_uid,
                  "concurrent connections one user may hold")
       ->capture_default_str();
-  app.add_option("--admin-reserved-connections", options.admin_reserved_connections,
+  app.add_option("--admin-reserved-connections", cl.options.admin_reserved_connections,
                  "extra connections kept for root and the admin group when the others are taken")
       ->capture_default_str();
-  app.add_option("--frame-timeout", options.frame_timeout_s,
+  app.add_option("--frame-timeout", cl.options.frame_timeout_s,
                  "seconds a request frame may take to arrive whole (and a response to be taken)")
       ->capture_default_str();
-  app.add_option("--idle-timeout", options.idle_timeout_s,
+  app.add_option("--idle-timeout", cl.options.idle_timeout_s,
                  "seconds after which a connection without an attachment that sends nothing is closed")
       ->capture_default_str();
-  app.add_option("--rendezvous-per-uid", options.rendezvous_per_uid, "live rendezvous jobs one user may hold")
+  app.add_option("--rendezvous-per-uid", cl.options.rendezvous_per_uid, "live rendezvous jobs one user may hold")
       ->capture_default_str();
-  app.add_flag("--cleanup-on-exit", options.cleanup_on_exit,
+  app.add_flag("--cleanup-on-exit", cl.options.cleanup_on_exit,
                "unlink every segment on shutdown instead of leaving it for the next start");
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
+  app.add_option("--log-level", cl.log_level, "trace, debug, info, warn, error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
       ->capture_default_str();
-  app.add_option("--memory-budget", memory_budget,
+}
+
+// The options of the budget and quotas, the model roots, the roles and the metrics.
+void AddLimitOptions(CLI::App& app, CommandLine& cl) {
+  app.add_option("--memory-budget", cl.memory_budget,
                  "shared memory all checkpoints may use, e.g. 64G (default: no budget); a load "
                  "that does not fit evicts the least recently used unattached checkpoints or fails");
-  app.add_option("--max-shm-bytes-per-uid", shm_bytes_per_uid,
+  app.add_option("--max-shm-bytes-per-uid", cl.shm_bytes_per_uid,
                  "shared memory one user without the admin role may hold (published, retired and being written), "
                  "e.g. 16G; 0: no limit (default: half the memory budget, no limit without a budget)");
-  app.add_option("--max-segments-per-uid", options.max_segments_per_uid,
+  app.add_option("--max-segments-per-uid", cl.options.max_segments_per_uid,
                  "generations one user without the admin role may hold; 0: no limit")
       ->capture_default_str();
-  app.add_option("--max-writes-per-uid", options.max_writes_per_uid,
+  app.add_option("--max-writes-per-uid", cl.options.max_writes_per_uid,
                  "concurrent writes one user without the admin role may have in progress; 0: no limit")
       ->capture_default_str();
-  app.add_option("--write-idle-timeout", options.write_idle_timeout_s,
+  app.add_option("--write-idle-timeout", cl.options.write_idle_timeout_s,
                  "seconds a write may go without any of its parts sending a frame before it fails and frees its memory")
       ->capture_default_str();
-  app.add_option("--model-root", options.model_roots,
+  app.add_option("--model-root", cl.options.model_roots,
                  "directory loads may come from (repeatable; default: any path)");
-  app.add_option("--max-expansion", options.max_expansion,
+  app.add_option("--max-expansion", cl.options.max_expansion,
                  "refuse a load that needs more than this many bytes of shared memory per byte of file "
                  "(and 64 MiB beyond it) unless the request allows it (ckptctl load --allow-expansion); 0: no limit")
       ->capture_default_str();
-  app.add_option("--admin-group", options.admin_group, "group allowed to load and evict (besides root)");
-  app.add_option("--writer-group", options.writer_group,
+  app.add_option("--admin-group", cl.options.admin_group, "group allowed to load and evict (besides root)");
+  app.add_option("--writer-group", cl.options.writer_group,
                  "group allowed to publish checkpoints from processes (write; besides root and the admin group)");
-  app.add_option("--reader-group", options.reader_group,
+  app.add_option("--reader-group", cl.options.reader_group,
                  "group allowed to attach, list, info, status (default: anyone who can connect)");
-  app.add_option("--metrics-file", options.metrics_file,
+  app.add_option("--metrics-file", cl.options.metrics_file,
                  "write metrics (Prometheus text) to this file periodically, e.g. for node-exporter's textfile collector");
-  app.add_option("--metrics-interval", options.metrics_interval_s, "seconds between metrics-file writes")
+  app.add_option("--metrics-interval", cl.options.metrics_interval_s, "seconds between metrics-file writes")
       ->capture_default_str();
-  app.add_option("--metrics-file-mode", metrics_file_mode, "permission bits of the metrics file (octal)")
+  app.add_option("--metrics-file-mode", cl.metrics_file_mode, "permission bits of the metrics file (octal)")
       ->capture_default_str();
-  app.add_option("--metrics-file-group", options.metrics_file_group,
+  app.add_option("--metrics-file-group", cl.options.metrics_file_group,
                  "group of the metrics file (default: the daemon's; ckptd must be a member)");
+}
+
+// Parses argv and the configuration file into `cl`; an exit status when ckptd must stop
+// here (--help, --version exit inside; a configuration error is reported: ReportConfigError).
+std::optional<int> ParseCommandLine(CLI::App& app, CommandLine& cl, int argc, char** argv) {
+  AddServiceOptions(app, cl);
+  AddLimitOptions(app, cl);
   app.set_config("--config", DefaultConfigPath(),
                  "configuration file (TOML/INI: key = value with the long option names); "
                  "command-line flags win over it (default: $CKPTD_CONFIG, else " CKPTD_DEFAULT_CONFIG ")");
@@ -155,48 +170,52 @@ int main(int argc, char** argv) {
                                            ", which does not exist: create it or unset CKPTD_CONFIG");
   }
 
+  return std::nullopt;
+}
+
+// Sets up logging and turns cl's texts into cl.options (modes, budget, per-uid bytes),
+// then checks the whole configuration; an exit status when it is wrong.
+std::optional<int> ApplyCommandLine(CommandLine& cl) {
   auto logger = spdlog::stderr_color_mt("ckptd");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
   spdlog::set_default_logger(logger);
-  spdlog::set_level(spdlog::level::from_str(log_level));
-  auto socket_bits = ckpt::daemon::ParseModeBits("socket-mode", socket_mode);
-  auto shm_bits = ckpt::daemon::ParseModeBits("shm-mode", shm_mode);
-  auto metrics_bits = ckpt::daemon::ParseModeBits("metrics-file-mode", metrics_file_mode);
+  spdlog::set_level(spdlog::level::from_str(cl.log_level));
+  auto socket_bits = ckpt::daemon::ParseModeBits("socket-mode", cl.socket_mode);
+  auto shm_bits = ckpt::daemon::ParseModeBits("shm-mode", cl.shm_mode);
+  auto metrics_bits = ckpt::daemon::ParseModeBits("metrics-file-mode", cl.metrics_file_mode);
   for (const auto* bits : {&socket_bits, &shm_bits, &metrics_bits}) {
     if (!bits->ok()) return ckpt::daemon::ReportConfigError(bits->status().message());
   }
-  options.socket_mode = *socket_bits;
-  options.shm_mode = *shm_bits;
-  options.metrics_file_mode = *metrics_bits;
-  auto budget = ParseBytes(memory_budget);
+  cl.options.socket_mode = *socket_bits;
+  cl.options.shm_mode = *shm_bits;
+  cl.options.metrics_file_mode = *metrics_bits;
+  auto budget = ParseBytes(cl.memory_budget);
   if (!budget.ok()) {
     return ckpt::daemon::ReportConfigError("memory-budget: " + budget.status().message());
   }
-  options.memory_budget_bytes = *budget;
-  auto per_uid = ParseBytes(shm_bytes_per_uid);
+  cl.options.memory_budget_bytes = *budget;
+  auto per_uid = ParseBytes(cl.shm_bytes_per_uid);
   if (!per_uid.ok()) return ckpt::daemon::ReportConfigError("max-shm-bytes-per-uid: " + per_uid.status().message());
-  options.max_shm_bytes_per_uid = shm_bytes_per_uid.empty() ? options.memory_budget_bytes / 2 : *per_uid;
-  if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(options); !checked.ok()) {
+  cl.options.max_shm_bytes_per_uid = cl.shm_bytes_per_uid.empty() ? cl.options.memory_budget_bytes / 2 : *per_uid;
+  if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(cl.options); !checked.ok()) {
     return ckpt::daemon::ReportConfigError(checked.message());
   }
-  // One descriptor per connection and per checkpoint: take the hard limit.
+  return std::nullopt;
+}
+
+// One descriptor per connection and per checkpoint: take the hard limit.
+void RaiseFileLimit() {
   rlimit nofile{};
   if (::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
     nofile.rlim_cur = nofile.rlim_max;
     (void)::setrlimit(RLIMIT_NOFILE, &nofile);
   }
+}
 
-  // Signals are taken synchronously by one thread, so no handler runs inside the server.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  sigaddset(&signals, SIGUSR1);  // main() ends the signal thread with it
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  ::signal(SIGPIPE, SIG_IGN);
-
-  auto server = ckpt::daemon::Server::Create(options);
+// Creates the server, tells systemd, runs it until a signal of `signals` (blocked in every
+// thread) stops it; the exit status.
+int Serve(const CommandLine& cl, sigset_t& signals) {
+  auto server = ckpt::daemon::Server::Create(cl.options);
   if (!server.ok()) {
     if (ckpt::daemon::IsConfigurationError(server.status())) {
       return ckpt::daemon::ReportConfigError(server.status().message());
@@ -206,8 +225,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   // The socket listens and earlier segments are adopted: tell systemd (Type=notify).
-  sd_notifyf(0, "READY=1\nSTATUS=serving on %s (budget %s)\nMAINPID=%lu", options.socket_path.c_str(),
-             memory_budget.empty() ? "none" : memory_budget.c_str(), static_cast<unsigned long>(::getpid()));
+  sd_notifyf(0, "READY=1\nSTATUS=serving on %s (budget %s)\nMAINPID=%lu", cl.options.socket_path.c_str(),
+             cl.memory_budget.empty() ? "none" : cl.memory_budget.c_str(), static_cast<unsigned long>(::getpid()));
   ckpt::daemon::Server* raw = server->get();
   std::thread signal_thread;
   try {
@@ -230,4 +249,25 @@ int main(int argc, char** argv) {
   pthread_kill(signal_thread.native_handle(), SIGUSR1);
   signal_thread.join();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CommandLine cl;
+  CLI::App app{"ckptd: holds checkpoints once per node in POSIX shared memory"};
+  if (std::optional<int> exit = ParseCommandLine(app, cl, argc, argv)) return *exit;
+  if (std::optional<int> exit = ApplyCommandLine(cl)) return *exit;
+  RaiseFileLimit();
+
+  // Signals are taken synchronously by one thread, so no handler runs inside the server.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  sigaddset(&signals, SIGUSR1);  // Serve() ends the signal thread with it
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+  return Serve(cl, signals);
 }

@@ -154,6 +154,55 @@ Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string
   return plan;
 }
 
+// What the segment for `plan` may take at most: the tensor bytes plus a header, an aligned
+// index and the side files (the budget a load reserves).
+Result<uint64_t> SegmentEstimate(const DaemonContext& ctx, const format::LoadPlan& plan) {
+  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
+  CheckedSum side_sum;
+  for (const auto& side : plan.side_files) side_sum.Add(side.bytes.size());
+  CKPT_ASSIGN_OR_RETURN(const uint64_t side_bytes, side_sum.Get("the side files' size"));
+  return shm::EstimateSegmentBytes(*ctx.segments, stored, plan.tensors.size(), side_bytes);
+}
+
+// The catalog entry of a loaded segment (its tensors moved out of `loaded`; the segment's
+// identity not yet recorded).
+CatalogEntry LoadedEntry(const std::string& name, uint64_t generation, const std::string& path,
+                         const format::LoadPlan& plan, loader::LoadedSegment& loaded) {
+  CatalogEntry entry;
+  entry.name = name;
+  entry.generation = generation;
+  entry.shm_name = loaded.file_name;
+  entry.segment_id = shm::SegmentIdHex(loaded.segment_id);
+  entry.source_path = path;
+  entry.source_fingerprint = SourceFingerprint(plan);
+  entry.format = plan.format;
+  entry.segment_bytes = loaded.segment_bytes;
+  entry.data_bytes = loaded.data_bytes;
+  entry.load_seconds = loaded.seconds;
+  entry.page_bytes = loaded.page_bytes;
+  entry.huge_bytes = static_cast<int64_t>(loaded.huge_bytes);
+  entry.loaded_unix_s = NowUnixSeconds();
+  entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(loaded.tensors));
+  return entry;
+}
+
+// The log lines of a published load: its speed and reader, its pages, and a warning where
+// huge pages were expected and none came.
+void LogLoaded(const DaemonContext& ctx, const std::string& name, uint64_t generation,
+               const loader::LoadedSegment& loaded, uint64_t tensor_count) {
+  spdlog::info("loaded '{}' generation {}: {} tensors, {} bytes in {:.3f} s ({:.2f} GiB/s), read with {}", name,
+               generation, tensor_count, loaded.data_bytes, loaded.seconds,
+               loaded.data_bytes / std::max(loaded.seconds, 1e-9) / (1 << 30), loaded.io_summary);
+  spdlog::info("segment of '{}' generation {}: {} pages, {} of {} bytes on huge pages, reserved with {}", name,
+               generation, shm::PageSizeName(loaded.page_bytes), loaded.huge_bytes, loaded.segment_bytes,
+               loaded.populate_summary);
+  if (loaded.page_bytes > shm::kSmallPageBytes && loaded.huge_bytes == 0) {
+    spdlog::warn("segment of '{}' generation {}: huge pages were expected ({}) but the kernel gave none "
+                 "(no free huge pages, or fragmented memory); it works on 4 KiB pages", name, generation,
+                 ctx.segments->pages().Describe());
+  }
+}
+
 // Everything of a load that reads files and publishes, from its plan (OpenAndPlan): the
 // segment spec, LoadIntoSegment and the catalog publish. Nothing is visible unless it
 // returns OK. With `shared` (an ensure's runner), each tick's progress is posted there for
@@ -161,13 +210,7 @@ Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string
 Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, const std::string& path,
                                               const std::string& name, bool replace, const format::LoadPlan& plan,
                                               ConnectionWatch* watch, SharedLoad* shared = nullptr) {
-  // The segment adds a header, an aligned index and the side files to the tensor bytes.
-  CKPT_ASSIGN_OR_RETURN(const uint64_t stored, plan.StoredBytes());
-  CheckedSum side_sum;
-  for (const auto& side : plan.side_files) side_sum.Add(side.bytes.size());
-  CKPT_ASSIGN_OR_RETURN(const uint64_t side_bytes, side_sum.Get("the side files' size"));
-  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate,
-                        shm::EstimateSegmentBytes(*ctx.segments, stored, plan.tensors.size(), side_bytes));
+  CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, SegmentEstimate(ctx, plan));
   std::vector<std::string> evicted;
   CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, replace, estimate, actor, &evicted));
   struct Reservation {
@@ -212,21 +255,7 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
     return Cancelled("load of '" + name + "' cancelled before it was published");
   }
 
-  CatalogEntry entry;
-  entry.name = name;
-  entry.generation = generation;
-  entry.shm_name = loaded->file_name;
-  entry.segment_id = shm::SegmentIdHex(loaded->segment_id);
-  entry.source_path = path;
-  entry.source_fingerprint = SourceFingerprint(plan);
-  entry.format = plan.format;
-  entry.segment_bytes = loaded->segment_bytes;
-  entry.data_bytes = loaded->data_bytes;
-  entry.load_seconds = loaded->seconds;
-  entry.page_bytes = loaded->page_bytes;
-  entry.huge_bytes = static_cast<int64_t>(loaded->huge_bytes);
-  entry.loaded_unix_s = NowUnixSeconds();
-  entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(loaded->tensors));
+  CatalogEntry entry = LoadedEntry(name, generation, path, plan, *loaded);
   if (Status identified = RecordSegmentIdentity(loaded->fd.get(), &entry); !identified.ok()) {
     (void)ctx.segments->Remove(loaded->file_name);
     return identified;
@@ -237,17 +266,7 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
   ctx.counters->loaded_bytes += loaded->data_bytes;
   ctx.catalog->Publish(std::move(entry));
   reservation.held = false;
-  spdlog::info("loaded '{}' generation {}: {} tensors, {} bytes in {:.3f} s ({:.2f} GiB/s), read with {}", name,
-               generation, result.checkpoint.tensor_count, loaded->data_bytes, loaded->seconds,
-               loaded->data_bytes / std::max(loaded->seconds, 1e-9) / (1 << 30), loaded->io_summary);
-  spdlog::info("segment of '{}' generation {}: {} pages, {} of {} bytes on huge pages, reserved with {}", name,
-               generation, shm::PageSizeName(loaded->page_bytes), loaded->huge_bytes, loaded->segment_bytes,
-               loaded->populate_summary);
-  if (loaded->page_bytes > shm::kSmallPageBytes && loaded->huge_bytes == 0) {
-    spdlog::warn("segment of '{}' generation {}: huge pages were expected ({}) but the kernel gave none "
-                 "(no free huge pages, or fragmented memory); it works on 4 KiB pages", name, generation,
-                 ctx.segments->pages().Describe());
-  }
+  LogLoaded(ctx, name, generation, *loaded, result.checkpoint.tensor_count);
   return result;
 }
 

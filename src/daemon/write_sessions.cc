@@ -53,13 +53,11 @@ void ReleaseInBackground(std::shared_ptr<TensorHasher> hasher, std::shared_ptr<s
   }
 }
 
-}  // namespace
-
-Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& parts) {
-  WriteLayout layout;
-  layout.targets.resize(parts.size());
-  std::unordered_map<std::string, KeyPieces> keys;
-  std::vector<const std::string*> order;
+// Every tensor's pieces, grouped by key in first-seen order (the order of `order`); each
+// tensor's TensorInfo is appended to layout.tensors. Errors: a sub-byte dtype, a global
+// shape or size that overflows, pieces of one key that disagree on dtype or global shape.
+Status GroupPieces(const std::vector<std::vector<WritePiece>>& parts, WriteLayout& layout,
+                   std::unordered_map<std::string, KeyPieces>& keys, std::vector<const std::string*>& order) {
   for (size_t part = 0; part < parts.size(); ++part) {
     for (size_t i = 0; i < parts[part].size(); ++i) {
       const WritePiece& p = parts[part][i];
@@ -94,6 +92,138 @@ Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& 
       it->second.pieces.emplace_back(static_cast<int64_t>(part), i);
     }
   }
+  return Status::Ok();
+}
+
+// Flat ranges of one tensor of `numel` elements of `elem` bytes: each inside it, no
+// overlaps and no gaps; sets their targets.
+Status PlaceFlat(const std::vector<std::vector<WritePiece>>& parts, const std::string& key, const KeyPieces& kp,
+                 uint64_t numel, uint64_t elem, WriteLayout& layout) {
+  std::vector<std::pair<uint64_t, std::pair<int64_t, size_t>>> ranges;
+  for (const auto& [part, i] : kp.pieces) {
+    const WritePiece& p = parts[part][i];
+    auto end = CheckedAdd(p.start, p.numel);
+    if (!end || *end > numel) {
+      return InvalidArgument("tensor '" + key + "': " + PieceName(part, i) + " (elements " +
+                             std::to_string(p.start) + " + " + std::to_string(p.numel) +
+                             ") leaves the tensor of " + std::to_string(numel) + " elements");
+    }
+    ranges.push_back({p.start, {part, i}});
+  }
+  std::sort(ranges.begin(), ranges.end());
+  uint64_t covered = 0;
+  for (const auto& [start, who] : ranges) {
+    const WritePiece& p = parts[who.first][who.second];
+    if (p.numel == 0) continue;
+    if (start < covered) {
+      return InvalidArgument("tensor '" + key + "': " + PieceName(who.first, who.second) +
+                             " overlaps another piece at element " + std::to_string(start));
+    }
+    if (start > covered) {
+      return InvalidArgument("tensor '" + key + "': no part writes elements " + std::to_string(covered) +
+                             " to " + std::to_string(start));
+    }
+    covered = start + p.numel;
+  }
+  if (covered != numel) {
+    return InvalidArgument("tensor '" + key + "': no part writes elements " + std::to_string(covered) + " to " +
+                           std::to_string(numel));
+  }
+  layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is [0, numel)
+  for (const auto& [part, i] : kp.pieces) {
+    const WritePiece& p = parts[part][i];
+    PieceTarget target;
+    target.tensor = kp.tensor;
+    target.bytes = p.numel * elem;
+    target.base = p.start * elem;
+    target.run_bytes = target.bytes;
+    layout.targets[part].resize(parts[part].size());
+    layout.targets[part][i] = std::move(target);
+  }
+  return Status::Ok();
+}
+
+// Where box `p` of tensor `t` (row-major `stride` in elements) lands: its base, its runs
+// (the innermost dims the box spans whole, plus the first one it does not) and the outer
+// dims that step between runs.
+PieceTarget BoxTarget(const WritePiece& p, const TensorInfo& t, size_t tensor, const std::vector<uint64_t>& stride,
+                      uint64_t elem) {
+  const size_t ndim = t.shape.size();
+  PieceTarget target;
+  target.tensor = tensor;
+  uint64_t v = 1;
+  for (int64_t d : p.shape) v *= static_cast<uint64_t>(d);
+  target.bytes = v * elem;
+  size_t k = ndim;  // dims [k, ndim) are in the run
+  uint64_t run = 1;
+  while (k > 0) {
+    --k;
+    run *= static_cast<uint64_t>(p.shape[k]);
+    if (p.shape[k] != t.shape[k]) break;
+  }
+  if (ndim == 0) k = 0;
+  target.run_bytes = run * elem;
+  uint64_t base = 0;
+  for (size_t d = 0; d < ndim; ++d) base += static_cast<uint64_t>(p.offsets[d]) * stride[d];
+  target.base = base * elem;
+  for (size_t d = 0; d < k; ++d) {
+    target.outer_shape.push_back(static_cast<uint64_t>(p.shape[d]));
+    target.outer_stride.push_back(stride[d] * elem);
+  }
+  return target;
+}
+
+// Boxes of one tensor: each inside the tensor (checked at decode), pairwise disjoint,
+// volumes summing to the tensor's: then they cover it exactly. `pair_tests` counts the
+// pair tests of the whole layout (at most kMaxBoxPairTests). Sets their targets.
+Status PlaceBoxes(const std::vector<std::vector<WritePiece>>& parts, const std::string& key, const KeyPieces& kp,
+                  const TensorInfo& t, uint64_t numel, uint64_t elem, uint64_t& pair_tests, WriteLayout& layout) {
+  const uint64_t n = kp.pieces.size();
+  pair_tests += n * (n - 1) / 2;
+  if (pair_tests > kMaxBoxPairTests) {
+    return InvalidArgument("tensor '" + key + "': too many box pieces to check (" + std::to_string(n) + ")");
+  }
+  uint64_t volume = 0;
+  for (size_t a = 0; a < kp.pieces.size(); ++a) {
+    const WritePiece& pa = parts[kp.pieces[a].first][kp.pieces[a].second];
+    uint64_t v = 1;
+    for (int64_t d : pa.shape) v *= static_cast<uint64_t>(d);  // <= numel: inside the tensor
+    auto sum = CheckedAdd(volume, v);
+    volume = sum ? *sum : numel + 1;
+    if (v == 0) continue;
+    for (size_t b = a + 1; b < kp.pieces.size(); ++b) {
+      const WritePiece& pb = parts[kp.pieces[b].first][kp.pieces[b].second];
+      if (BoxesOverlap(pa, pb)) {
+        return InvalidArgument("tensor '" + key + "': " + PieceName(kp.pieces[a].first, kp.pieces[a].second) +
+                               " and " + PieceName(kp.pieces[b].first, kp.pieces[b].second) + " overlap");
+      }
+    }
+    if (volume > numel) break;  // reported below
+  }
+  if (volume != numel) {
+    return InvalidArgument("tensor '" + key + "': the pieces hold " + std::to_string(volume) + " of its " +
+                           std::to_string(numel) + " elements (a hole, or pieces missing)");
+  }
+  layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is the whole box
+  // Row-major strides of the global tensor, in elements.
+  const size_t ndim = t.shape.size();
+  std::vector<uint64_t> stride(ndim, 1);
+  for (size_t d = ndim; d-- > 1;) stride[d - 1] = stride[d] * static_cast<uint64_t>(t.shape[d]);
+  for (const auto& [part, i] : kp.pieces) {
+    layout.targets[part].resize(parts[part].size());
+    layout.targets[part][i] = BoxTarget(parts[part][i], t, kp.tensor, stride, elem);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& parts) {
+  WriteLayout layout;
+  layout.targets.resize(parts.size());
+  std::unordered_map<std::string, KeyPieces> keys;
+  std::vector<const std::string*> order;
+  CKPT_RETURN_IF_ERROR(GroupPieces(parts, layout, keys, order));
 
   // Coverage, per tensor, and the targets.
   layout.in_order.assign(layout.tensors.size(), false);
@@ -113,109 +243,10 @@ Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& 
                                PieceName(part, i) + "); a tensor is written one way");
       }
     }
-    // Row-major strides of the global tensor, in elements.
-    const size_t ndim = t.shape.size();
-    std::vector<uint64_t> stride(ndim, 1);
-    for (size_t d = ndim; d-- > 1;) stride[d - 1] = stride[d] * static_cast<uint64_t>(t.shape[d]);
     if (flat) {
-      std::vector<std::pair<uint64_t, std::pair<int64_t, size_t>>> ranges;
-      for (const auto& [part, i] : kp.pieces) {
-        const WritePiece& p = parts[part][i];
-        auto end = CheckedAdd(p.start, p.numel);
-        if (!end || *end > numel) {
-          return InvalidArgument("tensor '" + *key + "': " + PieceName(part, i) + " (elements " +
-                                 std::to_string(p.start) + " + " + std::to_string(p.numel) +
-                                 ") leaves the tensor of " + std::to_string(numel) + " elements");
-        }
-        ranges.push_back({p.start, {part, i}});
-      }
-      std::sort(ranges.begin(), ranges.end());
-      uint64_t covered = 0;
-      for (const auto& [start, who] : ranges) {
-        const WritePiece& p = parts[who.first][who.second];
-        if (p.numel == 0) continue;
-        if (start < covered) {
-          return InvalidArgument("tensor '" + *key + "': " + PieceName(who.first, who.second) +
-                                 " overlaps another piece at element " + std::to_string(start));
-        }
-        if (start > covered) {
-          return InvalidArgument("tensor '" + *key + "': no part writes elements " + std::to_string(covered) +
-                                 " to " + std::to_string(start));
-        }
-        covered = start + p.numel;
-      }
-      if (covered != numel) {
-        return InvalidArgument("tensor '" + *key + "': no part writes elements " + std::to_string(covered) + " to " +
-                               std::to_string(numel));
-      }
-      layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is [0, numel)
-      for (const auto& [part, i] : kp.pieces) {
-        const WritePiece& p = parts[part][i];
-        PieceTarget target;
-        target.tensor = kp.tensor;
-        target.bytes = p.numel * elem;
-        target.base = p.start * elem;
-        target.run_bytes = target.bytes;
-        layout.targets[part].resize(parts[part].size());
-        layout.targets[part][i] = std::move(target);
-      }
-      continue;
-    }
-    // Boxes: each inside the tensor (checked at decode), pairwise disjoint, volumes summing
-    // to the tensor's: then they cover it exactly.
-    const uint64_t n = kp.pieces.size();
-    pair_tests += n * (n - 1) / 2;
-    if (pair_tests > kMaxBoxPairTests) {
-      return InvalidArgument("tensor '" + *key + "': too many box pieces to check (" + std::to_string(n) + ")");
-    }
-    uint64_t volume = 0;
-    for (size_t a = 0; a < kp.pieces.size(); ++a) {
-      const WritePiece& pa = parts[kp.pieces[a].first][kp.pieces[a].second];
-      uint64_t v = 1;
-      for (int64_t d : pa.shape) v *= static_cast<uint64_t>(d);  // <= numel: inside the tensor
-      auto sum = CheckedAdd(volume, v);
-      volume = sum ? *sum : numel + 1;
-      if (v == 0) continue;
-      for (size_t b = a + 1; b < kp.pieces.size(); ++b) {
-        const WritePiece& pb = parts[kp.pieces[b].first][kp.pieces[b].second];
-        if (BoxesOverlap(pa, pb)) {
-          return InvalidArgument("tensor '" + *key + "': " + PieceName(kp.pieces[a].first, kp.pieces[a].second) +
-                                 " and " + PieceName(kp.pieces[b].first, kp.pieces[b].second) + " overlap");
-        }
-      }
-      if (volume > numel) break;  // reported below
-    }
-    if (volume != numel) {
-      return InvalidArgument("tensor '" + *key + "': the pieces hold " + std::to_string(volume) + " of its " +
-                             std::to_string(numel) + " elements (a hole, or pieces missing)");
-    }
-    layout.in_order[kp.tensor] = kp.pieces.size() == 1;  // then it is the whole box
-    for (const auto& [part, i] : kp.pieces) {
-      const WritePiece& p = parts[part][i];
-      PieceTarget target;
-      target.tensor = kp.tensor;
-      uint64_t v = 1;
-      for (int64_t d : p.shape) v *= static_cast<uint64_t>(d);
-      target.bytes = v * elem;
-      // The run: the innermost dims the box spans whole, plus the first one it does not.
-      size_t k = ndim;  // dims [k, ndim) are in the run
-      uint64_t run = 1;
-      while (k > 0) {
-        --k;
-        run *= static_cast<uint64_t>(p.shape[k]);
-        if (p.shape[k] != t.shape[k]) break;
-      }
-      if (ndim == 0) k = 0;
-      target.run_bytes = run * elem;
-      uint64_t base = 0;
-      for (size_t d = 0; d < ndim; ++d) base += static_cast<uint64_t>(p.offsets[d]) * stride[d];
-      target.base = base * elem;
-      for (size_t d = 0; d < k; ++d) {
-        target.outer_shape.push_back(static_cast<uint64_t>(p.shape[d]));
-        target.outer_stride.push_back(stride[d] * elem);
-      }
-      layout.targets[part].resize(parts[part].size());
-      layout.targets[part][i] = std::move(target);
+      CKPT_RETURN_IF_ERROR(PlaceFlat(parts, *key, kp, numel, elem, layout));
+    } else {
+      CKPT_RETURN_IF_ERROR(PlaceBoxes(parts, *key, kp, t, numel, elem, pair_tests, layout));
     }
   }
   CKPT_ASSIGN_OR_RETURN(layout.data_bytes, data_bytes.Get("the checkpoint's size"));
@@ -475,61 +506,14 @@ Result<protocol::LoadResponse> WriteSession::Publish() {
   // Every page reserved (the background reservation has long ended unless the file
   // system filled up: then ResourceExhausted, nothing published).
   CKPT_RETURN_IF_ERROR(segment->Populate(env_.threads));
-  // Checksums of the bytes as they are in the segment, which only the daemon can write:
-  // the in-order tensors' were computed while the chunks came in (the last ranges may
-  // still be in the hasher's queue); the others' (several pieces, written in any order)
-  // now, in parallel.
-  const size_t count = layout_.tensors.size();
-  std::vector<uint64_t> checksums = hasher->Finish();
-  std::vector<size_t> rest;
-  uint64_t rest_bytes = 0;
-  for (size_t i = 0; i < count; ++i) {
-    if (!layout_.in_order[i]) {
-      rest.push_back(i);
-      rest_bytes += layout_.tensors[i].nbytes;
-    }
-  }
-  const auto streamed_at = std::chrono::steady_clock::now();
-  std::atomic<size_t> next{0};
-  Status hashed = loader::RunWorkers(
-      std::max(1, std::min<int>(env_.threads, static_cast<int>(std::max<size_t>(rest.size(), 1)))),
-      [&](int, const std::atomic<bool>& stop) {
-        for (size_t k = next++; k < rest.size() && !stop.load(); k = next++) {
-          const size_t i = rest[k];
-          checksums[i] = shm::Checksum(segment->tensor_data(i), layout_.tensors[i].nbytes);
-        }
-        return Status::Ok();
-      },
-      nullptr);
-  CKPT_RETURN_IF_ERROR(hashed);
-  spdlog::info("checksums of '{}' generation {}: {} tensors ({} bytes) hashed while streaming, {} ({} bytes) at "
-               "publish in {:.3f} s", name_, generation_, count - rest.size(), hasher->hashed_bytes(), rest.size(),
-               rest_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - streamed_at).count());
+  CKPT_ASSIGN_OR_RETURN(const std::vector<uint64_t> checksums, FinishChecksums(*segment, *hasher));
   const auto nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kFailed) return failure_;
   }
   CKPT_RETURN_IF_ERROR(segment->Publish(checksums, static_cast<uint64_t>(nanos.count())));
-  CatalogEntry entry;
-  entry.name = name_;
-  entry.generation = generation_;
-  entry.shm_name = segment->file_name();
-  entry.segment_id = shm::SegmentIdHex(segment->segment_id());
-  entry.source_path = "write:" + (job_.empty() ? std::string("(one process)") : job_) + " uid " + std::to_string(uid_);
-  entry.format = "published";
-  entry.segment_bytes = segment->segment_bytes();
-  entry.data_bytes = layout_.data_bytes;
-  entry.page_bytes = env_.segments->pages().segment_alignment();
-  // What the kernel mapped huge (a walk of /proc/self/smaps: about 70 ms for 10 GiB);
-  // none where the directory gives no huge pages.
-  entry.huge_bytes = env_.segments->pages().huge ? static_cast<int64_t>(segment->HugeMappedBytes()) : 0;
-  entry.load_seconds = nanos.count() / 1e9;
-  entry.loaded_unix_s = NowUnixSeconds();
-  std::vector<TensorInfo> tensors = layout_.tensors;
-  for (size_t i = 0; i < count; ++i) tensors[i].checksum = checksums[i];
-  entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(tensors));
-  entry.owner = owner_;
+  CatalogEntry entry = PublishedEntry(*segment, checksums, nanos);
   {
     UniqueFd read_only = segment->TakeReadOnlyFd();
     if (Status identified = RecordSegmentIdentity(read_only.get(), &entry); !identified.ok()) {
@@ -551,10 +535,68 @@ Result<protocol::LoadResponse> WriteSession::Publish() {
   ReleaseInBackground(std::move(hasher), std::move(segment));
   result_ = result;
   spdlog::info("published '{}' generation {} written by {} part(s): {} tensors, {} bytes in {:.3f} s; {} pages, {} "
-               "of {} bytes on huge pages", name_, generation_, parts_, count, layout_.data_bytes, nanos.count() / 1e9,
-               shm::PageSizeName(result.checkpoint.page_bytes), result.checkpoint.huge_bytes,
+               "of {} bytes on huge pages", name_, generation_, parts_, layout_.tensors.size(), layout_.data_bytes,
+               nanos.count() / 1e9, shm::PageSizeName(result.checkpoint.page_bytes), result.checkpoint.huge_bytes,
                result.checkpoint.segment_bytes);
   return result;
+}
+
+Result<std::vector<uint64_t>> WriteSession::FinishChecksums(const shm::SegmentWriter& segment, TensorHasher& hasher) {
+  // Checksums of the bytes as they are in the segment, which only the daemon can write:
+  // the in-order tensors' were computed while the chunks came in (the last ranges may
+  // still be in the hasher's queue); the others' (several pieces, written in any order)
+  // now, in parallel.
+  const size_t count = layout_.tensors.size();
+  std::vector<uint64_t> checksums = hasher.Finish();
+  std::vector<size_t> rest;
+  uint64_t rest_bytes = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (!layout_.in_order[i]) {
+      rest.push_back(i);
+      rest_bytes += layout_.tensors[i].nbytes;
+    }
+  }
+  const auto streamed_at = std::chrono::steady_clock::now();
+  std::atomic<size_t> next{0};
+  Status hashed = loader::RunWorkers(
+      std::max(1, std::min<int>(env_.threads, static_cast<int>(std::max<size_t>(rest.size(), 1)))),
+      [&](int, const std::atomic<bool>& stop) {
+        for (size_t k = next++; k < rest.size() && !stop.load(); k = next++) {
+          const size_t i = rest[k];
+          checksums[i] = shm::Checksum(segment.tensor_data(i), layout_.tensors[i].nbytes);
+        }
+        return Status::Ok();
+      },
+      nullptr);
+  CKPT_RETURN_IF_ERROR(hashed);
+  spdlog::info("checksums of '{}' generation {}: {} tensors ({} bytes) hashed while streaming, {} ({} bytes) at "
+               "publish in {:.3f} s", name_, generation_, count - rest.size(), hasher.hashed_bytes(), rest.size(),
+               rest_bytes, std::chrono::duration<double>(std::chrono::steady_clock::now() - streamed_at).count());
+  return checksums;
+}
+
+CatalogEntry WriteSession::PublishedEntry(const shm::SegmentWriter& segment, const std::vector<uint64_t>& checksums,
+                                          std::chrono::nanoseconds took) const {
+  CatalogEntry entry;
+  entry.name = name_;
+  entry.generation = generation_;
+  entry.shm_name = segment.file_name();
+  entry.segment_id = shm::SegmentIdHex(segment.segment_id());
+  entry.source_path = "write:" + (job_.empty() ? std::string("(one process)") : job_) + " uid " + std::to_string(uid_);
+  entry.format = "published";
+  entry.segment_bytes = segment.segment_bytes();
+  entry.data_bytes = layout_.data_bytes;
+  entry.page_bytes = env_.segments->pages().segment_alignment();
+  // What the kernel mapped huge (a walk of /proc/self/smaps: about 70 ms for 10 GiB);
+  // none where the directory gives no huge pages.
+  entry.huge_bytes = env_.segments->pages().huge ? static_cast<int64_t>(segment.HugeMappedBytes()) : 0;
+  entry.load_seconds = took.count() / 1e9;
+  entry.loaded_unix_s = NowUnixSeconds();
+  std::vector<TensorInfo> tensors = layout_.tensors;
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].checksum = checksums[i];
+  entry.tensors = std::make_shared<const std::vector<TensorInfo>>(std::move(tensors));
+  entry.owner = owner_;
+  return entry;
 }
 
 void WriteSession::Fail(const Status& why) {

@@ -141,6 +141,12 @@ class WriteSession {
   // Lays out, reserves, creates (the thread of the last declaring part; lock not held).
   Status Create();
   Result<protocol::LoadResponse> Publish();
+  // Publish's steps: every tensor's checksum of the bytes in `segment` (the in-order
+  // tensors' from `hasher`, the others hashed now on env_.threads threads); the catalog
+  // entry of the published segment (its read-only descriptor not yet recorded).
+  Result<std::vector<uint64_t>> FinishChecksums(const shm::SegmentWriter& segment, TensorHasher& hasher);
+  CatalogEntry PublishedEntry(const shm::SegmentWriter& segment, const std::vector<uint64_t>& checksums,
+                              std::chrono::nanoseconds took) const;
   std::string Progress() const;  // "a of b parts declared, c sealed" (lock held)
 
   const Environment env_;

@@ -117,12 +117,9 @@ class CrcChecks {
   std::vector<size_t> first_op_, op_count_;
 };
 
-}  // namespace
-
-Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::SegmentSpec spec,
-                                      const LoadOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
-  CKPT_RETURN_IF_ERROR(format::ValidatePlan(plan));
+// The segment's description of the plan: every tensor (name, dtype, shape, size; its
+// alias), the side files and the metadata, replacing whatever `spec` had.
+void DescribePlan(const format::LoadPlan& plan, shm::SegmentSpec& spec) {
   spec.tensors.clear();
   spec.alias_of.clear();
   spec.side_files.clear();
@@ -137,18 +134,15 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     spec.tensors.push_back(std::move(info));
     spec.alias_of.push_back(t.alias_of);
   }
+}
 
-  ReaderOptions reader_options;
-  reader_options.threads = options.threads;
-  reader_options.queue_depth = options.queue_depth;
-  reader_options.chunk_bytes = (std::max<uint64_t>(options.chunk_bytes, 1 << 20) + 4095) / 4096 * 4096;
-  reader_options.cancel = options.cancel;
-  CKPT_ASSIGN_OR_RETURN(auto reader, FileReader::Create(options.engine, reader_options));
-
+// The plan's files opened for reading (O_DIRECT as `direct_io` says); Corrupt
+// when a tensor's bytes end past its file's end.
+Result<std::vector<SourceFile>> OpenSourceFiles(const format::LoadPlan& plan, DirectIo direct_io) {
   std::vector<SourceFile> files;
   for (const auto& opened : plan.files) {
     if (!opened) return Internal("plan lists a file that is not open");
-    CKPT_ASSIGN_OR_RETURN(SourceFile f, OpenSourceFile(opened, options.direct_io));
+    CKPT_ASSIGN_OR_RETURN(SourceFile f, OpenSourceFile(opened, direct_io));
     files.push_back(std::move(f));
   }
   for (const auto& t : plan.tensors) {
@@ -159,20 +153,120 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
                      format::EscapedName(t.name) + "' does");
     }
   }
-  // A file that changed while it was read fails the load; when a read fails, a change is
-  // the likelier story (a truncated file ends early), so it is reported first.
-  auto unchanged = [&plan]() -> Status {
-    for (const auto& f : plan.files) CKPT_RETURN_IF_ERROR(f->CheckUnchanged());
-    return Status::Ok();
-  };
-  auto with_change = [&unchanged](Status st) -> Status {
-    if (st.ok() || st.code() == StatusCode::kFailedPrecondition) return st;
-    Status changed = unchanged();
-    return changed.ok() ? st : changed;
-  };
+  return files;
+}
+
+// A file that changed while it was read fails the load: FailedPrecondition naming it.
+Status FilesUnchanged(const format::LoadPlan& plan) {
+  for (const auto& f : plan.files) CKPT_RETURN_IF_ERROR(f->CheckUnchanged());
+  return Status::Ok();
+}
+
+// When a read fails, a change is the likelier story (a truncated file ends early), so it
+// is reported first.
+Status WithChange(const format::LoadPlan& plan, Status st) {
+  if (st.ok() || st.code() == StatusCode::kFailedPrecondition) return st;
+  Status changed = FilesUnchanged(plan);
+  return changed.ok() ? st : changed;
+}
+
+// What the bulk reads do: the ops in file order (a tensor's ops contiguous), the strided
+// tensors read after them, per tensor the ops still to land, and the checksums (those of
+// empty tensors already set).
+struct ReadSchedule {
+  std::vector<ReadOp> ops;
+  std::vector<size_t> strided;
+  std::unique_ptr<std::atomic<uint32_t>[]> remaining;
+  std::vector<uint64_t> checksums;
+};
+
+// Reads in file order (sequential for the disk). Aliases (tied weights) share an earlier
+// tensor's bytes and are not read; strided views (non-contiguous PyTorch tensors) are read
+// and gathered after the bulk reads. `populate_each`: every op populates its pages first.
+ReadSchedule ScheduleReads(const format::LoadPlan& plan, const std::vector<SourceFile>& files,
+                           const shm::SegmentWriter& writer, uint64_t chunk_bytes, bool populate_each) {
+  std::vector<size_t> order(plan.tensors.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    const auto& x = plan.tensors[a];
+    const auto& y = plan.tensors[b];
+    return std::tie(x.file_index, x.file_offset) < std::tie(y.file_index, y.file_offset);
+  });
+  ReadSchedule r;
+  const size_t n = plan.tensors.size();
+  r.remaining.reset(new std::atomic<uint32_t>[n]);
+  r.checksums.resize(n);
+  for (size_t i : order) {
+    const format::PlannedTensor& t = plan.tensors[i];
+    r.remaining[i].store(0);
+    if (t.alias_of >= 0) continue;
+    if (!t.strides.empty()) {
+      r.strided.push_back(i);
+      continue;
+    }
+    const size_t before = r.ops.size();
+    PlanReads(files[t.file_index], t.file_index, static_cast<uint32_t>(i), t.file_offset, t.nbytes,
+              writer.tensor_data(i), chunk_bytes, &r.ops);
+    r.remaining[i].store(static_cast<uint32_t>(r.ops.size() - before));
+    if (populate_each) {
+      for (size_t k = before; k < r.ops.size(); ++k) r.ops[k].populate = true;
+    }
+    if (r.ops.size() == before) r.checksums[i] = shm::Checksum(writer.tensor_data(i), 0);
+  }
+  return r;
+}
+
+// Reads and gathers tensor i, a strided view, into its place (its pages populated first
+// when `populate_each`: a write into a full tmpfs would SIGBUS) and returns its checksum.
+Result<uint64_t> ReadStrided(const format::LoadPlan& plan, size_t i, const std::vector<SourceFile>& files,
+                             const shm::SegmentWriter& writer, bool populate_each) {
+  const format::PlannedTensor& t = plan.tensors[i];
+  if (populate_each && t.nbytes > 0) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(writer.tensor_data(i));
+    const uintptr_t begin = at / shm::kSmallPageBytes * shm::kSmallPageBytes;
+    Status st = shm::PopulateWrite(reinterpret_cast<std::byte*>(begin), at + t.nbytes - begin, 1,
+                                   shm::kSmallPageBytes, "tensor '" + format::EscapedName(t.name) + "'");
+    if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;  // old kernel: fallocated
+  }
+  CKPT_RETURN_IF_ERROR(WithChange(plan, ReadStridedTensor(files[t.file_index].buffered_fd(), files[t.file_index].path,
+                                                          t, writer.tensor_data(i))));
+  return shm::Checksum(writer.tensor_data(i), t.nbytes);
+}
+
+// What a published load returns: the segment's names, its read-only descriptor (taken from
+// `writer`), sizes, and spec's tensors with their checksums.
+LoadedSegment Loaded(shm::SegmentWriter& writer, shm::SegmentSpec spec, const std::vector<uint64_t>& checksums) {
+  LoadedSegment out;
+  out.file_name = writer.file_name();
+  out.segment_id = writer.segment_id();
+  out.fd = writer.TakeReadOnlyFd();
+  out.segment_bytes = writer.segment_bytes();
+  out.tensors = std::move(spec.tensors);
+  for (size_t i = 0; i < checksums.size(); ++i) out.tensors[i].checksum = checksums[i];
+  out.page_bytes = spec.directory->pages().segment_alignment();
+  out.huge_bytes = writer.HugeMappedBytes();
+  out.populate_summary = writer.populate_summary();
+  return out;
+}
+
+}  // namespace
+
+Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::SegmentSpec spec,
+                                      const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  CKPT_RETURN_IF_ERROR(format::ValidatePlan(plan));
+  DescribePlan(plan, spec);
+
+  ReaderOptions reader_options;
+  reader_options.threads = options.threads;
+  reader_options.queue_depth = options.queue_depth;
+  reader_options.chunk_bytes = (std::max<uint64_t>(options.chunk_bytes, 1 << 20) + 4095) / 4096 * 4096;
+  reader_options.cancel = options.cancel;
+  CKPT_ASSIGN_OR_RETURN(auto reader, FileReader::Create(options.engine, reader_options));
+  CKPT_ASSIGN_OR_RETURN(const std::vector<SourceFile> files, OpenSourceFiles(plan, options.direct_io));
   // Before reading (the plan was parsed from these descriptors; nothing may have moved
   // since) and again after the last read.
-  CKPT_RETURN_IF_ERROR(unchanged());
+  CKPT_RETURN_IF_ERROR(FilesUnchanged(plan));
 
   if (options.populate == shm::PagePopulate::kDeferred && options.engine != ReadEngine::kPread) {
     spec.populate = shm::PagePopulate::kParallel;  // io_uring reads land without a populate
@@ -183,39 +277,9 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   CKPT_ASSIGN_OR_RETURN(auto writer, shm::SegmentWriter::Create(spec));
   const bool populate_each = spec.populate == shm::PagePopulate::kDeferred;
 
-  // Reads in file order (sequential for the disk); a tensor's ops are contiguous.
-  // Aliases (tied weights) share an earlier tensor's bytes and are not read; strided
-  // views (non-contiguous PyTorch tensors) are read and gathered after the bulk reads.
-  std::vector<size_t> order(plan.tensors.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    const auto& x = plan.tensors[a];
-    const auto& y = plan.tensors[b];
-    return std::tie(x.file_index, x.file_offset) < std::tie(y.file_index, y.file_offset);
-  });
-  std::vector<ReadOp> ops;
-  std::vector<size_t> strided;
-  const size_t n = plan.tensors.size();
-  std::unique_ptr<std::atomic<uint32_t>[]> remaining(new std::atomic<uint32_t>[n]);
-  std::vector<uint64_t> checksums(n);
-  for (size_t i : order) {
-    const format::PlannedTensor& t = plan.tensors[i];
-    remaining[i].store(0);
-    if (t.alias_of >= 0) continue;
-    if (!t.strides.empty()) {
-      strided.push_back(i);
-      continue;
-    }
-    const size_t before = ops.size();
-    PlanReads(files[t.file_index], t.file_index, static_cast<uint32_t>(i), t.file_offset, t.nbytes,
-              writer->tensor_data(i), reader_options.chunk_bytes, &ops);
-    remaining[i].store(static_cast<uint32_t>(ops.size() - before));
-    if (populate_each) {
-      for (size_t k = before; k < ops.size(); ++k) ops[k].populate = true;
-    }
-    if (ops.size() == before) checksums[i] = shm::Checksum(writer->tensor_data(i), 0);
-  }
-
+  ReadSchedule reads = ScheduleReads(plan, files, *writer, reader_options.chunk_bytes, populate_each);
+  const std::vector<ReadOp>& ops = reads.ops;
+  std::vector<uint64_t>& checksums = reads.checksums;
   CrcChecks crc_checks(plan);
   crc_checks.Planned(ops);
 
@@ -225,7 +289,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
     if (options.progress) options.progress(done.load(), total);
   };
   std::atomic<bool> first_landed{false};
-  CKPT_RETURN_IF_ERROR(with_change(reader->ReadAll(
+  CKPT_RETURN_IF_ERROR(WithChange(plan, reader->ReadAll(
       files, ops,
       [&](size_t i) {
         // Tests stop the load here, with bytes read and more to read (common/pause_point.h).
@@ -233,53 +297,34 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
         const ReadOp& op = ops[i];
         crc_checks.Landed(i, op);
         // The thread that lands a tensor's last bytes checksums it while other reads go on.
-        if (remaining[op.tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        if (reads.remaining[op.tensor].fetch_sub(1, std::memory_order_acq_rel) == 1) {
           checksums[op.tensor] = shm::Checksum(writer->tensor_data(op.tensor), plan.tensors[op.tensor].nbytes);
         }
         done.fetch_add(op.length, std::memory_order_relaxed);
       },
       report)));
-  for (size_t i : strided) {
+  for (size_t i : reads.strided) {
     if (options.cancel && options.cancel->load()) return FailedPrecondition("load cancelled");
-    const format::PlannedTensor& t = plan.tensors[i];
-    if (populate_each && t.nbytes > 0) {  // its pages first: a write into a full tmpfs would SIGBUS
-      const uintptr_t at = reinterpret_cast<uintptr_t>(writer->tensor_data(i));
-      const uintptr_t begin = at / shm::kSmallPageBytes * shm::kSmallPageBytes;
-      Status st = shm::PopulateWrite(reinterpret_cast<std::byte*>(begin), at + t.nbytes - begin, 1,
-                                     shm::kSmallPageBytes, "tensor '" + format::EscapedName(t.name) + "'");
-      if (!st.ok() && st.code() != StatusCode::kUnsupported) return st;  // old kernel: fallocated
-    }
-    CKPT_RETURN_IF_ERROR(with_change(ReadStridedTensor(files[t.file_index].buffered_fd(), files[t.file_index].path, t,
-                                                       writer->tensor_data(i))));
-    checksums[i] = shm::Checksum(writer->tensor_data(i), t.nbytes);
-    done.fetch_add(t.nbytes, std::memory_order_relaxed);
+    CKPT_ASSIGN_OR_RETURN(checksums[i], ReadStrided(plan, i, files, *writer, populate_each));
+    done.fetch_add(plan.tensors[i].nbytes, std::memory_order_relaxed);
     report();
   }
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < checksums.size(); ++i) {
     if (plan.tensors[i].alias_of >= 0) checksums[i] = checksums[plan.tensors[i].alias_of];
   }
   report();
-  if (crc_checks.any()) CKPT_RETURN_IF_ERROR(with_change(crc_checks.Finish(files, ops)));
-  CKPT_RETURN_IF_ERROR(unchanged());
+  if (crc_checks.any()) CKPT_RETURN_IF_ERROR(WithChange(plan, crc_checks.Finish(files, ops)));
+  CKPT_RETURN_IF_ERROR(FilesUnchanged(plan));
   // Every page allocated before the segment is published: a client never faults on a hole.
   CKPT_RETURN_IF_ERROR(writer->Populate(options.threads));
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CKPT_RETURN_IF_ERROR(writer->Publish(checksums, static_cast<uint64_t>(seconds * 1e9)));
 
-  LoadedSegment out;
-  out.file_name = writer->file_name();
-  out.segment_id = writer->segment_id();
-  out.fd = writer->TakeReadOnlyFd();
-  out.segment_bytes = writer->segment_bytes();
+  LoadedSegment out = Loaded(*writer, std::move(spec), checksums);
   out.data_bytes = total;
   out.seconds = seconds;
-  out.tensors = std::move(spec.tensors);
-  for (size_t i = 0; i < checksums.size(); ++i) out.tensors[i].checksum = checksums[i];
   out.io_summary = DescribeIo(files, *reader);
-  out.page_bytes = spec.directory->pages().segment_alignment();
-  out.huge_bytes = writer->HugeMappedBytes();
-  out.populate_summary = writer->populate_summary();
   return out;
 }
 

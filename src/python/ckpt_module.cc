@@ -358,12 +358,94 @@ class PyProgress {
   bool raised_ = false;
 };
 
-}  // namespace
+// Client.load (the binding's comment says what it does).
+py::object ClientLoad(ckpt::Client& c, const std::string& path, const std::string& name, py::object progress,
+                      bool replace, bool allow_expansion) {
+  ckpt::LoadOptions options;
+  options.name = name;
+  options.replace = replace;
+  options.allow_expansion = allow_expansion;
+  PyProgress ticks(progress);
+  options.progress = ticks.Callback();
+  ckpt::Result<ckpt::LoadResult> r = ckpt::Internal("unreached");
+  {
+    py::gil_scoped_release release;
+    r = c.Load(path, options);
+  }
+  if (ticks.raised()) {
+    if (r.ok()) {
+      // Published before the cancel reached the daemon: say so with the exception.
+      PyErr_WarnEx(PyExc_RuntimeWarning,
+                   ("ckpt: the load of '" + r->checkpoint.name + "' was published before it could be cancelled")
+                       .c_str(), 1);
+    }
+    throw py::error_already_set();
+  }
+  ckpt::LoadResult loaded = Unwrap(std::move(r));
+  py::object out = MessageDict(loaded.checkpoint);
+  out["evicted"] = py::cast(loaded.evicted);  // what the budget evicted to make room
+  return out;
+}
 
-PYBIND11_MODULE(_ckpt, m) {
-  m.doc() = "Low-level bindings of libckptclient; use the `ckpt` package instead.";
-  m.attr("__version__") = CKPT_VERSION;  // CMake's project(VERSION): ckpt.__version__
+// Client.ensure (the binding's comment says what it does).
+py::object ClientEnsure(ckpt::Client& c, const std::string& path, const std::string& name, py::object progress,
+                        bool allow_expansion) {
+  ckpt::EnsureOptions options;
+  options.name = name;
+  options.allow_expansion = allow_expansion;
+  PyProgress ticks(progress);
+  options.progress = ticks.Callback();
+  ckpt::Result<ckpt::EnsureResult> r = ckpt::Internal("unreached");
+  {
+    py::gil_scoped_release release;
+    r = c.Ensure(path, options);
+  }
+  if (ticks.raised()) throw py::error_already_set();
+  ckpt::EnsureResult ensured = Unwrap(std::move(r));
+  py::object out = MessageDict(ensured.checkpoint);
+  out["evicted"] = py::cast(ensured.evicted);
+  out["action"] = ensured.action;
+  return out;
+}
 
+// Checkpoint.load_gpu (the binding's comment says what it does).
+py::dict CheckpointLoadGpu(const CheckpointPtr& c, const std::vector<ckpt::ShardOutput>& outputs, int device,
+                           const std::string& float_dtype, const std::string& host_path, int streams,
+                           bool allow_overflow, std::shared_ptr<ckpt::NcclGroup> group, const std::string& collective) {
+  ckpt::GpuLoadOptions options;
+  if (streams != 0) options.streams = streams;  // 0: the library's default
+  options.allow_overflow = allow_overflow;
+  if (!float_dtype.empty()) {
+    auto dt = ckpt::DTypeFromName(float_dtype);
+    if (!dt) Raise(ckpt::InvalidArgument("unknown dtype '" + float_dtype + "'"));
+    options.float_dtype = *dt;
+  }
+  if (host_path == "register") options.path = ckpt::HostPath::kRegister;
+  else if (host_path == "pageable") options.path = ckpt::HostPath::kPageable;
+  else if (host_path == "bounce" || host_path.empty()) options.path = ckpt::HostPath::kBounce;
+  else Raise(ckpt::InvalidArgument("host path must be bounce, register or pageable"));
+  ckpt::CollectiveOptions shared;
+  if (collective == "always") shared.mode = ckpt::CollectiveOptions::Mode::kCollective;
+  else if (collective == "never") shared.mode = ckpt::CollectiveOptions::Mode::kIndependent;
+  else if (collective != "auto") Raise(ckpt::InvalidArgument("collective must be auto, always or never"));
+  ckpt::Result<ckpt::GpuStateDict> loaded = ckpt::Internal("unreached");
+  {
+    py::gil_scoped_release release;
+    auto loader = ckpt::GpuLoader::Create(*c, device, options);
+    if (!loader.ok()) loaded = loader.status();
+    else if (group) loaded = (*loader)->LoadCollective(outputs, *group, shared);
+    else loaded = (*loader)->Load(outputs);
+  }
+  ckpt::GpuStateDict dict = Unwrap(std::move(loaded));
+  py::dict out;
+  for (const auto& [name, tensor] : dict.tensors()) {
+    out[py::str(name)] = ToCapsule(tensor, dict.device(), dict.allocation());
+  }
+  return out;
+}
+
+// ckpt.CkptError and one subclass per StatusCode (g_errors: what Raise throws).
+void BindErrors(py::module_& m) {
   static py::exception<std::runtime_error> base(m, "CkptError");
   g_errors[0] = base.ptr();
   auto sub = [&](const char* name, ckpt::StatusCode code, PyObject* extra = nullptr) {
@@ -387,7 +469,10 @@ PYBIND11_MODULE(_ckpt, m) {
   sub("PermissionDenied", ckpt::StatusCode::kPermissionDenied, PyExc_PermissionError);
   sub("DeadlineExceeded", ckpt::StatusCode::kDeadlineExceeded, PyExc_TimeoutError);
   sub("Cancelled", ckpt::StatusCode::kCancelled);
+}
 
+// The module-level helpers: socket path, GPU and plan families, launcher environment.
+void BindModuleFunctions(py::module_& m) {
   m.def("default_socket_path", &ckpt::Client::DefaultSocketPath);
   m.def("gpu_available", &ckpt::GpuAvailable, "True if the CUDA copy engine is built in and a GPU is usable");
   m.def("plan_families", &ckpt::TpPlan::Families);
@@ -402,7 +487,10 @@ PYBIND11_MODULE(_ckpt, m) {
         return LaunchTuple(Unwrap(ckpt::ResolveLaunch(rank, world, &env)));
       },
       py::arg("rank"), py::arg("world"), py::arg("env"));
+}
 
+// ShardOutput and TpPlan (ckpt.plans).
+void BindPlans(py::module_& m) {
   // One tensor of a rank's state dict under a plan (include/ckpt/tp_plan.h ShardOutput).
   py::class_<ckpt::ShardOutput>(m, "ShardOutput")
       .def_property_readonly("name", [](const ckpt::ShardOutput& o) { return o.name; })
@@ -459,7 +547,10 @@ PYBIND11_MODULE(_ckpt, m) {
             return Unwrap(p.Resolve(infos, rank, world));
           },
           py::arg("tensors"), py::arg("rank"), py::arg("world"));
+}
 
+// Client: the control calls (include/ckpt/client.h).
+void BindClient(py::module_& m) {
   py::class_<ckpt::Client>(m, "Client")
       .def_static(
           "connect",
@@ -471,62 +562,13 @@ PYBIND11_MODULE(_ckpt, m) {
       // runs pending signal handlers (Ctrl-C raises KeyboardInterrupt there) and calls
       // `progress`; an exception from either cancels the load (the daemon publishes
       // nothing), the connection is brought back in step, and the exception is raised.
-      .def(
-          "load",
-          [](ckpt::Client& c, const std::string& path, const std::string& name, py::object progress, bool replace,
-             bool allow_expansion) {
-            ckpt::LoadOptions options;
-            options.name = name;
-            options.replace = replace;
-            options.allow_expansion = allow_expansion;
-            PyProgress ticks(progress);
-            options.progress = ticks.Callback();
-            ckpt::Result<ckpt::LoadResult> r = ckpt::Internal("unreached");
-            {
-              py::gil_scoped_release release;
-              r = c.Load(path, options);
-            }
-            if (ticks.raised()) {
-              if (r.ok()) {
-                // Published before the cancel reached the daemon: say so with the exception.
-                PyErr_WarnEx(PyExc_RuntimeWarning,
-                             ("ckpt: the load of '" + r->checkpoint.name + "' was published before it could be cancelled")
-                                 .c_str(), 1);
-              }
-              throw py::error_already_set();
-            }
-            ckpt::LoadResult loaded = Unwrap(std::move(r));
-            py::object out = MessageDict(loaded.checkpoint);
-            out["evicted"] = py::cast(loaded.evicted);  // what the budget evicted to make room
-            return out;
-          },
-          py::arg("path"), py::arg("name") = "", py::arg("progress") = py::none(), py::arg("replace") = false,
-          py::arg("allow_expansion") = false)
+      .def("load", &ClientLoad, py::arg("path"), py::arg("name") = "", py::arg("progress") = py::none(),
+           py::arg("replace") = false, py::arg("allow_expansion") = false)
       // Ensure (see ckpt::Client::Ensure): the summary with "action" ("loaded", "reloaded",
       // "joined", "current") and "evicted". The GIL is released while it waits; progress
       // and Ctrl-C as for load (an exception withdraws this caller only).
-      .def(
-          "ensure",
-          [](ckpt::Client& c, const std::string& path, const std::string& name, py::object progress,
-             bool allow_expansion) {
-            ckpt::EnsureOptions options;
-            options.name = name;
-            options.allow_expansion = allow_expansion;
-            PyProgress ticks(progress);
-            options.progress = ticks.Callback();
-            ckpt::Result<ckpt::EnsureResult> r = ckpt::Internal("unreached");
-            {
-              py::gil_scoped_release release;
-              r = c.Ensure(path, options);
-            }
-            if (ticks.raised()) throw py::error_already_set();
-            ckpt::EnsureResult ensured = Unwrap(std::move(r));
-            py::object out = MessageDict(ensured.checkpoint);
-            out["evicted"] = py::cast(ensured.evicted);
-            out["action"] = ensured.action;
-            return out;
-          },
-          py::arg("path"), py::arg("name") = "", py::arg("progress") = py::none(), py::arg("allow_expansion") = false)
+      .def("ensure", &ClientEnsure, py::arg("path"), py::arg("name") = "", py::arg("progress") = py::none(),
+           py::arg("allow_expansion") = false)
       .def(
           "evict",
           [](ckpt::Client& c, const std::string& name, bool force, double wait) {
@@ -583,7 +625,10 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           py::arg("job"), py::arg("rank"), py::arg("world"), py::arg("value") = py::bytes(),
           py::arg("timeout") = 60.0);
+}
 
+// NcclGroup (include/ckpt/collective.h).
+void BindNcclGroup(py::module_& m) {
   // An NCCL communicator for collective loads (include/ckpt/collective.h). Joining waits
   // (GIL released) for the other ranks, at most `timeout` seconds.
   using GroupPtr = std::shared_ptr<ckpt::NcclGroup>;
@@ -617,7 +662,12 @@ PYBIND11_MODULE(_ckpt, m) {
       .def_property_readonly("size", &ckpt::NcclGroup::size)
       .def_property_readonly("device", &ckpt::NcclGroup::device)
       .def_property_readonly("broken", &ckpt::NcclGroup::broken);
+}
 
+void BindCheckpointCopies(py::class_<ckpt::Checkpoint, CheckpointPtr>& cls);
+
+// TensorBuffer and Checkpoint: an attached generation, its tensors, shards and copies.
+void BindCheckpoint(py::module_& m) {
   py::class_<TensorBuffer>(m, "TensorBuffer", py::buffer_protocol())
       .def_buffer([](TensorBuffer& b) {
         return py::buffer_info(b.data, 1, py::format_descriptor<uint8_t>::format(), 1,
@@ -625,7 +675,8 @@ PYBIND11_MODULE(_ckpt, m) {
       })
       .def("__len__", [](const TensorBuffer& b) { return b.size; });
 
-  py::class_<ckpt::Checkpoint, CheckpointPtr>(m, "Checkpoint")
+  py::class_<ckpt::Checkpoint, CheckpointPtr> cls(m, "Checkpoint");
+  cls
       .def_property_readonly("name", &ckpt::Checkpoint::name)
       .def_property_readonly("generation", &ckpt::Checkpoint::generation)
       // The owner the daemon recorded in the segment header (see ckpt::Checkpoint::owner_uid).
@@ -661,7 +712,13 @@ PYBIND11_MODULE(_ckpt, m) {
           [](const CheckpointPtr& c, const ckpt::TpPlan& plan, int rank, int world) {
             return Unwrap(plan.Resolve(c->tensors(), rank, world));
           },
-          py::arg("plan"), py::arg("rank"), py::arg("world"))
+          py::arg("plan"), py::arg("rank"), py::arg("world"));
+  BindCheckpointCopies(cls);
+}
+
+// Checkpoint: its outputs' layouts, and copies of outputs and shards to host memory and GPUs.
+void BindCheckpointCopies(py::class_<ckpt::Checkpoint, CheckpointPtr>& cls) {
+  cls
       // (shape, dtype, nbytes, offset): an output's dense layout; offset >= 0 when the output
       // is one contiguous run of its source tensor (a zero-copy view at that byte offset).
       .def("output_layout",
@@ -690,43 +747,7 @@ PYBIND11_MODULE(_ckpt, m) {
           py::arg("output"), py::arg("dst"), py::arg("dst_size"))
       // Outputs (from resolve) on `device` through the CUDA copy engine, as
       // {name: DLPack capsule}. float_dtype: "" (keep) or F16/BF16/F32/F64.
-      .def(
-          "load_gpu",
-          [](const CheckpointPtr& c, const std::vector<ckpt::ShardOutput>& outputs, int device,
-             const std::string& float_dtype, const std::string& host_path, int streams, bool allow_overflow,
-             std::shared_ptr<ckpt::NcclGroup> group, const std::string& collective) {
-            ckpt::GpuLoadOptions options;
-            if (streams != 0) options.streams = streams;  // 0: the library's default
-            options.allow_overflow = allow_overflow;
-            if (!float_dtype.empty()) {
-              auto dt = ckpt::DTypeFromName(float_dtype);
-              if (!dt) Raise(ckpt::InvalidArgument("unknown dtype '" + float_dtype + "'"));
-              options.float_dtype = *dt;
-            }
-            if (host_path == "register") options.path = ckpt::HostPath::kRegister;
-            else if (host_path == "pageable") options.path = ckpt::HostPath::kPageable;
-            else if (host_path == "bounce" || host_path.empty()) options.path = ckpt::HostPath::kBounce;
-            else Raise(ckpt::InvalidArgument("host path must be bounce, register or pageable"));
-            ckpt::CollectiveOptions shared;
-            if (collective == "always") shared.mode = ckpt::CollectiveOptions::Mode::kCollective;
-            else if (collective == "never") shared.mode = ckpt::CollectiveOptions::Mode::kIndependent;
-            else if (collective != "auto") Raise(ckpt::InvalidArgument("collective must be auto, always or never"));
-            ckpt::Result<ckpt::GpuStateDict> loaded = ckpt::Internal("unreached");
-            {
-              py::gil_scoped_release release;
-              auto loader = ckpt::GpuLoader::Create(*c, device, options);
-              if (!loader.ok()) loaded = loader.status();
-              else if (group) loaded = (*loader)->LoadCollective(outputs, *group, shared);
-              else loaded = (*loader)->Load(outputs);
-            }
-            ckpt::GpuStateDict dict = Unwrap(std::move(loaded));
-            py::dict out;
-            for (const auto& [name, tensor] : dict.tensors()) {
-              out[py::str(name)] = ToCapsule(tensor, dict.device(), dict.allocation());
-            }
-            return out;
-          },
-          py::arg("outputs"), py::arg("device"),
+      .def("load_gpu", &CheckpointLoadGpu, py::arg("outputs"), py::arg("device"),
           py::arg("float_dtype") = "", py::arg("host_path") = "bounce", py::arg("streams") = 0,
           py::arg("allow_overflow") = false, py::arg("group") = nullptr, py::arg("collective") = "auto")
       // A writable, copy-on-write buffer (buffer protocol) over a whole tensor's bytes: reads
@@ -765,7 +786,10 @@ PYBIND11_MODULE(_ckpt, m) {
           },
           py::arg("name"), py::arg("dst"), py::arg("dst_size"), py::arg("kind") = "replicate", py::arg("dim") = 0,
           py::arg("rank") = 0, py::arg("world") = 1, py::arg("fused_chunks") = 1, py::arg("allow_uneven") = false);
+}
 
+// persist and parse_byte_size.
+void BindPersist(py::module_& m) {
   // Client.persist (python/ckpt/__init__.py): ckpt::Persist with the GIL released; progress
   // ticks take the GIL, run signal handlers (Ctrl-C) and call `progress`; an exception from
   // either cancels (nothing is left behind) and is raised.
@@ -791,6 +815,10 @@ PYBIND11_MODULE(_ckpt, m) {
       py::arg("client"), py::arg("name"), py::arg("dir"), py::arg("max_shard_bytes"), py::arg("replace"),
       py::arg("generation"), py::arg("progress"));
   m.def("parse_byte_size", [](const std::string& text) { return Unwrap(ckpt::ParseByteSize(text)); });
+}
+
+// Writer: the write path.
+void BindWriter(py::module_& m) {
   // The write path (include/ckpt/writer.h; the Python API is ckpt/writer.py).
   py::class_<PyWriter>(m, "Writer")
       .def_static(
@@ -867,4 +895,20 @@ PYBIND11_MODULE(_ckpt, m) {
       .def("abort", [](PyWriter& w) { w.writer->Abort(); })
       .def_property_readonly("nbytes", [](const PyWriter& w) { return w.writer->declared_bytes(); })
       .def_property_readonly("pieces", [](const PyWriter& w) { return w.writer->piece_count(); });
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_ckpt, m) {
+  m.doc() = "Low-level bindings of libckptclient; use the `ckpt` package instead.";
+  m.attr("__version__") = CKPT_VERSION;  // CMake's project(VERSION): ckpt.__version__
+
+  BindErrors(m);
+  BindModuleFunctions(m);
+  BindPlans(m);
+  BindClient(m);
+  BindNcclGroup(m);
+  BindCheckpoint(m);
+  BindPersist(m);
+  BindWriter(m);
 }

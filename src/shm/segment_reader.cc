@@ -24,11 +24,12 @@ SegmentId SegmentReader::segment_id() const {
   return id;
 }
 
-Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<ShmMapping> mapping,
-                                                                const std::byte* data, uint64_t size) {
-  if (size < sizeof(SegmentHeader)) return Corrupt("smaller than a segment header");
-  SegmentHeader h;
-  std::memcpy(&h, data, sizeof(h));
+namespace {
+
+// The header `h` (a copy of the first bytes of the `size`-byte image at `data`): magic,
+// version, state complete (loaded with acquire ordering from the image itself), every
+// part's range inside the image, the index checksum and the terminated names.
+Status CheckHeader(const SegmentHeader& h, const std::byte* data, uint64_t size) {
   if (std::memcmp(h.magic, kSegmentMagic, sizeof(kSegmentMagic)) != 0) return Corrupt("bad magic");
   if (h.version != kSegmentVersion) {
     return Unsupported("segment version " + std::to_string(h.version) + ", this build reads " +
@@ -64,15 +65,31 @@ Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<
       h.source_path[sizeof(h.source_path) - 1] != '\0') {
     return Corrupt("unterminated name in header");
   }
+  return Status::Ok();
+}
 
+}  // namespace
+
+Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<ShmMapping> mapping,
+                                                                const std::byte* data, uint64_t size) {
+  if (size < sizeof(SegmentHeader)) return Corrupt("smaller than a segment header");
+  SegmentHeader h;
+  std::memcpy(&h, data, sizeof(h));
+  CKPT_RETURN_IF_ERROR(CheckHeader(h, data, size));
   std::unique_ptr<SegmentReader> r(new SegmentReader());
   r->mapping_ = std::move(mapping);
   r->base_ = data;
   r->size_ = size;
-  r->tensors_.reserve(h.tensor_count);
-  r->offsets_.reserve(h.tensor_count);
-  const auto* entries = reinterpret_cast<const TensorEntry*>(data + h.index_offset);
-  const char* strings = reinterpret_cast<const char*>(data + h.strings_offset);
+  CKPT_RETURN_IF_ERROR(r->ReadIndex(h));
+  CKPT_RETURN_IF_ERROR(r->ReadSideFiles(h));
+  return r;
+}
+
+Status SegmentReader::ReadIndex(const SegmentHeader& h) {
+  tensors_.reserve(h.tensor_count);
+  offsets_.reserve(h.tensor_count);
+  const auto* entries = reinterpret_cast<const TensorEntry*>(base_ + h.index_offset);
+  const char* strings = reinterpret_cast<const char*>(base_ + h.strings_offset);
   for (uint64_t i = 0; i < h.tensor_count; ++i) {
     TensorEntry e;
     std::memcpy(&e, &entries[i], sizeof(e));
@@ -91,28 +108,32 @@ Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<
       if (e.shape[d] > static_cast<uint64_t>(INT64_MAX)) return Corrupt(where + ": bad shape");
       t.shape.push_back(static_cast<int64_t>(e.shape[d]));
       bits *= e.shape[d];
-      if (bits > static_cast<unsigned __int128>(size) * 8) return Corrupt(where + ": shape larger than the segment");
+      if (bits > static_cast<unsigned __int128>(size_) * 8) return Corrupt(where + ": shape larger than the segment");
     }
     if (bits % 8 != 0 || bits / 8 != e.nbytes) return Corrupt(where + ": byte size does not match shape");
-    if (e.data_offset < h.data_offset || e.data_offset > size || e.nbytes > size - e.data_offset ||
+    if (e.data_offset < h.data_offset || e.data_offset > size_ || e.nbytes > size_ - e.data_offset ||
         e.data_offset % kDataAlignment != 0) {
       return Corrupt(where + ": data out of range");
     }
     t.nbytes = e.nbytes;
     t.checksum = e.checksum;
-    if (!r->by_name_.emplace(t.name, r->tensors_.size()).second) {
+    if (!by_name_.emplace(t.name, tensors_.size()).second) {
       return Corrupt(where + ": duplicate name '" + t.name + "'");
     }
-    r->tensors_.push_back(std::move(t));
-    r->offsets_.push_back(e.data_offset);
+    tensors_.push_back(std::move(t));
+    offsets_.push_back(e.data_offset);
   }
+  return Status::Ok();
+}
+
+Status SegmentReader::ReadSideFiles(const SegmentHeader& h) {
   // Side files: each entry, name and byte range inside the section, its checksum.
   const uint64_t table_end = h.side_offset + h.side_count * sizeof(SideFileEntry);
   const uint64_t section_end = h.side_offset + h.side_bytes;
   bool have_metadata = false;
   for (uint64_t i = 0; i < h.side_count; ++i) {
     SideFileEntry e;
-    std::memcpy(&e, data + h.side_offset + i * sizeof(SideFileEntry), sizeof(e));
+    std::memcpy(&e, base_ + h.side_offset + i * sizeof(SideFileEntry), sizeof(e));
     const std::string where = "side file entry " + std::to_string(i);
     const uint64_t name_at = h.side_offset + e.name_offset;
     if (e.name_bytes == 0 || e.name_bytes > kMaxSideNameBytes || e.name_offset > h.side_bytes ||
@@ -122,8 +143,8 @@ Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<
     if (e.data_offset < table_end || e.data_offset > section_end || e.nbytes > section_end - e.data_offset) {
       return Corrupt(where + ": bytes out of range");
     }
-    std::string name(reinterpret_cast<const char*>(data + name_at), e.name_bytes);
-    std::string_view bytes(reinterpret_cast<const char*>(data + e.data_offset), e.nbytes);
+    std::string name(reinterpret_cast<const char*>(base_ + name_at), e.name_bytes);
+    std::string_view bytes(reinterpret_cast<const char*>(base_ + e.data_offset), e.nbytes);
     if (Checksum(bytes.data(), bytes.size()) != e.checksum) return Corrupt("checksum mismatch in side file '" + name + "'");
     if (e.kind == static_cast<uint32_t>(SideFileKind::kMetadata)) {
       if (name != kMetadataName || have_metadata) return Corrupt(where + ": unexpected metadata entry");
@@ -132,17 +153,17 @@ Result<std::unique_ptr<SegmentReader>> SegmentReader::FromImage(std::unique_ptr<
       if (md.is_discarded() || !md.is_object()) return Corrupt("segment metadata is not a JSON object");
       for (auto it = md.begin(); it != md.end(); ++it) {
         if (!it->is_string()) return Corrupt("segment metadata has a value that is not a string");
-        r->metadata_[it.key()] = it->get<std::string>();
+        metadata_[it.key()] = it->get<std::string>();
       }
       continue;
     }
     if (e.kind != static_cast<uint32_t>(SideFileKind::kFile)) return Corrupt(where + ": unknown kind");
-    for (const auto& [other, unused] : r->side_files_) {
+    for (const auto& [other, unused] : side_files_) {
       if (other == name) return Corrupt(where + ": duplicate name '" + name + "'");
     }
-    r->side_files_.emplace_back(std::move(name), bytes);
+    side_files_.emplace_back(std::move(name), bytes);
   }
-  return r;
+  return Status::Ok();
 }
 
 std::string SegmentReader::checkpoint_name() const { return header().checkpoint_name; }

@@ -54,6 +54,10 @@ class SegmentReader {
 
  private:
   SegmentReader() = default;
+  // FromImage's steps once the header `h` checked out (CheckHeader): the tensor index and
+  // the side files, each entry checked against the mapping before it is kept.
+  Status ReadIndex(const SegmentHeader& h);
+  Status ReadSideFiles(const SegmentHeader& h);
   std::unique_ptr<ShmMapping> mapping_;
   const std::byte* base_ = nullptr;
   uint64_t size_ = 0;

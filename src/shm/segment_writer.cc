@@ -7,13 +7,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <nlohmann/json.hpp>
-#include <set>
 #include <system_error>
 
 #include "common/checked_math.h"
 
 #include "shm/segment_format.h"
+#include "shm/segment_layout.h"
 #include "shm/segment_reader.h"
 
 namespace ckpt::shm {
@@ -53,104 +52,11 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
                                                      spec.checkpoint_name) {
     return InvalidArgument("checkpoint name '" + spec.checkpoint_name + "' cannot be part of a segment file name");
   }
-  // Layout: header, index, names, side files, then data; every step checked.
-  CheckedSum names_sum;
-  for (const TensorInfo& t : spec.tensors) {
-    if (t.name.empty() || t.name.size() > kMaxNameBytes) {
-      return InvalidArgument("tensor name must be 1 to " + std::to_string(kMaxNameBytes) + " bytes");
-    }
-    if (t.shape.size() > kMaxDims) return InvalidArgument("tensor '" + t.name + "' has too many dims");
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) {
-      auto m = d < 0 ? std::nullopt : CheckedMul(numel, static_cast<uint64_t>(d));
-      if (!m) return InvalidArgument("tensor '" + t.name + "': bad shape");
-      numel = *m;
-    }
-    if (TensorBytes(t.dtype, numel) != t.nbytes) {
-      return InvalidArgument("tensor '" + t.name + "': byte size does not match shape and dtype");
-    }
-    names_sum.Add(t.name.size());
-  }
-  CKPT_ASSIGN_OR_RETURN(const uint64_t strings_bytes, names_sum.Get("the tensor names' size"));
-  const uint64_t index_offset = kHeaderBytes;
-  CKPT_ASSIGN_OR_RETURN(const uint64_t strings_offset,
-                        CheckedSum(index_offset).AddProduct(spec.tensors.size(), sizeof(TensorEntry)).Get("the index"));
-  CKPT_ASSIGN_OR_RETURN(const uint64_t strings_end, CheckedSum(strings_offset).Add(strings_bytes).Get("the index"));
-
-  // Side files: the folder's files, then the metadata as one JSON object.
-  std::vector<std::pair<std::string, std::string>> sides;
-  std::vector<SideFileKind> kinds;
-  std::set<std::string> side_names;
-  for (const auto& [name, bytes] : spec.side_files) {
-    if (name.empty() || name.size() > kMaxSideNameBytes || name == kMetadataName || !side_names.insert(name).second) {
-      return InvalidArgument("side file name '" + name + "' is empty, too long, reserved or repeated");
-    }
-    sides.emplace_back(name, bytes);
-    kinds.push_back(SideFileKind::kFile);
-  }
-  if (!spec.metadata.empty()) {
-    nlohmann::json md = nlohmann::json::object();
-    for (const auto& [k, v] : spec.metadata) md[k] = v;
-    std::string text;
-    try {
-      text = md.dump();
-    } catch (const std::exception& e) {  // a key or value that is not UTF-8
-      return InvalidArgument(std::string("checkpoint metadata cannot be stored: ") + e.what());
-    }
-    sides.emplace_back(kMetadataName, std::move(text));
-    kinds.push_back(SideFileKind::kMetadata);
-  }
-  if (sides.size() > kMaxSideFiles) return InvalidArgument("too many side files");
-  uint64_t side_offset = 0, side_bytes = 0;
-  std::vector<uint64_t> side_name_offsets, side_data_offsets;
-  uint64_t after_meta = strings_end;
-  if (!sides.empty()) {
-    CheckedSum c(strings_end);
-    c.AlignUp(8);
-    CKPT_ASSIGN_OR_RETURN(side_offset, c.Get("the side files' layout"));
-    c.AddProduct(sides.size(), sizeof(SideFileEntry));
-    for (const auto& side : sides) {
-      CKPT_ASSIGN_OR_RETURN(uint64_t at, c.Get("the side files' layout"));
-      side_name_offsets.push_back(at - side_offset);
-      c.Add(side.first.size());
-    }
-    for (const auto& side : sides) {
-      c.AlignUp(8);
-      CKPT_ASSIGN_OR_RETURN(uint64_t at, c.Get("the side files' layout"));
-      side_data_offsets.push_back(at);
-      c.Add(side.second.size());
-    }
-    CKPT_ASSIGN_OR_RETURN(after_meta, c.Get("the side files' layout"));
-    side_bytes = after_meta - side_offset;
-  }
-  CKPT_ASSIGN_OR_RETURN(const uint64_t data_offset, CheckedSum(after_meta).AlignUp(4096).Get("the index"));
-  if (!spec.alias_of.empty() && spec.alias_of.size() != spec.tensors.size()) {
-    return InvalidArgument("alias_of must be empty or have one entry per tensor");
-  }
-  CheckedSum cursor(data_offset);
-  std::vector<uint64_t> offsets;
-  offsets.reserve(spec.tensors.size());
-  for (size_t i = 0; i < spec.tensors.size(); ++i) {
-    const int64_t alias = spec.alias_of.empty() ? -1 : spec.alias_of[i];
-    if (alias >= 0) {
-      if (static_cast<size_t>(alias) >= i || spec.tensors[alias].nbytes != spec.tensors[i].nbytes) {
-        return InvalidArgument("tensor '" + spec.tensors[i].name + "' aliases a tensor that is not an earlier one of its size");
-      }
-      offsets.push_back(offsets[alias]);
-      continue;
-    }
-    CKPT_ASSIGN_OR_RETURN(uint64_t at, cursor.Get("the segment layout"));
-    offsets.push_back(at);
-    cursor.Add(spec.tensors[i].nbytes).AlignUp(kDataAlignment);
-  }
-  CKPT_ASSIGN_OR_RETURN(const uint64_t data_end, cursor.Get("the segment's size"));
   const PageSupport& pages = spec.directory->pages();
-  CKPT_ASSIGN_OR_RETURN(const uint64_t segment_bytes, CheckedSum(std::max(data_end, data_offset + 1))
-                                                          .AlignUp(pages.segment_alignment())
-                                                          .Get("the segment's size"));
+  CKPT_ASSIGN_OR_RETURN(const SegmentLayout layout, PlanSegmentLayout(spec, pages.segment_alignment()));
+  const uint64_t segment_bytes = layout.segment_bytes;
 
   const bool fallocate = spec.populate == PagePopulate::kFallocate;
-  const bool background = spec.populate == PagePopulate::kBackground;
   CKPT_ASSIGN_OR_RETURN(UniqueFd rw_fd,
                         spec.directory->Create(file_name, segment_bytes, spec.mode,
                                                fallocate ? SegmentDirectory::Reserve::kFallocate
@@ -168,72 +74,85 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
       rw_st.st_ino != ro_st.st_ino || rw_st.st_dev != ro_st.st_dev) {
     return Internal("segment " + spec.directory->PathOf(file_name) + " changed while it was created");
   }
-  std::byte* base = writer->mapping_->data();
-  if (pages.advise) (void)::madvise(base, segment_bytes, MADV_HUGEPAGE);  // fails only without THP
+  if (pages.advise) (void)::madvise(writer->mapping_->data(), segment_bytes, MADV_HUGEPAGE);  // fails only without THP
+  CKPT_RETURN_IF_ERROR(writer->ReservePages(spec, std::move(rw_fd), layout.data_offset));
+  writer->WriteHeaderAndIndex(spec, layout);
+  return writer;
+}
+
+Status SegmentWriter::ReservePages(const SegmentSpec& spec, UniqueFd rw_fd, uint64_t data_offset) {
+  const std::string& file_name = mapping_->name();
+  const uint64_t segment_bytes = mapping_->size();
+  const PageSupport& pages = spec.directory->pages();
   const std::string what = "segment " + spec.directory->PathOf(file_name);
-  if (fallocate) {
-    writer->populated_ = true;
-    writer->populate_summary_ = "posix_fallocate";
-  } else if (background) {
-    // The header pages now (written below), the rest on the reserving thread.
+  if (spec.populate == PagePopulate::kFallocate) {
+    populated_ = true;
+    populate_summary_ = "posix_fallocate";
+  } else if (spec.populate == PagePopulate::kBackground) {
+    // The header pages now (written next), the rest on the reserving thread.
     CKPT_RETURN_IF_ERROR(spec.directory->ReservePages(rw_fd.get(), data_offset, file_name));
-    writer->rw_fd_ = std::move(rw_fd);  // the reserving thread's, until it ends
-    writer->reserved_.store(data_offset, std::memory_order_release);
-    writer->populate_summary_ = "posix_fallocate in the background";
+    rw_fd_ = std::move(rw_fd);  // the reserving thread's, until it ends
+    reserved_.store(data_offset, std::memory_order_release);
+    populate_summary_ = "posix_fallocate in the background";
     // Ranges of 64 MiB (a whole number of pages of either size): a writer waits at most
     // for the range its bytes fall in, and a failed write stops the thread within one.
     const uint64_t step = std::max<uint64_t>(64ull << 20, pages.segment_alignment());
-    writer->reserve_done_ = false;
+    reserve_done_ = false;
     try {
-      writer->reserver_ = std::thread([w = writer.get(), data_offset, step] { w->ReserveInBackground(data_offset, step); });
+      reserver_ = std::thread([this, data_offset, step] { ReserveInBackground(data_offset, step); });
     } catch (const std::system_error& e) {
-      writer->reserve_done_ = true;
+      reserve_done_ = true;
       return ResourceExhausted(std::string("cannot start the thread that reserves ") + what + ": " + e.what());
     }
+    return Status::Ok();
   } else {
     const bool all = spec.populate == PagePopulate::kParallel;
     const int threads = all ? spec.populate_threads : 1;
-    Status st = PopulateWrite(base, all ? segment_bytes : data_offset, threads, pages.segment_alignment(), what);
+    Status st = PopulateWrite(mapping_->data(), all ? segment_bytes : data_offset, threads, pages.segment_alignment(), what);
     if (st.code() == StatusCode::kUnsupported) {
       // An old kernel: reserve everything the classic way.
       CKPT_RETURN_IF_ERROR(spec.directory->ReservePages(rw_fd.get(), segment_bytes, file_name));
-      writer->populated_ = true;
-      writer->populate_summary_ = "posix_fallocate (" + st.message() + ")";
+      populated_ = true;
+      populate_summary_ = "posix_fallocate (" + st.message() + ")";
     } else {
       CKPT_RETURN_IF_ERROR(st);
-      writer->populated_ = all;
-      writer->populate_summary_ = all ? "MADV_POPULATE_WRITE x" + std::to_string(std::max(1, threads))
-                                      : "MADV_POPULATE_WRITE per read";
+      populated_ = all;
+      populate_summary_ = all ? "MADV_POPULATE_WRITE x" + std::to_string(std::max(1, threads))
+                              : "MADV_POPULATE_WRITE per read";
     }
   }
+  reserved_.store(segment_bytes, std::memory_order_release);  // WaitReserved: at once
+  return Status::Ok();
+}
 
-  if (!background) writer->reserved_.store(segment_bytes, std::memory_order_release);  // WaitReserved: at once
+void SegmentWriter::WriteHeaderAndIndex(const SegmentSpec& spec, const SegmentLayout& layout) {
+  std::byte* base = mapping_->data();
   SegmentHeader* h = HeaderOf(base);  // pages are zero-filled by the kernel
   std::memcpy(h->magic, kSegmentMagic, sizeof(kSegmentMagic));
   h->version = kSegmentVersion;
   h->state = static_cast<uint32_t>(SegmentState::kLoading);
   h->generation = spec.generation;
-  h->segment_bytes = segment_bytes;
+  h->segment_bytes = layout.segment_bytes;
   h->tensor_count = spec.tensors.size();
-  h->index_offset = index_offset;
-  h->strings_offset = strings_offset;
-  h->strings_bytes = strings_bytes;
-  h->data_offset = data_offset;
-  h->data_bytes = data_end - data_offset;
-  h->side_offset = side_offset;
-  h->side_count = sides.size();
-  h->side_bytes = side_bytes;
+  h->index_offset = layout.index_offset;
+  h->strings_offset = layout.strings_offset;
+  h->strings_bytes = layout.strings_bytes;
+  h->data_offset = layout.data_offset;
+  h->data_bytes = layout.data_end - layout.data_offset;
+  h->side_offset = layout.side_offset;
+  h->side_count = layout.sides.size();
+  h->side_bytes = layout.side_bytes;
   h->created_unix_ns = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::system_clock::now().time_since_epoch()).count());
   CopyTruncated(h->checkpoint_name, sizeof(h->checkpoint_name), spec.checkpoint_name);
   CopyTruncated(h->source_path, sizeof(h->source_path), spec.source_path);
-  std::memcpy(h->segment_id, id.data(), sizeof(h->segment_id));
+  std::memcpy(h->segment_id, id_.data(), sizeof(h->segment_id));
   h->owner_uid = spec.owner_uid;
   h->owner_flags = kOwnerRecorded | (spec.owner_admin ? kOwnerAdmin : 0);
 
   TensorEntry* entries = EntriesOf(base);
-  char* strings = reinterpret_cast<char*>(base + strings_offset);
+  char* strings = reinterpret_cast<char*>(base + layout.strings_offset);
   uint64_t name_cursor = 0;
   for (size_t i = 0; i < spec.tensors.size(); ++i) {
     const TensorInfo& t = spec.tensors[i];
@@ -245,22 +164,22 @@ Result<std::unique_ptr<SegmentWriter>> SegmentWriter::Create(const SegmentSpec& 
     e.dtype = static_cast<uint32_t>(t.dtype);
     e.ndim = static_cast<uint32_t>(t.shape.size());
     for (size_t d = 0; d < t.shape.size(); ++d) e.shape[d] = static_cast<uint64_t>(t.shape[d]);
-    e.data_offset = offsets[i];
+    e.data_offset = layout.tensor_offsets[i];
     e.nbytes = t.nbytes;
   }
-  for (size_t i = 0; i < sides.size(); ++i) {
+  for (size_t i = 0; i < layout.sides.size(); ++i) {
+    const SideFilePlacement& side = layout.sides[i];
     SideFileEntry se{};
-    se.name_offset = side_name_offsets[i];
-    se.name_bytes = static_cast<uint32_t>(sides[i].first.size());
-    se.kind = static_cast<uint32_t>(kinds[i]);
-    se.data_offset = side_data_offsets[i];
-    se.nbytes = sides[i].second.size();
-    se.checksum = Checksum(sides[i].second.data(), sides[i].second.size());
-    std::memcpy(base + side_offset + i * sizeof(SideFileEntry), &se, sizeof(se));
-    std::memcpy(base + side_offset + se.name_offset, sides[i].first.data(), sides[i].first.size());
-    if (!sides[i].second.empty()) std::memcpy(base + se.data_offset, sides[i].second.data(), se.nbytes);
+    se.name_offset = side.name_offset;
+    se.name_bytes = static_cast<uint32_t>(side.name.size());
+    se.kind = static_cast<uint32_t>(side.kind);
+    se.data_offset = side.data_offset;
+    se.nbytes = side.bytes.size();
+    se.checksum = Checksum(side.bytes.data(), side.bytes.size());
+    std::memcpy(base + layout.side_offset + i * sizeof(SideFileEntry), &se, sizeof(se));
+    std::memcpy(base + layout.side_offset + se.name_offset, side.name.data(), side.name.size());
+    if (!side.bytes.empty()) std::memcpy(base + se.data_offset, side.bytes.data(), se.nbytes);
   }
-  return writer;
 }
 
 void SegmentWriter::ReserveInBackground(uint64_t from, uint64_t step) {

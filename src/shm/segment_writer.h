@@ -26,6 +26,8 @@
 
 namespace ckpt::shm {
 
+struct SegmentLayout;  // segment_layout.h
+
 // How a new segment's pages are allocated before anything is written into them (so that
 // no write can fault on a full file system, and no client on a hole).
 enum class PagePopulate {
@@ -123,6 +125,11 @@ class SegmentWriter {
   SegmentWriter(const SegmentDirectory* directory, std::unique_ptr<ShmMapping> mapping, UniqueFd read_only_fd,
                 SegmentId id)
       : directory_(directory), mapping_(std::move(mapping)), read_only_fd_(std::move(read_only_fd)), id_(id) {}
+  // Create's steps after the file exists: reserves the pages as spec.populate says
+  // (kBackground: the header pages, then starts the reserving thread, which takes rw_fd),
+  // then writes the header, index and side files where `layout` says.
+  Status ReservePages(const SegmentSpec& spec, UniqueFd rw_fd, uint64_t data_offset);
+  void WriteHeaderAndIndex(const SegmentSpec& spec, const SegmentLayout& layout);
   // kBackground: the reserving thread's body (ranges of `step` bytes from `from`).
   void ReserveInBackground(uint64_t from, uint64_t step);
   const SegmentDirectory* directory_;

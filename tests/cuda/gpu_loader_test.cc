@@ -18,6 +18,7 @@
 #include "ckpt/gpu.h"
 #include "ckpt/tp_plan.h"
 #include "cuda/copy_engine.h"
+#include "cuda/copy_knobs.h"
 #include "cuda/copy_split.h"
 #include "cuda/cuda_resources.h"
 #include "cuda/gpu_loader_impl.h"
@@ -446,7 +447,7 @@ TEST_F(GpuLoaderTest, ALoaderMakesItsPinnedBuffersOnceAndEveryLoadMatches) {
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   for (int buffers : {1, 2, 3, 8}) {
     BuffersEnv env(buffers);
-    ASSERT_EQ(cuda::BounceBuffers(), buffers);
+    ASSERT_EQ(cuda::CurrentCopyKnobs().buffers, buffers);
     GpuLoadOptions o;
     o.chunk_bytes = 64 << 10;
     o.streams = 3;

@@ -1,5 +1,5 @@
-// Host-path experiment behind the copy engine's defaults (issue 4; docs/benchmarks.md,
-// "GPU load"). Standalone, needs only the CUDA toolkit and one GPU:
+// Host-path experiment behind the copy engine's defaults (issue 4; docs/benchmarks-archive-2026-12.md,
+// "Host path: small pinned bounce buffers on every thread"). Standalone, needs only the CUDA toolkit and one GPU:
 //   tools/gpu/host_path_micro.sh [GIB...]      (builds with nvcc, runs on 4 KiB then huge pages)
 // On a fresh read-only mapping of a /dev/shm file of GIB GiB it times:
 //   1. making 256 MiB of pinned memory: cudaMallocHost vs THP mmap + cudaHostRegister;
