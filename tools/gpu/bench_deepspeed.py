@@ -270,18 +270,29 @@ def run_ranks(args, mode, world):
     procs = []
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode] + args.passthrough
-        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+        # LOCAL_RANK is the GPU DeepSpeed's InferenceEngine takes (set_device(LOCAL_RANK)):
+        # ranks sharing the GPUs take rank % GPUs
+        local = r % max(1, torch.cuda.device_count()) if args.device == "cuda" else r
+        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(local)), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    results, logs = [], []
-    for p in procs:
-        lines = []
+    # Every rank's output is read as it comes, each by a thread of its own: a rank whose
+    # pipe filled (transformers' progress bars) while this read another would block in its
+    # write, and the collective the others wait in with it.
+    logs = [[] for _ in procs]
+    ready = [threading.Event() for _ in procs]
+
+    def drain(r, p):
         for line in p.stdout:
-            lines.append(line)
-            if line.startswith("RESULT "):
-                results.append(json.loads(line[7:]))
-            if line.startswith("READY") or len(lines) > 5000:
-                break
-        logs.append("".join(lines))
+            logs[r].append(line)
+            if line.startswith("READY"):
+                ready[r].set()
+        ready[r].set()  # exited (or READY): nothing more to wait for
+
+    readers = [threading.Thread(target=drain, args=(r, p), daemon=True) for r, p in enumerate(procs)]
+    for t in readers:
+        t.start()
+    for e in ready:
+        e.wait()
     wall = time.perf_counter() - t0
     hold = node_bytes()
     peak[0] = max(peak[0], hold)
@@ -289,14 +300,20 @@ def run_ranks(args, mode, world):
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGUSR1)
-    checks = {}
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        rest = p.communicate(timeout=300)[0]
-        for line in (rest or "").splitlines():
+    for p in procs:
+        p.wait(timeout=300)
+    for t in readers:
+        t.join(timeout=60)
+    results, checks = [], {}
+    for r, lines in enumerate(logs):
+        for line in lines:
+            if line.startswith("RESULT "):
+                results.append(json.loads(line[7:]))
             if line.startswith("CHECK "):
                 checks[r] = json.loads(line[6:])
+    for p, lines in zip(procs, logs):
         if p.returncode not in (0, None) or len(results) != world:
-            sys.stderr.write(log + (rest or ""))
+            sys.stderr.write("".join(lines[-400:]))
     if len(results) != world:
         raise RuntimeError(f"{mode} world {world}: {len(results)} of {world} ranks reported "
                            f"(exit codes {[p.returncode for p in procs]})")
