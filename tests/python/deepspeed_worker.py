@@ -74,6 +74,17 @@ def build_for_fill():
         return Tiny()
 
 
+def publish(client, name, tensors):
+    """Rank 0 writes `tensors` as a safetensors file and has the daemon load it as `name`;
+    every rank waits for it, then attaches."""
+    if dist.get_rank() == 0:
+        path = os.path.join(workdir, f"{name}.safetensors")
+        make_checkpoint.write_safetensors(path, tensors)
+        client.load(path, name=name)
+    dist.barrier()
+    return client.attach(name)
+
+
 def expect(error, words, fn):
     try:
         fn()
@@ -162,11 +173,7 @@ def _autotp(rank, world, client, tied):
     torch.manual_seed(3)
     real = TpModel(tied)
     full = {n: p.detach().clone() for n, p in real.state_dict().items() if n != "lm_head.weight" or not tied}
-    if rank == 0:
-        path = os.path.join(workdir, f"{name}.safetensors")
-        make_checkpoint.write_safetensors(path, full)
-        client.load(path, name=name)
-    dist.barrier()
+    publish(client, name, full)
     ids = torch.randint(0, V, (2, 7), generator=torch.Generator().manual_seed(4))
     ref = deepspeed.init_inference(real, tensor_parallel={"tp_size": world}, dtype=torch.float32,
                                    replace_with_kernel_inject=False, injection_policy=policy)
@@ -257,12 +264,7 @@ def hfload(rank, world, client):
     name = f"hf-{world}-{shard}"
     torch.manual_seed(5)
     full = {n: p.detach().clone() for n, p in Tiny().named_parameters()}  # the tied lm_head not saved
-    if rank == 0:
-        path = os.path.join(workdir, f"{name}.safetensors")
-        make_checkpoint.write_safetensors(path, full)
-        client.load(path, name=name)
-    dist.barrier()
-    ck = client.attach(name)
+    ck = publish(client, name, full)
     zero = {"stage": 3}
     if shard:
         zero["mics_shard_size"] = shard
@@ -413,12 +415,7 @@ def main():
     torch.manual_seed(1)
     full = {n: p.detach().clone() for n, p in Tiny().named_parameters()}
     client = ckpt.connect(socket)
-    if rank == 0:
-        path = os.path.join(workdir, f"{name}.safetensors")
-        make_checkpoint.write_safetensors(path, full)
-        client.load(path, name=name)
-    dist.barrier()
-    ck = client.attach(name)
+    ck = publish(client, name, full)
     group = shard if mode == "mics" else None
 
     model = build_for_fill()
