@@ -667,7 +667,6 @@ def _fill_after_autotp(module, ck, sources, shapes, infos, persistent, saved, pl
             raise InvalidArgument(f"{what}: world size {place.world} does not match the {cut_for} ranks AutoTP cut "
                                   "the model for (tensor_parallel tp_size)")
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
-    head = _own_head(module, device) if place.world > 1 else None
     # AutoTP keeps every parameter's name (a tied lm_head becomes a Parameter of its own,
     # still named lm_head.weight, cut from the embedding it was tied to).
     targets = {n: (owner, attr, t) for n, owner, attr, t in _ds_tensors(module)}
@@ -717,43 +716,9 @@ def _fill_after_autotp(module, ck, sources, shapes, infos, persistent, saved, pl
                 b.copy_(saved[n])
         if place.world == 1:
             _retie(module, groups)
-        if head is not None:
-            layout[f"{head}.weight"] = _cut_head(module, head, place, sources[f"{head}.weight"], shapes)
     return layout
 
 
 def _tp_group(module: nn.Module):
     """The tensor-parallel group AutoTP's all-reduce layers of `module` use, else None."""
     return next((m.mp_group for m in module.modules() if getattr(m, "mp_group", None) is not None), None)
-
-
-def _own_head(module: nn.Module, device) -> Optional[str]:
-    """The name of the output layer ("lm_head", else "embed_out") DeepSpeed's AutoTP cuts
-    on a model with real weights (its set_lm_head: an nn.Linear) and leaves whole on a meta
-    one, where it makes it the embedding's own Parameter, tied or not; that layer gets a
-    weight of its own here (uninitialised, filled whole from its own checkpoint name), for
-    _cut_head to cut after the fill. None when there is none."""
-    name = "lm_head" if hasattr(module, "lm_head") else "embed_out" if hasattr(module, "embed_out") else None
-    child = getattr(module, name) if name else None
-    if not isinstance(child, nn.Linear):
-        return None
-    w = child.weight
-    child.weight = nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device=device), requires_grad=w.requires_grad)
-    return name
-
-
-def _cut_head(module: nn.Module, name: str, place, source: str, shapes) -> Piece:
-    """Cuts the filled output layer `name` as AutoTP cuts it on a model with real weights:
-    DeepSpeed's own AutoTP._replace_last_linear_module (an LmHeadLinearAllreduce holding
-    this rank's columns, its output all-reduced), so that the logits are DeepSpeed's.
-    Returns the Piece of the checkpoint the rank keeps."""
-    from deepspeed.inference.engine import InferenceEngine
-    from deepspeed.module_inject.auto_tp import AutoTP
-    from deepspeed.module_inject.tp_shard import get_shard_size_list
-    group = _tp_group(module) or InferenceEngine.inference_mp_group
-    tp = AutoTP(module, (name, ), name, None, None, None)
-    tp.set_tensor_parallel_config(place.world, group)
-    tp.update_linear_policies()
-    tp._replace_last_linear_module(module)
-    sizes = get_shard_size_list(int(shapes[source][1]), place.world, name)
-    return Piece(source, 1, sum(sizes[:place.rank]), sizes[place.rank])
