@@ -264,11 +264,25 @@ def fill_zero3(module: nn.Module, checkpoint, *, rank: Optional[int] = None, wor
         for (device, dtype), names in whole.items():
             fetched.update(checkpoint.state_dict(0, 1, None, names=names, device=device, dtype=dtype))
         for param, name in plan:
+            dst = param.ds_tensor.data
+            if dst.device.type == "cpu":
+                # Straight from the shared memory into the ds_tensor (converted as it is
+                # copied): no partition-sized copy of its own per parameter.
+                per = dst.numel()
+                start = per * want_rank
+                valid = max(0, min(per, param.ds_numel - start))
+                flat = dst.view(-1)
+                if valid:
+                    flat[:valid].copy_(checkpoint.tensor(name).reshape(-1)[start:start + valid])
+                flat[valid:].zero_()  # the padding, zero as Checkpoint.partition gives it
+                copied += per * dst.element_size()
+                filled.append(name)
+                continue
             part = fetched.pop(name, None)
-            if part is None or part.dtype != param.ds_tensor.dtype or part.device != param.ds_tensor.device:
+            if part is None or part.dtype != dst.dtype or part.device != dst.device:
                 part = checkpoint.partition(name, place.rank, place.world, group_size=group_size,
-                                            device=param.ds_tensor.device, dtype=param.ds_tensor.dtype)
-            param.ds_tensor.data.copy_(part.reshape(param.ds_tensor.shape))
+                                            device=dst.device, dtype=dst.dtype)
+            dst.copy_(part.reshape(dst.shape))
             copied += part.numel() * part.element_size()
             filled.append(name)
             del part
@@ -288,18 +302,100 @@ def _mics_shard_size(ds_config) -> Optional[int]:
     return None
 
 
+@contextlib.contextmanager
+def zero3_init(ds_config, *, mics: bool = False, **init_kwargs):
+    """deepspeed.zero.Init(config_dict_or_path=ds_config, **init_kwargs) (zero.MiCS_Init
+    with mics=True), for a model that fill_zero3 fills next: every parameter is
+    overwritten, so two things DeepSpeed does while the model is built are left out.
+    DeepSpeed builds each module's parameters whole, converts them to the Init's dtype
+    (writing them) and broadcasts them from rank 0 (writing them on every other rank),
+    then keeps this rank's partition: each rank holds every module's parameters whole in
+    turn (bloom-7b1's 250880 x 4096 embedding: 2 GB a rank, all ranks at once), and the
+    broadcast of the whole model costs its time. Inside this context torch's default dtype
+    is the Init's (DeepSpeed's tensor constructors then convert nothing) and Init's
+    broadcast of a new parameter is skipped: a module's full tensors are allocated but
+    never written (no memory is charged for pages never touched), and only this rank's
+    partition is. Yields the Init. Partitions hold garbage until fill_zero3 fills them."""
+    ds = _deepspeed()
+    from deepspeed.runtime.zero import partition_parameters as pp
+    init = (ds.zero.MiCS_Init if mics else ds.zero.Init)(config_dict_or_path=ds_config, **init_kwargs)
+    real_init_param = pp.Init._zero_init_param
+
+    def partition_only(self, param):  # Init._zero_init_param without its broadcast
+        self._convert_to_deepspeed_param(param)
+        param.partition()
+
+    old_dtype = torch.get_default_dtype()
+    pp.Init._zero_init_param = partition_only
+    try:
+        torch.set_default_dtype(init.dtype)  # half, bfloat16 or float (Init asserts it)
+        with init:
+            yield init
+    finally:
+        torch.set_default_dtype(old_dtype)
+        pp.Init._zero_init_param = real_init_param
+
+
+@contextlib.contextmanager
+def gathers_waited():
+    """Inside, DeepSpeed's coalesced ZeRO-3 gather (Init._allgather_params_coalesced: what
+    GatheredParameters of several parameters runs, as transformers' from_pretrained under
+    zero.Init does module by module) waits for every all-gather it launched. DeepSpeed 0.14.5
+    waits for the last one only, which is enough on NCCL (one stream), not on gloo: there
+    each launched collective runs on a thread of its own and the CPU accelerator's
+    synchronize does nothing, so GatheredParameters' body can run while the earlier
+    parameters are still being gathered into, and what rank 0 loads there is partly
+    overwritten (docs/deepspeed.md; deepspeedai/DeepSpeed PR #8539 waits for all of them).
+    ckpt.deepspeed's own fill gathers nothing; this is for DeepSpeed's gather on CPU ranks."""
+    _deepspeed()
+    from deepspeed.runtime.zero import partition_parameters as pp
+    comm = pp.dist
+    real_coalesced = pp.Init._allgather_params_coalesced
+    names = ("all_gather_into_tensor", "all_gather")
+
+    def waited(self, *args, **kwargs):
+        handles = []
+        real = {n: getattr(comm, n) for n in names}
+
+        def keeping(fn):
+            def call(*a, **k):
+                handle = fn(*a, **k)
+                if handle is not None and k.get("async_op", False):
+                    handles.append(handle)
+                return handle
+            return call
+
+        for n in names:
+            setattr(comm, n, keeping(real[n]))
+        try:
+            out = real_coalesced(self, *args, **kwargs)
+        finally:
+            for n in names:
+                setattr(comm, n, real[n])
+        for handle in handles:
+            handle.wait()
+        return out
+
+    pp.Init._allgather_params_coalesced = waited
+    try:
+        yield
+    finally:
+        pp.Init._allgather_params_coalesced = real_coalesced
+
+
 def zero3_model(checkpoint, ds_config, *, mics: bool = False, config=None, model_class=None,
                 rank: Optional[int] = None, world: Optional[int] = None, client=None, socket: Optional[str] = None,
                 **init_kwargs) -> nn.Module:
     """The transformers model of `checkpoint` (a name or a Checkpoint) built under
-    deepspeed.zero.Init(config_dict_or_path=ds_config) (zero.MiCS_Init with mics=True) from
-    its config alone (weight initialisation skipped), then filled by fill_zero3 (group_size:
-    ds_config's zero_optimization.mics_shard_size with mics=True). What
-    `with MiCS_Init(...): from_pretrained(...)` gives, without the state dict on every rank.
-    The model is returned for deepspeed.initialize; model.ckpt_fill is fill_zero3's report."""
+    zero3_init(ds_config, mics=mics) (zero.Init / zero.MiCS_Init without the whole-parameter
+    writes a fill makes needless) from its config alone (weight initialisation skipped),
+    then filled by fill_zero3 (group_size: ds_config's zero_optimization.mics_shard_size
+    with mics=True). What `with MiCS_Init(...): from_pretrained(...)` gives, without the
+    state dict on every rank. The model is returned for deepspeed.initialize;
+    model.ckpt_fill is fill_zero3's report."""
     from . import InvalidArgument
     from . import transformers as ckt
-    ds = _deepspeed()
+    _deepspeed()
     tf = ckt._transformers()
     ck, attached = _attach(checkpoint, client, socket)
     cfg = ckt.model_config(ck, config)
@@ -307,10 +403,18 @@ def zero3_model(checkpoint, ds_config, *, mics: bool = False, config=None, model
     group_size = _mics_shard_size(ds_config) if mics else None
     if mics and group_size is None:
         raise InvalidArgument("mics=True needs zero_optimization.mics_shard_size in ds_config (a dict)")
-    init = ds.zero.MiCS_Init if mics else ds.zero.Init
     build = getattr(cls, "_from_config", None) or cls
-    with init(config_dict_or_path=ds_config, **init_kwargs), ckt._no_init_weights(tf), _no_hf_zero3(tf):
-        model = build(cfg)
+    with zero3_init(ds_config, mics=mics, **init_kwargs) as init, ckt._no_init_weights(tf), _no_hf_zero3(tf):
+        model = None
+        if build is not cls:  # transformers sets the default dtype from the config: the Init's instead
+            for key in ("dtype", "torch_dtype"):  # transformers 5 / 4 spelling
+                try:
+                    model = build(cfg, **{key: init.dtype})
+                    break
+                except TypeError:
+                    continue
+        if model is None:
+            model = build(cfg)
         ckt._tie(model)  # tied names one (ZeRO-3) parameter, as from_pretrained leaves them
     report = fill_zero3(model, ck, rank=rank, world=world, group_size=group_size)
     model.ckpt_fill = report
@@ -555,13 +659,20 @@ def _fill_after_autotp(module, ck, sources, shapes, infos, persistent, saved, pl
                        what) -> Dict[str, Piece]:
     """init_inference's and fill_autotp's fill of DeepSpeed's model (see init_inference)."""
     from . import InvalidArgument
+    group = _tp_group(module)
+    if group is not None:
+        import torch.distributed as dist
+        cut_for = dist.get_world_size(group=group)
+        if cut_for != place.world:
+            raise InvalidArgument(f"{what}: world size {place.world} does not match the {cut_for} ranks AutoTP cut "
+                                  "the model for (tensor_parallel tp_size)")
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
     # AutoTP keeps every parameter's name (a tied lm_head becomes a Parameter of its own,
     # still named lm_head.weight, cut from the embedding it was tied to).
     targets = {n: (owner, attr, t) for n, owner, attr, t in _ds_tensors(module)}
     new = sorted(n for n in targets if n not in sources)
     if new:
         raise InvalidArgument(f"{what}: " + _listing("parameters of DeepSpeed's model no checkpoint tensor fills", new))
-    device = next((p.device for p in module.parameters()), torch.device("cpu"))
     layout = autotp_layout(module, sources, shapes, place.rank, place.world, block_classes) if place.world > 1 \
         else {n: Piece(sources[n]) for n in targets}
     params = {n: t for n, (_, _, t) in targets.items()}
@@ -606,3 +717,8 @@ def _fill_after_autotp(module, ck, sources, shapes, infos, persistent, saved, pl
         if place.world == 1:
             _retie(module, groups)
     return layout
+
+
+def _tp_group(module: nn.Module):
+    """The tensor-parallel group AutoTP's all-reduce layers of `module` use, else None."""
+    return next((m.mp_group for m in module.modules() if getattr(m, "mp_group", None) is not None), None)

@@ -5,7 +5,9 @@ tensors, at world 1, 2, 3 and 4 (MiCS: shard groups of 2 in a world of 4); AutoT
 filled by ckpt.deepspeed.fill_autotp equals AutoTP's own cut of the real-weight model,
 tensor for tensor (uneven 64-element grains, a fused QKV), with equal logits; with
 DeepSpeed's CPU accelerator and gloo under Debian's torch 1.13; the bad inputs on real
-ZeRO-3 and AutoTP models.
+ZeRO-3 and AutoTP models; transformers' ZeRO-3 loader (GatheredParameters, rank 0 loads)
+inside ckpt.deepspeed.gathers_waited against ckptd's fill; and what building under
+ckpt.deepspeed.zero3_init costs a rank.
 
 DeepSpeed is not a dependency of ckptd: this runs the source tools/deepspeed-src/obtain.sh puts
 in .carry-ds/ (or CKPT_DEEPSPEED_DIR) and exits 77, which ctest reads as skipped, naming
@@ -93,6 +95,16 @@ class DeepSpeedTest(unittest.TestCase):
 
     def test_mics_shard_groups_of_2_in_4(self):
         self.run_world(4, "mics", shard=2)
+
+    def test_hf_loader_worlds_2_and_4(self):  # transformers' GatheredParameters loader = ckptd's fill
+        self.run_world(2, "hfload")
+        self.run_world(4, "hfload")
+
+    def test_hf_loader_mics_shard_groups_of_2_in_4(self):
+        self.run_world(4, "hfload", shard=2)
+
+    def test_zero3_init_memory_world_2(self):  # building costs a partition, not the whole tensor
+        self.run_world(2, "memory")
 
     def test_autotp_worlds_2_3_4(self):  # inference: a meta model cut by AutoTP, filled from ckptd
         for world in (2, 3, 4):

@@ -54,7 +54,8 @@ class DeepSpeedInputsTest(unittest.TestCase):
 
     @unittest.skipIf(importlib.util.find_spec("deepspeed") is not None, "DeepSpeed is importable here")
     def test_without_deepspeed(self):
-        for call in (lambda: ckds.init_inference("two"), lambda: ckds.zero3_model("two", {})):
+        for call in (lambda: ckds.init_inference("two"), lambda: ckds.zero3_model("two", {}),
+                     lambda: ckds.zero3_init({}).__enter__(), lambda: ckds.gathers_waited().__enter__()):
             with self.assertRaises(ckpt.Unsupported) as e:
                 call()
             self.assertIn("needs DeepSpeed", str(e.exception))

@@ -7,14 +7,22 @@ memory, time, and logits, with and without ckptd.
              ckpt.deepspeed.init_inference(name): the model on the meta device, AutoTP, each
              rank's shards from ckptd
   zero3      (report 2) each rank: HfDeepSpeedConfig + zero.MiCS_Init + from_pretrained(bloom
-             folder) -- against -- ckpt.deepspeed.zero3_model(name, ds_config, mics=True)
+             folder) -- against -- ckpt.deepspeed.zero3_model(name, ds_config, mics=True).
+             On the CPU also "deepspeed-waited": the same from_pretrained inside
+             ckpt.deepspeed.gathers_waited() (DeepSpeed 0.14.5's coalesced gather waits for
+             its last all-gather only, which over gloo leaves the others writing into what
+             transformers' rank 0 loads; docs/deepspeed.md), and every mode's partitions
+             are checked against the safetensors file itself, element for element.
 
 Models are transformers config classes with random weights of the real shapes, written with
 save_pretrained (no hub). Ranks are processes of this script (--worker); the parent samples
 the node's Shmem + AnonPages (/proc/meminfo) for the peak while they hold what they loaded,
 minus the node before they start (the daemon's shared copy is counted, loaded before: it is
-part of ckptd's figure). Each rank reports its own peak RSS (VmHWM), its load time and its
-logits (or, on the CPU, a checksum of its gathered parameters), compared across modes.
+part of ckptd's figure), and the node at hold (all ranks loaded). Each rank reports its
+peak RSS (VmHWM), what it holds then (RssAnon: private; RssShmem: ckptd's segment mapped,
+counted once in the node's Shmem; RssFile: mapped files), its load time and its logits (or,
+on the CPU, checksums of its partitions), compared across modes. Ranks beyond the GPUs
+share them (--backend gloo, the default there: NCCL refuses two ranks on one GPU).
 
   tools/gpu/bench_deepspeed.py --ckptd BIN --workdir DIR --case inference|zero3
       [--shape full|small] [--ranks 1] [--device cuda|cpu] [--markdown OUT.md] [--json OUT.jsonl]
@@ -22,6 +30,7 @@ logits (or, on the CPU, a checksum of its gathered parameters), compared across 
 DeepSpeed from PYTHONPATH (tools/deepspeed-src/obtain.sh, DS_BUILD_OPS=0).
 """
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -85,7 +94,7 @@ def own_peak():
     out = {}
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith(("VmHWM", "RssAnon", "RssShmem")):
+            if line.startswith(("VmHWM", "VmRSS", "RssAnon", "RssShmem", "RssFile")):
                 k, v = line.split(":", 1)
                 out[k] = int(v.split()[0]) * 1024
     return out
@@ -115,13 +124,23 @@ def ds_config(world, dtype):
     return cfg
 
 
+def backend(args, world):
+    """nccl with a GPU per rank; gloo on the CPU, and where ranks share a GPU (NCCL refuses
+    two ranks of one communicator on one device), unless --backend says."""
+    if args.backend:
+        return args.backend
+    if args.device == "cpu" or world > torch.cuda.device_count():
+        return "gloo"
+    return "nccl"
+
+
 def worker(args):
     """One rank: loads as --mode says, reports, waits for the parent's release (SIGUSR1)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     import deepspeed
     if args.device == "cpu":
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # no JIT build (docs/deepspeed.md)
-    deepspeed.init_distributed(dist_backend="nccl" if args.device == "cuda" else "gloo", auto_mpi_discovery=False)
+    deepspeed.init_distributed(dist_backend=backend(args, world), auto_mpi_discovery=False)
     if args.device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     import transformers
@@ -149,13 +168,14 @@ def worker(args):
             logits = engine.module(ids.to(next(engine.module.parameters()).device)).logits.float().cpu()
     else:
         cfg = ds_config(world, dtype)
-        if args.mode == "deepspeed":
+        if args.mode.startswith("deepspeed"):
             try:
                 from transformers.integrations import HfDeepSpeedConfig
             except ImportError:
                 from transformers.integrations.deepspeed import HfDeepSpeedConfig
             keep = HfDeepSpeedConfig(cfg)  # noqa: F841 (transformers reads it while it lives)
-            with deepspeed.zero.MiCS_Init(config_dict_or_path=cfg):
+            waited = ckds.gathers_waited() if args.mode == "deepspeed-waited" else contextlib.nullcontext()
+            with waited, deepspeed.zero.MiCS_Init(config_dict_or_path=cfg):
                 model = transformers.AutoModelForCausalLM.from_pretrained(args.folder, dtype=dtype)
         else:
             model = ckds.zero3_model(args.name, cfg, mics=True, socket=args.socket)
@@ -190,11 +210,41 @@ def worker(args):
     if checksum is not None:
         with open(os.path.join(args.workdir, f"sums-{args.case}-{args.mode}-{world}-{rank}.json"), "w") as f:
             json.dump(checksum, f)
-    print("RESULT " + json.dumps(out), flush=True)
     released = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: released.set())
+    print("RESULT " + json.dumps(out), flush=True)
     print("READY", flush=True)
     released.wait(600)
+    if checksum is not None:  # after the release: the file's pages are not the load's
+        print("CHECK " + json.dumps(against_file(model, args.folder, ckds)), flush=True)
+
+
+def against_file(model, folder, ckds):
+    """This rank's partitions against the safetensors file's own elements (in the
+    partitions' dtype): which parameters differ and in how many elements."""
+    from safetensors import safe_open
+    differ, elements, checked = [], 0, 0
+    files = [os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".safetensors")]
+    where = {}
+    for f in files:
+        with safe_open(f, "pt") as h:
+            where.update({k: f for k in h.keys()})
+    for n, p in model.named_parameters():
+        if n not in where:
+            continue
+        with safe_open(where[n], "pt") as h:
+            full = h.get_tensor(n).reshape(-1).to(p.ds_tensor.dtype)
+        part_rank, _ = ckds._zero_layout(p, n)
+        per = p.ds_tensor.numel()
+        start = per * part_rank
+        valid = max(0, min(per, p.ds_numel - start))
+        bad = int((p.ds_tensor[:valid] != full[start:start + valid]).sum())
+        checked += 1
+        if bad:
+            differ.append(f"{n} ({bad} of {valid})")
+            elements += bad
+        del full
+    return {"checked": checked, "differ": differ, "elements": elements}
 
 
 def run_ranks(args, mode, world):
@@ -220,55 +270,102 @@ def run_ranks(args, mode, world):
     procs = []
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode] + args.passthrough
-        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+        # LOCAL_RANK is the GPU DeepSpeed's InferenceEngine takes (set_device(LOCAL_RANK)):
+        # ranks sharing the GPUs take rank % GPUs
+        local = r % max(1, torch.cuda.device_count()) if args.device == "cuda" else r
+        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(local)), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    results, logs = [], []
-    for p in procs:
-        lines = []
+    # Every rank's output is read as it comes, each by a thread of its own: a rank whose
+    # pipe filled (transformers' progress bars) while this read another would block in its
+    # write, and the collective the others wait in with it.
+    logs = [[] for _ in procs]
+    ready = [threading.Event() for _ in procs]
+
+    def drain(r, p):
         for line in p.stdout:
-            lines.append(line)
-            if line.startswith("RESULT "):
-                results.append(json.loads(line[7:]))
-            if line.startswith("READY") or len(lines) > 5000:
-                break
-        logs.append("".join(lines))
+            logs[r].append(line)
+            if line.startswith("READY"):
+                ready[r].set()
+        ready[r].set()  # exited (or READY): nothing more to wait for
+
+    readers = [threading.Thread(target=drain, args=(r, p), daemon=True) for r, p in enumerate(procs)]
+    for t in readers:
+        t.start()
+    for e in ready:
+        e.wait()
     wall = time.perf_counter() - t0
-    peak[0] = max(peak[0], node_bytes())
+    hold = node_bytes()
+    peak[0] = max(peak[0], hold)
     stop.set()
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGUSR1)
-    for p, log in zip(procs, logs):
-        rest = p.communicate(timeout=120)[0]
+    for p in procs:
+        p.wait(timeout=300)
+    for t in readers:
+        t.join(timeout=60)
+    results, checks = [], {}
+    for r, lines in enumerate(logs):
+        for line in lines:
+            if line.startswith("RESULT "):
+                results.append(json.loads(line[7:]))
+            if line.startswith("CHECK "):
+                checks[r] = json.loads(line[6:])
+    for p, lines in zip(procs, logs):
         if p.returncode not in (0, None) or len(results) != world:
-            sys.stderr.write(log + (rest or ""))
+            sys.stderr.write("".join(lines[-400:]))
     if len(results) != world:
         raise RuntimeError(f"{mode} world {world}: {len(results)} of {world} ranks reported "
                            f"(exit codes {[p.returncode for p in procs]})")
-    return peak[0] - base, fpeak[0] - fbase, sorted(results, key=lambda r: r["rank"]), wall
+    results = sorted(results, key=lambda r: r["rank"])
+    for r in results:
+        r["check"] = checks.get(r["rank"])
+    return peak[0] - base, fpeak[0] - fbase, hold - base, results, wall
 
 
-def compare(args, world):
-    """(equal, max abs diff) of the ckptd run's logits (or checksums) against DeepSpeed's."""
+def compare(args, world, mode_a, mode_b):
+    """(equal, max abs diff) of mode_b's logits (or partition checksums) against mode_a's."""
     worst, equal = 0.0, True
     for r in range(world):
-        if os.path.exists(os.path.join(args.workdir, f"logits-{args.case}-ckptd-{world}-{r}.pt")):
-            a = torch.load(os.path.join(args.workdir, f"logits-{args.case}-deepspeed-{world}-{r}.pt"))
-            b = torch.load(os.path.join(args.workdir, f"logits-{args.case}-ckptd-{world}-{r}.pt"))
+        if os.path.exists(os.path.join(args.workdir, f"logits-{args.case}-{mode_b}-{world}-{r}.pt")):
+            a = torch.load(os.path.join(args.workdir, f"logits-{args.case}-{mode_a}-{world}-{r}.pt"))
+            b = torch.load(os.path.join(args.workdir, f"logits-{args.case}-{mode_b}-{world}-{r}.pt"))
             equal = equal and torch.equal(a, b)
             worst = max(worst, float((a - b).abs().max()))
         else:
-            with open(os.path.join(args.workdir, f"sums-{args.case}-deepspeed-{world}-{r}.json")) as f:
+            with open(os.path.join(args.workdir, f"sums-{args.case}-{mode_a}-{world}-{r}.json")) as f:
                 a = json.load(f)
-            with open(os.path.join(args.workdir, f"sums-{args.case}-ckptd-{world}-{r}.json")) as f:
+            with open(os.path.join(args.workdir, f"sums-{args.case}-{mode_b}-{world}-{r}.json")) as f:
                 b = json.load(f)
             differ = sorted(k for k in a if a[k] != b.get(k))
             if differ or a.keys() != b.keys():
                 equal = False
-                print(f"rank {r}: {len(differ)} of {len(a)} partition sums differ: " + ", ".join(
+                print(f"rank {r}: {len(differ)} of {len(a)} partition sums of {mode_b} differ from {mode_a}'s: " + ", ".join(
                     f"{k} ({a[k]:.6g} vs {b.get(k, float('nan')):.6g})" for k in differ[:12]), flush=True)
             worst = max([worst] + [abs(a[k] - b.get(k, float("nan"))) for k in a])
     return equal, worst
+
+
+GIB = 2**30
+
+
+def label(mode):
+    return {"deepspeed": "DeepSpeed (from_pretrained per rank)",
+            "deepspeed-waited": "DeepSpeed, gathers_waited (PR #8539's fix)",
+            "ckptd": "ckptd (ckpt.deepspeed)"}.get(mode, mode)
+
+
+def file_check(results):
+    """The partitions against the file, over all ranks: '' where not checked."""
+    checks = [r.get("check") for r in results]
+    if not checks or any(c is None for c in checks):
+        return ""
+    differ = sorted({d.split(" (")[0] for c in checks for d in c["differ"]})
+    elements = sum(c["elements"] for c in checks)
+    if not differ:
+        return f"equal ({checks[0]['checked']} parameters)"
+    return f"**{len(differ)} of {checks[0]['checked']} differ** ({elements} elements: {', '.join(differ[:4])}" + \
+        (f" and {len(differ) - 4} more" if len(differ) > 4 else "") + ")"
 
 
 def main():
@@ -282,7 +379,9 @@ def main():
     ap.add_argument("--shape", default="full")
     ap.add_argument("--ranks", default="1")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--modes", default="deepspeed,ckptd")
+    ap.add_argument("--modes", default="deepspeed,ckptd",
+                    help="deepspeed, deepspeed-waited (zero3: from_pretrained inside ckpt.deepspeed.gathers_waited), ckptd")
+    ap.add_argument("--backend", help="torch.distributed backend (default: nccl, gloo on the CPU or ranks sharing a GPU)")
     ap.add_argument("--markdown")
     ap.add_argument("--json")
     ap.add_argument("--folder")
@@ -306,12 +405,14 @@ def main():
     sock = os.path.join(args.workdir, f"ckptd-{args.case}.sock")
     name = f"{args.case}-{args.shape}"
     args.passthrough = ["--workdir", args.workdir, "--case", args.case, "--shape", args.shape, "--device",
-                        args.device, "--folder", folder, "--name", name, "--socket", sock]
+                        args.device, "--folder", folder, "--name", name, "--socket", sock] + \
+        (["--backend", args.backend] if args.backend else [])
     rows = []
     daemon = None
+    modes = args.modes.split(",")
     try:
         for world in [int(w) for w in args.ranks.split(",")]:
-            for mode in args.modes.split(","):
+            for mode in modes:
                 if mode == "ckptd" and daemon is None:
                     if os.path.exists(sock):
                         os.unlink(sock)
@@ -323,21 +424,32 @@ def main():
                     t1 = time.perf_counter()
                     client.load(folder, name=name)
                     daemon_bytes = node_bytes() - before  # the node's one shared copy
-                    print(f"ckptd load {time.perf_counter() - t1:.2f} s, +{daemon_bytes / 2**30:.2f} GiB", flush=True)
-                mem, cache, results, wall = run_ranks(args, mode, world)
+                    print(f"ckptd load {time.perf_counter() - t1:.2f} s, +{daemon_bytes / GIB:.2f} GiB", flush=True)
+                mem, cache, hold, results, wall = run_ranks(args, mode, world)
                 if mode == "ckptd":
                     mem += daemon_bytes  # loaded before the ranks started: part of ckptd's figure
+                    hold += daemon_bytes
                 row = {"case": args.case, "shape": args.shape, "device": args.device, "mode": mode, "world": world,
-                       "checkpoint_bytes": size, "node_bytes": mem, "file_cache_bytes": cache,
-                       "node_x": (mem + cache) / size, "wall_s": wall,
-                       "load_s": [r["load_s"] for r in results], "rank_hwm": [r.get("VmHWM", 0) for r in results]}
+                       "backend": backend(args, world), "checkpoint_bytes": size, "node_bytes": mem,
+                       "node_hold_bytes": hold, "file_cache_bytes": cache, "node_x": (mem + cache) / size,
+                       "wall_s": wall, "load_s": [r["load_s"] for r in results],
+                       "rank_hwm": [r.get("VmHWM", 0) for r in results],
+                       "rank_anon": [r.get("RssAnon", 0) for r in results],
+                       "rank_shmem": [r.get("RssShmem", 0) for r in results],
+                       "rank_file": [r.get("RssFile", 0) for r in results],
+                       "against_file": file_check(results), "checks": [r.get("check") for r in results]}
+                if mode == "ckptd":
+                    row["daemon_bytes"] = daemon_bytes
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-            if "deepspeed" in args.modes and "ckptd" in args.modes:
-                equal, worst = compare(args, world)
-                rows.append({"case": args.case, "world": world, "equal": equal, "max_abs_diff": worst})
-                print(f"world {world}: ckptd's {'logits' if args.device == 'cuda' or args.case == 'inference' else 'partition sums'}"
-                      f" equal to DeepSpeed's: {equal} (max abs diff {worst})", flush=True)
+            ref = "deepspeed-waited" if "deepspeed-waited" in modes else "deepspeed"
+            for other in [m for m in modes if m != ref]:
+                if ref in modes:
+                    equal, worst = compare(args, world, ref, other)
+                    rows.append({"case": args.case, "world": world, "ref": ref, "other": other, "equal": equal,
+                                 "max_abs_diff": worst})
+                    what = "logits" if args.device == "cuda" or args.case == "inference" else "partition sums"
+                    print(f"world {world}: {other}'s {what} equal to {ref}'s: {equal} (max abs diff {worst})", flush=True)
     finally:
         if daemon is not None:
             daemon.send_signal(signal.SIGTERM)
@@ -346,20 +458,21 @@ def main():
         with open(args.json, "a") as f:
             for r in rows:
                 f.write(json.dumps(r) + "\n")
-    table = [f"### {args.case}, {args.shape} shape, {args.device}, checkpoint {size / 2**30:.2f} GiB", "",
-             "| ranks | loading | node anon + shm (peak, + GiB) | node file cache (peak, + GiB) | node total, "
-             "x checkpoint | per-rank peak RSS (GiB) | per-rank load (s) | wall (s) |",
-             "|---|---|---|---|---|---|---|---|"]
+    table = [f"### {args.case}, {args.shape} shape, {args.device}, checkpoint {size / GIB:.2f} GiB", "",
+             "| ranks | loading | node anon + shm, peak (+GiB) | at hold (+GiB) | node file cache, peak (+GiB) | "
+             "node total, x checkpoint | per-rank peak RSS (GiB) | per-rank anon / shm at hold (GiB) | "
+             "per-rank load (s) | against the file |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "mode" in r:
-            label = "DeepSpeed (from_pretrained per rank)" if r["mode"] == "deepspeed" else "ckptd (ckpt.deepspeed)"
-            table.append(f"| {r['world']} | {label} | {r['node_bytes'] / 2**30:.2f} | "
-                         f"{r['file_cache_bytes'] / 2**30:.2f} | {r['node_x']:.2f} | "
-                         f"{', '.join(f'{h / 2**30:.2f}' for h in r['rank_hwm'])} | "
-                         f"{', '.join(f'{t:.2f}' for t in r['load_s'])} | {r['wall_s']:.1f} |")
+            table.append(f"| {r['world']} | {label(r['mode'])} | {r['node_bytes'] / GIB:.2f} | "
+                         f"{r['node_hold_bytes'] / GIB:.2f} | {r['file_cache_bytes'] / GIB:.2f} | {r['node_x']:.2f} | "
+                         f"{', '.join(f'{h / GIB:.2f}' for h in r['rank_hwm'])} | "
+                         f"{', '.join(f'{a / GIB:.2f} / {m / GIB:.2f}' for a, m in zip(r['rank_anon'], r['rank_shmem']))} | "
+                         f"{', '.join(f'{t:.2f}' for t in r['load_s'])} | {r['against_file']} |")
         else:
-            table.append(f"| {r['world']} | ckptd = DeepSpeed | equal: {r['equal']} (max abs diff {r['max_abs_diff']:g}) "
-                         "| | | | | |")
+            table.append(f"| {r['world']} | {label(r['other'])} = {label(r['ref'])}? | equal: {r['equal']} "
+                         f"(max abs diff {r['max_abs_diff']:g}) | | | | | | | |")
     print("\n".join(table), flush=True)
     if args.markdown:
         with open(args.markdown, "a") as f:

@@ -6,11 +6,14 @@
 #   probe      versions; import deepspeed
 #   cputest    tests/python/test_deepspeed.py (CPU ZeRO-3 / MiCS against DeepSpeed, gloo, torch 2.11)
 #   smallinf   inference, GPT-Neo small shape, world 1 on the GPU (a quick end-to-end check)
-#   smallz3    ZeRO-3 / MiCS, small bloom, world 1 on the GPU and worlds 2 on the CPU
+#   smallz3    ZeRO-3 / MiCS, small bloom, world 1 on the GPU and world 2 on the CPU (SMALLZ3_CPU=0: not)
 #   inf        inference, GPT-Neo 2.7B (fp32), world 1 on the GPU          -> deepspeed.md
 #   z3         ZeRO-3 / MiCS, bloom-7b1 (fp16), world 1 on the GPU          -> deepspeed.md
 #   z3cpu      ZeRO-3 / MiCS, bloom-7b1 widths with 2 layers (bf16), worlds Z3CPU_RANKS (1,2,4)
-#              on the CPU with gloo                                          -> deepspeed.md
+#              on the CPU with gloo; DeepSpeed as released, DeepSpeed inside
+#              ckpt.deepspeed.gathers_waited, ckptd; partitions against the file -> deepspeed.md
+#   inftp      inference, GPT-Neo 2.7B (fp32), worlds INF_RANKS (2,4) sharing the one GPU
+#              (gloo: NCCL refuses two ranks on one device), AutoTP tp_size = world -> deepspeed.md
 #   tools/gpu/deepspeed_checks.sh OUT_DIR "STEPS"
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,7 +24,7 @@ log() { echo "[$(date +%T)] $*" | tee -a "$out/steps.log"; }
 work=${WORK:-/tmp/ds}; mkdir -p "$work"
 prep() {  # the folders the steps need, in the background while the project builds
   for spec in $steps; do case $spec in
-    smallinf) echo inference small ;; smallz3) echo zero3 small ;; inf) echo inference full ;;
+    smallinf) echo inference small ;; smallz3) echo zero3 small ;; inf|inftp) echo inference full ;;
     z3) echo zero3 full ;; z3cpu) echo zero3 layers2 ;; esac; done | while read -r c s; do
       python3 tools/gpu/bench_deepspeed.py --prepare-only --workdir "$work" --case "$c" --shape "$s" || exit 1
     done
@@ -51,11 +54,14 @@ for step in $steps; do
   smallinf) log "inference small"; bench 120 --case inference --shape small > "$out/smallinf.log" 2>&1; log "rc=$?" ;;
   smallz3)
     log "zero3 small"; bench 150 --case zero3 --shape small > "$out/smallz3.log" 2>&1; log "rc=$?"
-    bench 150 --case zero3 --shape small --device cpu --ranks 2 >> "$out/smallz3.log" 2>&1; log "cpu rc=$?" ;;
+    [ "${SMALLZ3_CPU:-1}" = 1 ] && { bench 150 --case zero3 --shape small --device cpu --ranks 2 >> "$out/smallz3.log" 2>&1
+      log "cpu rc=$?"; } ;;
   inf) log "inference GPT-Neo 2.7B"; bench 300 --case inference --shape full > "$out/inf.log" 2>&1; log "rc=$?" ;;
   z3) log "zero3 bloom-7b1"; bench 400 --case zero3 --shape full > "$out/z3.log" 2>&1; log "rc=$?" ;;
-  z3cpu) log "zero3 CPU ranks"; bench 400 --case zero3 --shape layers2 --device cpu --ranks "${Z3CPU_RANKS:-1,2,4}" \
-           > "$out/z3cpu.log" 2>&1; log "rc=$?" ;;
+  z3cpu) log "zero3 CPU ranks"; bench "${Z3CPU_LIMIT:-400}" --case zero3 --shape layers2 --device cpu \
+           --ranks "${Z3CPU_RANKS:-1,2,4}" --modes deepspeed,deepspeed-waited,ckptd > "$out/z3cpu.log" 2>&1; log "rc=$?" ;;
+  inftp) log "inference GPT-Neo 2.7B, ranks sharing the GPU"; bench "${INF_LIMIT:-400}" --case inference --shape full \
+           --ranks "${INF_RANKS:-2,4}" > "$out/inftp.log" 2>&1; log "rc=$?" ;;
   esac
 done
 log done
