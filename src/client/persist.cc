@@ -20,6 +20,7 @@
 #include <set>
 
 #include "client/persist_json.h"
+#include "common/hex.h"
 #include "common/side_file_name.h"
 #include "common/unique_fd.h"
 
@@ -97,10 +98,9 @@ class StagingDir {
     for (int attempt = 0; attempt < 16; ++attempt) {
       uint64_t random = 0;
       if (::getrandom(&random, sizeof(random), 0) != sizeof(random)) return SysError("getrandom", errno);
-      char suffix[24];
-      std::snprintf(suffix, sizeof(suffix), "%012llx", static_cast<unsigned long long>(random & 0xffffffffffffull));
+      const std::string suffix = Hex64(random).substr(4);  // 12 hex digits
       std::string name = "." + base + ".persist-" + suffix;
-      if (name.size() > 255) name = ".ckpt-persist-" + std::string(suffix);
+      if (name.size() > 255) name = ".ckpt-persist-" + suffix;
       // 0777 less the umask: the folder ends up with the mode a plain mkdir would give.
       if (::mkdirat(parent_fd, name.c_str(), 0777) != 0) {
         if (errno == EEXIST) continue;
@@ -491,32 +491,6 @@ Result<PersistResult> Persist(Client& client, const std::string& name, const std
                               const PersistOptions& options) {
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, client.Attach(name));
   return Persist(*checkpoint, dir, options);
-}
-
-Result<uint64_t> ParseByteSize(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  const std::string number = text.substr(0, i);
-  std::string unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".") {
-    return InvalidArgument("'" + text + "' is not a size (e.g. 5GB, 500MiB, 1000000)");
-  }
-  double scale = 1;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "kb") scale = 1e3;
-  else if (unit == "mb") scale = 1e6;
-  else if (unit == "gb") scale = 1e9;
-  else if (unit == "tb") scale = 1e12;
-  else if (unit == "kib") scale = 1024.0;
-  else if (unit == "mib") scale = 1024.0 * 1024;
-  else if (unit == "gib") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
-  else return InvalidArgument("'" + text + "': unknown unit '" + unit + "' (KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
-  const double value = std::strtod(number.c_str(), nullptr) * scale;
-  if (!(value >= 1) || value > 9.2e18) return InvalidArgument("'" + text + "': the size must be between 1 byte and 2^63");
-  return static_cast<uint64_t>(std::floor(value));
 }
 
 }  // namespace ckpt

@@ -16,6 +16,7 @@
 #include "protocol/wire.h"
 #include "shm/segment_name.h"
 #include "common/checked_math.h"
+#include "common/hex.h"
 
 namespace ckpt::daemon {
 
@@ -116,15 +117,10 @@ std::string SourceFingerprint(const format::LoadPlan& plan) {
             std::to_string(id.mtime_ns) + " " + std::to_string(id.ctime_ns) + "\n";
   }
   for (const auto& side : plan.side_files) {
-    char sum[17];
-    std::snprintf(sum, sizeof(sum), "%016llx",
-                  static_cast<unsigned long long>(XXH3_64bits(side.bytes.data(), side.bytes.size())));
     text += "s " + std::to_string(side.name.size()) + " " + side.name + " " + std::to_string(side.bytes.size()) +
-            " " + sum + "\n";
+            " " + Hex64(XXH3_64bits(side.bytes.data(), side.bytes.size())) + "\n";
   }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
-  return hex;
+  return Hex64(XXH3_64bits(text.data(), text.size()));
 }
 
 // Opens the checkpoint at `path` (beneath a model root, no links followed) and plans its

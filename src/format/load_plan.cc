@@ -6,6 +6,7 @@
 
 #include "common/byte_size.h"
 #include "common/checked_math.h"
+#include "common/hex.h"
 #include "shm/segment_format.h"
 
 namespace ckpt::format {
@@ -67,21 +68,7 @@ bool IsValidUtf8(const std::string& s) {
   return true;
 }
 
-std::string EscapedName(const std::string& name) {
-  std::string out;
-  for (size_t i = 0; i < name.size() && out.size() < 200; ++i) {
-    const unsigned char c = static_cast<unsigned char>(name[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
-    }
-  }
-  if (out.size() >= 200) out += "...";
-  return out;
-}
+std::string EscapedName(const std::string& name) { return EscapedForMessage(name, 200); }
 
 Status ValidatePlan(const LoadPlan& plan) {
   std::unordered_set<std::string> names;

@@ -128,14 +128,9 @@ class Fields {
     auto parsed = DTypeFromName(dtype);
     if (!parsed) return "a tensor of a known dtype";
     out->dtype = *parsed;
-    if (checksum.empty() || checksum.size() > 16) return "a tensor with a hex checksum";
-    uint64_t sum = 0;
-    for (char c : checksum) {
-      int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
-      if (d < 0) return "a tensor with a hex checksum";
-      sum = (sum << 4) | static_cast<uint64_t>(d);
-    }
-    out->checksum = sum;
+    const std::optional<uint64_t> sum = ParseHex64(checksum);
+    if (!sum) return "a tensor with a hex checksum";
+    out->checksum = *sum;
     return nullptr;
   }
 
@@ -144,12 +139,6 @@ class Fields {
   bool request_;
   Status status_;
 };
-
-std::string Hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 json EncodeAll(const std::vector<CheckpointSummary>& list) {
   json out = json::array();
@@ -346,7 +335,7 @@ json EncodeTensor(const TensorInfo& t) {
               {"dtype", DTypeName(t.dtype)},
               {"shape", t.shape},
               {"nbytes", t.nbytes},
-              {"checksum", Hex16(t.checksum)}};
+              {"checksum", Hex64(t.checksum)}};
 }
 
 json Encode(const CheckpointInfo& m) {

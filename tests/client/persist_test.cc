@@ -432,16 +432,5 @@ TEST_F(PersistTest, CtrlCDuringCkptctlPersistCancelsWithNothingLeft) {
   EXPECT_TRUE(client_->List().ok());
 }
 
-TEST(ParseByteSizeTest, TransformersUnits) {
-  EXPECT_EQ(*ParseByteSize("5GB"), 5000000000u);
-  EXPECT_EQ(*ParseByteSize("500MiB"), 500u << 20);
-  EXPECT_EQ(*ParseByteSize("1.5gb"), 1500000000u);
-  EXPECT_EQ(*ParseByteSize("123"), 123u);
-  EXPECT_EQ(*ParseByteSize("10 KB"), 10000u);
-  for (const char* bad : {"", "0", "GB", "5XB", "-5", "1.2.3", "1e30", "99999999999TB"}) {
-    EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
-  }
-}
-
 }  // namespace
 }  // namespace ckpt
