@@ -37,22 +37,6 @@ constexpr uint64_t kWriteChunk = 16ull << 20;
 // page cache window by window, so persisting N GiB does not leave N GiB of page cache.
 constexpr uint64_t kWritebackWindow = 64ull << 20;
 
-// A failed system call as the Status a caller can act on.
-Status SysError(const std::string& what, int err) {
-  const std::string text = what + ": " + std::strerror(err);
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT:
-      return ResourceExhausted(text);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return PermissionDenied(text);
-    default:
-      return IoError(text);
-  }
-}
-
 // Progress reports at most every 100 ms (and at the end); remembers a cancel and an
 // exception thrown by the callback.
 class Progress {
@@ -97,20 +81,20 @@ class StagingDir {
                                                     const std::string& base) {
     for (int attempt = 0; attempt < 16; ++attempt) {
       uint64_t random = 0;
-      if (::getrandom(&random, sizeof(random), 0) != sizeof(random)) return SysError("getrandom", errno);
+      if (::getrandom(&random, sizeof(random), 0) != sizeof(random)) return ErrnoError("getrandom", errno);
       const std::string suffix = Hex64(random).substr(4);  // 12 hex digits
       std::string name = "." + base + ".persist-" + suffix;
       if (name.size() > 255) name = ".ckpt-persist-" + suffix;
       // 0777 less the umask: the folder ends up with the mode a plain mkdir would give.
       if (::mkdirat(parent_fd, name.c_str(), 0777) != 0) {
         if (errno == EEXIST) continue;
-        return SysError("cannot create a folder beside the destination in '" + parent_path + "'", errno);
+        return ErrnoError("cannot create a folder beside the destination in '" + parent_path + "'", errno);
       }
       UniqueFd fd(::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
       if (!fd.valid()) {
         const int err = errno;
         (void)::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR);
-        return SysError("cannot open '" + name + "' in '" + parent_path + "'", err);
+        return ErrnoError("cannot open '" + name + "' in '" + parent_path + "'", err);
       }
       return std::unique_ptr<StagingDir>(new StagingDir(parent_fd, std::move(name), std::move(fd)));
     }
@@ -161,18 +145,18 @@ Result<Existing> InspectDestination(int parent_fd, const std::string& base, cons
   struct stat st {};
   if (::fstatat(parent_fd, base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return Existing::kAbsent;
-    return SysError("cannot inspect '" + dir + "'", errno);
+    return ErrnoError("cannot inspect '" + dir + "'", errno);
   }
   if (S_ISLNK(st.st_mode)) return FailedPrecondition("'" + dir + "' is a symbolic link: give the folder itself");
   if (!S_ISDIR(st.st_mode)) return FailedPrecondition("'" + dir + "' exists and is not a folder");
   *mode = st.st_mode & 07777;
   int fd = ::openat(parent_fd, base.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return SysError("cannot open '" + dir + "'", errno);
+  if (fd < 0) return ErrnoError("cannot open '" + dir + "'", errno);
   DIR* d = ::fdopendir(fd);
   if (!d) {
     const int err = errno;
     ::close(fd);
-    return SysError("cannot list '" + dir + "'", err);
+    return ErrnoError("cannot list '" + dir + "'", err);
   }
   std::vector<std::string> others;
   bool any = false;
@@ -264,7 +248,7 @@ Status WriteAll(int fd, const std::byte* data, uint64_t size, const std::string&
         if (!progress->Report(true)) return Cancelled("persist cancelled");
         continue;
       }
-      return SysError("cannot write '" + path + "'", errno);
+      return ErrnoError("cannot write '" + path + "'", errno);
     }
     if (w == 0) return IoError("cannot write '" + path + "': no progress");
     data += w;
@@ -293,20 +277,20 @@ Status WriteAll(int fd, const std::byte* data, uint64_t size, const std::string&
 // and returns its descriptor.
 Result<UniqueFd> CreateFile(int dir_fd, const std::string& name, uint64_t size) {
   UniqueFd fd(::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
-  if (!fd.valid()) return SysError("cannot create '" + name + "'", errno);
+  if (!fd.valid()) return ErrnoError("cannot create '" + name + "'", errno);
   if (size > 0 && size <= static_cast<uint64_t>(INT64_MAX) && ::fallocate(fd.get(), 0, 0, static_cast<off_t>(size)) != 0) {
     const int err = errno;
-    if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL) return SysError("cannot reserve space for '" + name + "'", err);
+    if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL) return ErrnoError("cannot reserve space for '" + name + "'", err);
   }
   return fd;
 }
 
 Status FinishFile(UniqueFd fd, const std::string& name, uint64_t written, uint64_t expected) {
   if (written != expected) return Internal("'" + name + "': wrote " + std::to_string(written) + " bytes, planned " + std::to_string(expected));
-  if (::ftruncate(fd.get(), static_cast<off_t>(written)) != 0) return SysError("cannot size '" + name + "'", errno);
-  if (::fsync(fd.get()) != 0) return SysError("cannot fsync '" + name + "'", errno);
+  if (::ftruncate(fd.get(), static_cast<off_t>(written)) != 0) return ErrnoError("cannot size '" + name + "'", errno);
+  if (::fsync(fd.get()) != 0) return ErrnoError("cannot fsync '" + name + "'", errno);
   const int raw = fd.release();
-  if (::close(raw) != 0) return SysError("cannot close '" + name + "'", errno);
+  if (::close(raw) != 0) return ErrnoError("cannot close '" + name + "'", errno);
   return Status::Ok();
 }
 
@@ -342,7 +326,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   std::string parent, base;
   CKPT_RETURN_IF_ERROR(SplitDir(dir, &parent, &base));
   UniqueFd parent_fd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!parent_fd.valid()) return SysError("cannot open the folder '" + parent + "'", errno);
+  if (!parent_fd.valid()) return ErrnoError("cannot open the folder '" + parent + "'", errno);
   mode_t old_mode = 0;
   CKPT_ASSIGN_OR_RETURN(Existing existing, InspectDestination(parent_fd.get(), base, dir, options.replace, &old_mode));
 
@@ -412,7 +396,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   *progress_out = progress;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StagingDir> staging, StagingDir::Create(parent_fd.get(), parent, base));
   if (existing != Existing::kAbsent && ::fchmod(staging->fd(), old_mode) != 0) {
-    return SysError("cannot set the mode of '" + staging->name() + "'", errno);
+    return ErrnoError("cannot set the mode of '" + staging->name() + "'", errno);
   }
   if (!progress->Report(true)) return Cancelled("persist cancelled");
 
@@ -450,7 +434,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
     CKPT_RETURN_IF_ERROR(WriteSmallFile(staging->fd(), side_names[s], side_bytes[s], progress));
     result.side_files.push_back(side_names[s]);
   }
-  if (::fsync(staging->fd()) != 0) return SysError("cannot fsync '" + staging->name() + "'", errno);
+  if (::fsync(staging->fd()) != 0) return ErrnoError("cannot fsync '" + staging->name() + "'", errno);
   if (!progress->Report(true)) return Cancelled("persist cancelled");
 
   // Into place: a new name, or an atomic exchange with the folder that is there (checked
@@ -458,16 +442,16 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   CKPT_ASSIGN_OR_RETURN(Existing now, InspectDestination(parent_fd.get(), base, dir, options.replace, &old_mode));
   if (now == Existing::kAbsent) {
     if (::renameat2(parent_fd.get(), staging->name().c_str(), parent_fd.get(), base.c_str(), RENAME_NOREPLACE) != 0) {
-      return SysError("cannot rename the new folder to '" + dir + "'", errno);
+      return ErrnoError("cannot rename the new folder to '" + dir + "'", errno);
     }
     staging->Keep();
   } else {
     if (::renameat2(parent_fd.get(), staging->name().c_str(), parent_fd.get(), base.c_str(), RENAME_EXCHANGE) != 0) {
-      return SysError("cannot exchange the new folder with '" + dir + "'", errno);
+      return ErrnoError("cannot exchange the new folder with '" + dir + "'", errno);
     }
     // The staging name now holds the old files: its destructor removes them.
   }
-  if (::fsync(parent_fd.get()) != 0) return SysError("cannot fsync '" + parent + "'", errno);
+  if (::fsync(parent_fd.get()) != 0) return ErrnoError("cannot fsync '" + parent + "'", errno);
   staging.reset();
   if (now != Existing::kAbsent) (void)::fsync(parent_fd.get());
   result.bytes_written = progress->done();

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "common/checked_math.h"
+#include "common/element_count.h"
 #include "daemon/ops.h"
 #include "loader/worker_group.h"
 #include "shm/segment_name.h"
@@ -72,13 +73,9 @@ Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& 
         t.name = p.key;
         t.dtype = p.dtype;
         t.shape = p.global_shape;
-        uint64_t numel = 1;
-        for (int64_t d : p.global_shape) {
-          auto m = CheckedMul(numel, static_cast<uint64_t>(d));
-          if (!m) return InvalidArgument("tensor '" + p.key + "': its global shape overflows 64 bits");
-          numel = *m;
-        }
-        auto bytes = TensorBytes(p.dtype, numel);
+        auto numel = ElementCount(p.global_shape);
+        if (!numel.ok()) return InvalidArgument("tensor '" + p.key + "': its global shape: " + numel.status().message());
+        auto bytes = TensorBytes(p.dtype, *numel);
         if (!bytes) return InvalidArgument("tensor '" + p.key + "': its size overflows 64 bits");
         t.nbytes = *bytes;
         layout.tensors.push_back(std::move(t));
@@ -171,8 +168,7 @@ Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& 
     uint64_t volume = 0;
     for (size_t a = 0; a < kp.pieces.size(); ++a) {
       const WritePiece& pa = parts[kp.pieces[a].first][kp.pieces[a].second];
-      uint64_t v = 1;
-      for (int64_t d : pa.shape) v *= static_cast<uint64_t>(d);  // <= numel: inside the tensor
+      const uint64_t v = NumElements(pa.shape);  // <= numel: inside the tensor
       auto sum = CheckedAdd(volume, v);
       volume = sum ? *sum : numel + 1;
       if (v == 0) continue;
@@ -194,9 +190,7 @@ Result<WriteLayout> PlanWriteLayout(const std::vector<std::vector<WritePiece>>& 
       const WritePiece& p = parts[part][i];
       PieceTarget target;
       target.tensor = kp.tensor;
-      uint64_t v = 1;
-      for (int64_t d : p.shape) v *= static_cast<uint64_t>(d);
-      target.bytes = v * elem;
+      target.bytes = NumElements(p.shape) * elem;
       // The run: the innermost dims the box spans whole, plus the first one it does not.
       size_t k = ndim;  // dims [k, ndim) are in the run
       uint64_t run = 1;
