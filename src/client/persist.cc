@@ -21,6 +21,7 @@
 
 #include "client/persist_json.h"
 #include "common/hex.h"
+#include "common/progress_throttle.h"
 #include "common/side_file_name.h"
 #include "common/unique_fd.h"
 
@@ -37,8 +38,8 @@ constexpr uint64_t kWriteChunk = 16ull << 20;
 // page cache window by window, so persisting N GiB does not leave N GiB of page cache.
 constexpr uint64_t kWritebackWindow = 64ull << 20;
 
-// Progress reports at most every 100 ms (and at the end); remembers a cancel and an
-// exception thrown by the callback.
+// Progress reports at most every kProgressInterval (and at the end); remembers a cancel and
+// an exception thrown by the callback.
 class Progress {
  public:
   Progress(const CancellableProgress& callback, uint64_t total) : callback_(callback), total_(total) {}
@@ -50,9 +51,7 @@ class Progress {
   bool Report(bool force) {
     if (cancelled_) return false;
     if (!callback_) return true;
-    const auto now = Clock::now();
-    if (!force && now - last_ < std::chrono::milliseconds(100)) return true;
-    last_ = now;
+    if (!throttle_.Due(force)) return true;
     try {
       if (!callback_(std::min(done_, total_), total_)) cancelled_ = true;
     } catch (...) {
@@ -69,7 +68,7 @@ class Progress {
   const CancellableProgress& callback_;
   uint64_t total_;
   uint64_t done_ = 0;
-  Clock::time_point last_{};
+  ProgressThrottle throttle_;
   bool cancelled_ = false;
   std::exception_ptr error_;
 };

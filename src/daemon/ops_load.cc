@@ -17,6 +17,7 @@
 #include "shm/segment_name.h"
 #include "common/checked_math.h"
 #include "common/hex.h"
+#include "common/progress_throttle.h"
 
 namespace ckpt::daemon {
 
@@ -305,7 +306,7 @@ Result<EnsureResult> WaitForSharedLoad(const DaemonContext& ctx, const Caller& c
     spdlog::info("ensure of '{}': waiting for the load in progress ({} callers)", name, shared->participants());
   }
   for (;;) {
-    if (auto result = shared->WaitFor(std::chrono::milliseconds(100))) {
+    if (auto result = shared->WaitFor(kProgressInterval)) {
       if (connection.cancelled_by_client()) break;
       if (!result->ok()) {
         if (result->status().code() == StatusCode::kCancelled) {
@@ -371,7 +372,7 @@ Result<EnsureResult> Ensure(const DaemonContext& ctx, const Caller& caller, cons
       return FailedPrecondition("'" + name + "' is being loaded from " + entry.load->path() + ", not " + request.path);
     }
     if (entry.load->Join()) return WaitForSharedLoad(ctx, caller, request, name, entry.load, watch, "joined");
-    while (!entry.load->WaitFor(std::chrono::milliseconds(100))) {
+    while (!entry.load->WaitFor(kProgressInterval)) {
     }
   }
   return Unavailable("ensure of '" + name + "' could not settle on a load; try again");

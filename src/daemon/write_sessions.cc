@@ -9,8 +9,9 @@
 
 #include "common/checked_math.h"
 #include "common/element_count.h"
+#include "common/progress_throttle.h"
 #include "daemon/ops.h"
-#include "loader/worker_group.h"
+#include "common/thread_pool.h"
 #include "shm/segment_name.h"
 #include "shm/segment_reader.h"
 
@@ -394,7 +395,7 @@ Status WriteSession::WaitReady(const std::function<Status()>& check) {
   for (;;) {
     if (state_ == State::kFailed) return failure_;
     if (state_ == State::kStreaming || state_ == State::kPublished) return Status::Ok();
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.wait_for(lock, kProgressInterval);
     if (state_ == State::kFailed || state_ == State::kStreaming) continue;
     lock.unlock();
     Status checked = check();
@@ -441,7 +442,7 @@ Result<LoadResult> WriteSession::SealAndWait(int64_t part, const std::function<S
   for (;;) {
     if (state_ == State::kFailed) return failure_;
     if (state_ == State::kPublished) return *result_;
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.wait_for(lock, kProgressInterval);
     if (state_ == State::kFailed || state_ == State::kPublished) continue;
     lock.unlock();
     Status checked = check();
@@ -485,7 +486,7 @@ Result<LoadResult> WriteSession::Publish() {
   }
   const auto streamed_at = std::chrono::steady_clock::now();
   std::atomic<size_t> next{0};
-  Status hashed = loader::RunWorkers(
+  Status hashed = RunWorkers(
       std::max(1, std::min<int>(env_.threads, static_cast<int>(std::max<size_t>(rest.size(), 1)))),
       [&](int, const std::atomic<bool>& stop) {
         for (size_t k = next++; k < rest.size() && !stop.load(); k = next++) {
