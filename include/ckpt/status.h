@@ -67,9 +67,7 @@ Status Internal(std::string message);
 Status PermissionDenied(std::string message);
 Status DeadlineExceeded(std::string message);
 Status Cancelled(std::string message);
-// The one errno-to-Status mapping: a Status whose message is "what: strerror(err)", of code
-// ResourceExhausted for EMFILE, ENFILE, ENOSPC and EDQUOT (out of descriptors, space or
-// quota), PermissionDenied for EACCES, EPERM and EROFS, IoError for every other errno.
+// The one errno mapping, "what: strerror(err)": ResourceExhausted for EMFILE ENFILE ENOSPC EDQUOT, PermissionDenied for EACCES EPERM EROFS, else IoError.
 Status ErrnoError(const std::string& what, int err);
 
 template <typename T>

@@ -24,6 +24,7 @@
 #include "common/progress_throttle.h"
 #include "common/side_file_name.h"
 #include "common/unique_fd.h"
+#include "format/safetensors_writer.h"
 
 namespace ckpt {
 namespace {
@@ -211,28 +212,13 @@ std::map<std::string, std::string> FileMetadata(const std::map<std::string, std:
   return m;
 }
 
-// A safetensors header for `group`, padded with spaces to a multiple of 8 bytes.
-Result<std::string> Header(const std::vector<TensorInfo>& tensors, const std::vector<size_t>& group,
+// The first bytes of the safetensors file of `group` (format::SafetensorsPrefix).
+Result<std::string> Prefix(const std::vector<TensorInfo>& tensors, const std::vector<size_t>& group,
                            const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (size_t i : group) {
-    const TensorInfo& t = tensors[i];
-    uint64_t end = 0;
-    if (__builtin_add_overflow(offset, t.nbytes, &end)) return InvalidArgument("tensor sizes overflow 64 bits");
-    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
-    offset = end;
-  }
-  std::string text;
-  try {
-    text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
-  } catch (const nlohmann::json::exception& e) {
-    return Corrupt(std::string("a tensor name or metadata value is not valid UTF-8: ") + e.what());
-  }
-  while (text.size() % 8) text += ' ';
-  *data_bytes = offset;
-  return text;
+  std::vector<format::SafetensorsEntry> entries;
+  entries.reserve(group.size());
+  for (size_t i : group) entries.push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape, tensors[i].nbytes});
+  return format::SafetensorsPrefix(entries, metadata, data_bytes);
 }
 
 // Writes all of [data, data + size) at the file's current end, reporting progress;
@@ -343,7 +329,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   const std::map<std::string, std::string> metadata = FileMetadata(checkpoint.metadata());
   struct PlannedFile {
     std::string name;
-    std::string header;
+    std::string prefix;  // the length and the header
     uint64_t data_bytes = 0;
   };
   std::vector<PlannedFile> files;
@@ -352,9 +338,9 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   for (size_t g = 0; g < groups.size(); ++g) {
     PlannedFile f;
     f.name = sharded ? ShardName(g, groups.size()) : kSingleFile;
-    CKPT_ASSIGN_OR_RETURN(f.header, Header(tensors, groups[g], metadata, &f.data_bytes));
+    CKPT_ASSIGN_OR_RETURN(f.prefix, Prefix(tensors, groups[g], metadata, &f.data_bytes));
     for (size_t i : groups[g]) weight_map[tensors[i].name] = f.name;
-    uint64_t size = 8 + f.header.size();
+    uint64_t size = f.prefix.size();
     if (__builtin_add_overflow(size, f.data_bytes, &size) || __builtin_add_overflow(total, size, &total)) {
       return InvalidArgument("file sizes overflow 64 bits");
     }
@@ -407,15 +393,10 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   result.data_bytes = data_total;
   for (size_t g = 0; g < groups.size(); ++g) {
     const PlannedFile& f = files[g];
-    const uint64_t size = 8 + f.header.size() + f.data_bytes;
+    const uint64_t size = f.prefix.size() + f.data_bytes;
     CKPT_ASSIGN_OR_RETURN(UniqueFd fd, CreateFile(staging->fd(), f.name, size));
     uint64_t written = 0, flushed = 0;
-    uint8_t prefix[8];
-    const uint64_t header_len = f.header.size();
-    for (int b = 0; b < 8; ++b) prefix[b] = static_cast<uint8_t>(header_len >> (8 * b));
-    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(prefix), 8, f.name, progress, true,
-                                  &written, &flushed));
-    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(f.header.data()), f.header.size(),
+    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(f.prefix.data()), f.prefix.size(),
                                   f.name, progress, true, &written, &flushed));
     for (size_t i : groups[g]) {
       CKPT_ASSIGN_OR_RETURN(const std::byte* data, checkpoint.TensorData(tensors[i].name));
