@@ -215,9 +215,9 @@ std::map<std::string, std::string> FileMetadata(const std::map<std::string, std:
 // The first bytes of the safetensors file of `group` (format::SafetensorsPrefix).
 Result<std::string> Prefix(const std::vector<TensorInfo>& tensors, const std::vector<size_t>& group,
                            const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
-  std::vector<format::SafetensorsEntry> entries;
+  std::vector<TensorInfo> entries;
   entries.reserve(group.size());
-  for (size_t i : group) entries.push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape, tensors[i].nbytes});
+  for (size_t i : group) entries.push_back(tensors[i]);
   return format::SafetensorsPrefix(entries, metadata, data_bytes);
 }
 

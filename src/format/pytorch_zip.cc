@@ -42,6 +42,8 @@ Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage
   const Result<uint64_t> counted = ElementCount(t.shape);
   if (!counted.ok()) return Corrupt(where + ": " + counted.status().message());
   const uint64_t numel = *counted;
+  // (Bounds every dim, so the view's extent below stays within 128 bits.)
+  if (numel > (uint64_t{1} << 62)) return Corrupt(where + ": too many elements");
   unsigned __int128 last = t.storage_offset;  // last: highest element index reached
   bool contiguous = true;
   uint64_t expect = 1;  // <= numel where numel > 0 (wraps harmlessly for an empty tensor)

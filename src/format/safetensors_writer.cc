@@ -7,13 +7,13 @@
 
 namespace ckpt::format {
 
-Result<std::string> SafetensorsPrefix(const std::vector<SafetensorsEntry>& tensors,
+Result<std::string> SafetensorsPrefix(const std::vector<TensorInfo>& tensors,
                                       const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string_view> names;
   CheckedSum offset;
-  for (const SafetensorsEntry& t : tensors) {
+  for (const TensorInfo& t : tensors) {
     if (t.name.empty() || t.name == "__metadata__") {
       return InvalidArgument("a safetensors tensor cannot be named '" + t.name + "'");
     }
@@ -36,7 +36,7 @@ Result<std::string> SafetensorsPrefix(const std::vector<SafetensorsEntry>& tenso
   return out;
 }
 
-Result<std::string> SafetensorsFileBytes(const std::vector<SafetensorsEntry>& tensors,
+Result<std::string> SafetensorsFileBytes(const std::vector<TensorInfo>& tensors,
                                          const std::vector<std::string_view>& data,
                                          const std::map<std::string, std::string>& metadata) {
   if (data.size() != tensors.size()) return InvalidArgument("one data blob per tensor, in order");

@@ -17,7 +17,7 @@ uint64_t LengthOf(const std::string& file) {
 
 TEST(SafetensorsWriterTest, PrefixIsLengthThenPaddedHeaderMetadataFirst) {
   uint64_t data = 0;
-  auto prefix = SafetensorsPrefix({{"b", DType::kF32, {2, 3}, 24}, {"a", DType::kI64, {}, 8}},
+  auto prefix = SafetensorsPrefix({{"b", DType::kF32, {2, 3}, 24, 0}, {"a", DType::kI64, {}, 8, 0}},
                                   {{"format", "pt"}}, &data);
   ASSERT_TRUE(prefix.ok()) << prefix.status().ToString();
   EXPECT_EQ(data, 32u);
@@ -40,7 +40,7 @@ TEST(SafetensorsWriterTest, PrefixIsLengthThenPaddedHeaderMetadataFirst) {
 }
 
 TEST(SafetensorsWriterTest, NoMetadataNoBlockAndWholeFilesCarryTheirData) {
-  auto file = SafetensorsFileBytes({{"w", DType::kU8, {4}, 4}, {"z", DType::kU8, {0}, 0}}, {"wxyz", ""});
+  auto file = SafetensorsFileBytes({{"w", DType::kU8, {4}, 4, 0}, {"z", DType::kU8, {0}, 0, 0}}, {"wxyz", ""});
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   EXPECT_EQ(file->find("__metadata__"), std::string::npos);
   EXPECT_EQ(file->substr(file->size() - 4), "wxyz");
@@ -55,18 +55,18 @@ TEST(SafetensorsWriterTest, NoMetadataNoBlockAndWholeFilesCarryTheirData) {
 }
 
 TEST(SafetensorsWriterTest, RefusesWhatNoReaderCouldTake) {
-  EXPECT_EQ(SafetensorsPrefix({{"", DType::kU8, {1}, 1}}, {}, nullptr).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(SafetensorsPrefix({{"__metadata__", DType::kU8, {1}, 1}}, {}, nullptr).status().code(),
+  EXPECT_EQ(SafetensorsPrefix({{"", DType::kU8, {1}, 1, 0}}, {}, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SafetensorsPrefix({{"__metadata__", DType::kU8, {1}, 1, 0}}, {}, nullptr).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(SafetensorsPrefix({{"a", DType::kU8, {1}, 1}, {"a", DType::kU8, {1}, 1}}, {}, nullptr).status().code(),
+  EXPECT_EQ(SafetensorsPrefix({{"a", DType::kU8, {1}, 1, 0}, {"a", DType::kU8, {1}, 1, 0}}, {}, nullptr).status().code(),
             StatusCode::kInvalidArgument);
-  auto wrap = SafetensorsPrefix({{"a", DType::kU8, {1}, ~0ull}, {"b", DType::kU8, {1}, 2}}, {}, nullptr);
+  auto wrap = SafetensorsPrefix({{"a", DType::kU8, {1}, ~0ull, 0}, {"b", DType::kU8, {1}, 2, 0}}, {}, nullptr);
   EXPECT_EQ(wrap.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(wrap.status().message().find("overflows 64 bits"), std::string::npos) << wrap.status().ToString();
-  EXPECT_EQ(SafetensorsPrefix({{std::string("\xff", 1), DType::kU8, {1}, 1}}, {}, nullptr).status().code(),
+  EXPECT_EQ(SafetensorsPrefix({{std::string("\xff", 1), DType::kU8, {1}, 1, 0}}, {}, nullptr).status().code(),
             StatusCode::kCorrupt)
       << "not UTF-8";
-  EXPECT_EQ(SafetensorsFileBytes({{"a", DType::kU8, {4}, 4}}, {"abc"}).status().code(), StatusCode::kInvalidArgument)
+  EXPECT_EQ(SafetensorsFileBytes({{"a", DType::kU8, {4}, 4, 0}}, {"abc"}).status().code(), StatusCode::kInvalidArgument)
       << "data of another size than declared";
 }
 

@@ -50,7 +50,7 @@ inline uint64_t WrongFloats(const int64_t* meta, const float* w, uint64_t count)
 // A safetensors file of one F32 tensor of `bytes` bytes whose data is a hole (reads as
 // zeros, costs no disk): a large checkpoint that loads for a while.
 inline void WriteSparseCheckpoint(const std::string& path, uint64_t bytes) {
-  auto out = format::SafetensorsPrefix({{"big", DType::kF32, {static_cast<int64_t>(bytes / 4)}, bytes}}, {}, nullptr);
+  auto out = format::SafetensorsPrefix({{"big", DType::kF32, {static_cast<int64_t>(bytes / 4)}, bytes, 0}}, {}, nullptr);
   ASSERT_TRUE(out.ok()) << out.status().ToString();
   WriteFile(path, *out);
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(out->size() + bytes)), 0);

@@ -209,10 +209,10 @@ std::string SafetensorsBytes(const std::string& header, const std::string& data)
 }
 
 std::string SafetensorsOf(const std::vector<TestTensor>& tensors, const std::map<std::string, std::string>& metadata) {
-  std::vector<format::SafetensorsEntry> entries;
+  std::vector<TensorInfo> entries;
   std::vector<std::string_view> data;
   for (const TestTensor& t : tensors) {
-    entries.push_back({t.name, t.dtype, t.shape, t.data.size()});
+    entries.push_back({t.name, t.dtype, t.shape, t.data.size(), 0});
     data.push_back(t.data);
   }
   auto bytes = format::SafetensorsFileBytes(entries, data, metadata);
