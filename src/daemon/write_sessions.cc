@@ -10,8 +10,8 @@
 #include "common/checked_math.h"
 #include "common/element_count.h"
 #include "common/progress_throttle.h"
-#include "daemon/ops.h"
 #include "common/thread_pool.h"
+#include "daemon/ops.h"
 #include "shm/segment_name.h"
 #include "shm/segment_reader.h"
 
