@@ -83,7 +83,9 @@ TEST(ParallelForTest, EveryItemOnceItemZeroOnTheCaller) {
       if (k == 0) zero_on = std::this_thread::get_id();
     });
     for (size_t k = 0; k < count; ++k) EXPECT_EQ(done[k].load(), 1) << k;
-    if (count > 0) EXPECT_EQ(zero_on, std::this_thread::get_id());
+    if (count > 0) {
+      EXPECT_EQ(zero_on, std::this_thread::get_id());
+    }
   }
 }
 
