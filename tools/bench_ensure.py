@@ -9,11 +9,12 @@ directory; prints one line per figure."""
 import argparse
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+from make_checkpoint import safetensors_header  # tools/: the one Python writer
 
 RANK = r"""
 import os, sys, time
@@ -44,12 +45,10 @@ def main():
     try:
         path = os.path.join(tmp, "m.safetensors")
         n = a.mib << 20
-        header = ('{"big":{"dtype":"F32","shape":[%d],"data_offsets":[0,%d]}}' % (n // 4, n)).encode()
-        header += b" " * ((8 - len(header) % 8) % 8)
+        header = safetensors_header([("big", "F32", [n // 4], n)])
         with open(path, "wb") as f:
-            f.write(struct.pack("<Q", len(header)))
             f.write(header)
-            f.truncate(8 + len(header) + n)
+            f.truncate(len(header) + n)
         sock = os.path.join(tmp, "s.sock")
         daemon = subprocess.Popen([os.path.join(a.build, "bin", "ckptd"), "--socket", sock, "--shm-prefix", prefix,
                                    "--state-dir", os.path.join(tmp, "state"), "--cleanup-on-exit"],

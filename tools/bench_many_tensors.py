@@ -13,7 +13,6 @@ then times, each in the same run:
   and a second attach of the published generation. One line per step: seconds, and
   microseconds per tensor."""
 import argparse
-import json
 import os
 import shutil
 import struct
@@ -24,20 +23,17 @@ import time
 
 import torch
 
+from make_checkpoint import safetensors_header  # tools/: the one Python writer
+
 import ckpt
 
 
 def write_many(path: str, count: int) -> None:
-    """A safetensors file of `count` tensors "t.<i>" of 4 fp32 each (written directly:
-    safetensors' own writer is not needed and not always installed)."""
-    header = {f"t.{i}": {"dtype": "F32", "shape": [4], "data_offsets": [16 * i, 16 * (i + 1)]} for i in range(count)}
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    data = struct.pack("<%df" % (4 * count), *([1.0] * (4 * count)))
+    """A safetensors file of `count` tensors "t.<i>" of 4 fp32 each (by make_checkpoint's
+    writer: safetensors' own is not needed and not always installed)."""
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        f.write(data)
+        f.write(safetensors_header([(f"t.{i}", "F32", [4], 16) for i in range(count)]))
+        f.write(struct.pack("<%df" % (4 * count), *([1.0] * (4 * count))))
 
 
 def timed(what: str, count: int, fn):

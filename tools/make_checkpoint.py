@@ -12,6 +12,10 @@ whole tensor to DIR/<tensor>.full.bin, the reference that the client library's s
 
 Needs Debian's python3-torch (/usr/bin/python3). The writer follows the safetensors
 specification: 8-byte little-endian header size, JSON header, then the data.
+
+Its write_safetensors and safetensors_header are Python's one safetensors writer: the
+tests, the tools and docs/examples import them (C++ has format/safetensors_writer.h;
+docs/formats.md, "Writing safetensors").
 """
 import torch_python  # noqa: F401  (first: re-runs this script under a Python with torch if need be)
 import argparse
@@ -26,6 +30,8 @@ DTYPE_NAMES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
     torch.uint8: "U8", torch.bool: "BOOL",
 }
+# What write_safetensors puts in "__metadata__" unless told otherwise.
+DEFAULT_METADATA = {"format": "pt", "writer": "ckpt make_checkpoint.py"}
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -36,21 +42,33 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def write_safetensors(path: str, tensors: dict) -> None:
-    header, offset, blobs = {}, 0, []
-    for name, t in tensors.items():
-        data = tensor_bytes(t)
-        header[name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = {"format": "pt", "writer": "ckpt make_checkpoint.py"}
+def safetensors_header(entries, metadata=None) -> bytes:
+    """The bytes a safetensors file begins with: the 8-byte little-endian length N, then N
+    bytes of JSON, "__metadata__" first (when `metadata`, a dict of strings, is not empty),
+    then the tensors of `entries` [(name, dtype name such as "F32", shape, nbytes)] in order,
+    their data_offsets back to back from 0, padded with spaces to a multiple of 8. The
+    sum of the nbytes must follow (for a sparse file: truncate to the full size)."""
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    for name, dtype, shape, nbytes in entries:
+        if name == "__metadata__" or name in header:
+            raise ValueError(f"tensor name {name!r} is reserved or given twice")
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def write_safetensors(path: str, tensors: dict, metadata=DEFAULT_METADATA) -> None:
+    """Writes `tensors` (name -> torch tensor, in order) to `path` as safetensors, with
+    `metadata` as its "__metadata__" (None or {}: none); atomically (PATH.tmp, renamed)."""
+    blobs = [tensor_bytes(t) for t in tensors.values()]
+    entries = [(name, DTYPE_NAMES[t.dtype], t.shape, len(b)) for (name, t), b in zip(tensors.items(), blobs)]
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
+        f.write(safetensors_header(entries, metadata))
         for b in blobs:
             f.write(b)
     os.replace(tmp, path)

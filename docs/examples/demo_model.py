@@ -1,6 +1,7 @@
 """The small model the torchrun examples share: a tensor-parallel MLP block and a demo
 checkpoint of it. Not an example on its own; `python3 demo_model.py PATH` writes the
-checkpoint (a safetensors file written by torch, no extra package).
+checkpoint (a safetensors file, by the repository's one Python writer,
+tools/make_checkpoint.py: no extra package).
 
     python3 docs/examples/demo_model.py /tmp/demo.safetensors
     ckptctl load /tmp/demo.safetensors --name demo
@@ -9,9 +10,7 @@ Tensors: embed.weight [V, H] (replicated), fc1.weight [F, H] and fc1.bias [F] (c
 parallel: split along dim 0), fc2.weight [H, F] (row parallel: split along dim 1),
 fc2.bias [H] (replicated), norm.weight [H] (replicated).
 """
-import json
 import os
-import struct
 import sys
 
 import torch
@@ -34,18 +33,9 @@ def reference_state_dict(seed: int = 0) -> dict:
 
 
 def write_safetensors(path: str, tensors: dict) -> None:
-    names = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(path + ".tmp", "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw + b"".join(blobs))
-    os.replace(path + ".tmp", path)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, os.pardir, "tools"))
+    import make_checkpoint
+    make_checkpoint.write_safetensors(path, tensors, metadata=None)
 
 
 class Norm(nn.Module):

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "ckpt/byte_size.h"  // ParseByteSize, for max_shard_size as people write it
 #include "ckpt/client.h"
 #include "ckpt/status.h"
 
@@ -77,11 +78,5 @@ Result<PersistResult> Persist(const Checkpoint& checkpoint, const std::string& d
 // NotFound if `name` is not loaded; otherwise as above.
 Result<PersistResult> Persist(Client& client, const std::string& name, const std::string& dir,
                               const PersistOptions& options);
-
-// Parses a size as transformers writes max_shard_size: a number of bytes, or a number
-// followed by KB/MB/GB/TB (powers of 1000) or KiB/MiB/GiB/TiB (powers of 1024), case
-// insensitive, e.g. "5GB", "500MiB", "1.5GB". InvalidArgument if malformed, zero or
-// above 2^63.
-Result<uint64_t> ParseByteSize(const std::string& text);
 
 }  // namespace ckpt

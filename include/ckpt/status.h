@@ -67,7 +67,7 @@ Status Internal(std::string message);
 Status PermissionDenied(std::string message);
 Status DeadlineExceeded(std::string message);
 Status Cancelled(std::string message);
-// IoError whose message is "what: strerror(err)".
+// The one errno mapping, "what: strerror(err)": ResourceExhausted for EMFILE ENFILE ENOSPC EDQUOT, PermissionDenied for EACCES EPERM EROFS, else IoError.
 Status ErrnoError(const std::string& what, int err);
 
 template <typename T>

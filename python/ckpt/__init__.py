@@ -537,7 +537,7 @@ class Client:
         """Writes the current generation of `name` (or exactly `generation`) to folder `dir` as
         safetensors, from this process with its own file permissions: one model.safetensors,
         or model-0000K-of-0000N.safetensors + model.safetensors.index.json above
-        `max_shard_size` (bytes, or "5GB" / "500MiB" like transformers), the side files
+        `max_shard_size` (bytes, or "5GB" = 5*10^9 / "500MiB" like transformers), the side files
         (config.json ...) beside them. Atomic: written into a temporary folder beside `dir`,
         fsync'ed, renamed into place; on any error (full disk, Ctrl-C, an exception from
         `progress(done, total)`) nothing is left behind and an existing `dir` is as it was.

@@ -5,6 +5,7 @@
 
 #include "ckpt/client.h"
 #include "ckpt/writer.h"
+#include "common/element_count.h"
 
 struct ckpt_client {
   std::unique_ptr<ckpt::Client> client;
@@ -238,9 +239,9 @@ int ckpt_writer_add(ckpt_writer* writer, const char* key, uint32_t dtype, uint32
   if (offsets != nullptr) offs.assign(offsets, offsets + ndim);
   if (shape != nullptr) box.assign(shape, shape + ndim);
   if (data == nullptr) {
-    uint64_t n = 1;
-    for (int64_t d : box) n *= d < 0 ? 0 : static_cast<uint64_t>(d);
-    if (n != 0) return Fail(ckpt::InvalidArgument("data is NULL"));
+    // A box of no elements needs no data; a bad shape is AddBox's to report.
+    auto n = ckpt::ElementCount(box);
+    if (n.ok() && *n != 0) return Fail(ckpt::InvalidArgument("data is NULL"));
   }
   return Report(writer->writer->AddBox(key, static_cast<ckpt::DType>(dtype), *global, offs, box, FromHost(data)));
 }

@@ -20,8 +20,11 @@
 #include <set>
 
 #include "client/persist_json.h"
+#include "common/hex.h"
+#include "common/progress_throttle.h"
 #include "common/side_file_name.h"
 #include "common/unique_fd.h"
+#include "format/safetensors_writer.h"
 
 namespace ckpt {
 namespace {
@@ -36,24 +39,8 @@ constexpr uint64_t kWriteChunk = 16ull << 20;
 // page cache window by window, so persisting N GiB does not leave N GiB of page cache.
 constexpr uint64_t kWritebackWindow = 64ull << 20;
 
-// A failed system call as the Status a caller can act on.
-Status SysError(const std::string& what, int err) {
-  const std::string text = what + ": " + std::strerror(err);
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT:
-      return ResourceExhausted(text);
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return PermissionDenied(text);
-    default:
-      return IoError(text);
-  }
-}
-
-// Progress reports at most every 100 ms (and at the end); remembers a cancel and an
-// exception thrown by the callback.
+// Progress reports at most every kProgressInterval (and at the end); remembers a cancel and
+// an exception thrown by the callback.
 class Progress {
  public:
   Progress(const CancellableProgress& callback, uint64_t total) : callback_(callback), total_(total) {}
@@ -65,9 +52,7 @@ class Progress {
   bool Report(bool force) {
     if (cancelled_) return false;
     if (!callback_) return true;
-    const auto now = Clock::now();
-    if (!force && now - last_ < std::chrono::milliseconds(100)) return true;
-    last_ = now;
+    if (!throttle_.Due(force)) return true;
     try {
       if (!callback_(std::min(done_, total_), total_)) cancelled_ = true;
     } catch (...) {
@@ -84,7 +69,7 @@ class Progress {
   const CancellableProgress& callback_;
   uint64_t total_;
   uint64_t done_ = 0;
-  Clock::time_point last_{};
+  ProgressThrottle throttle_;
   bool cancelled_ = false;
   std::exception_ptr error_;
 };
@@ -96,21 +81,20 @@ class StagingDir {
                                                     const std::string& base) {
     for (int attempt = 0; attempt < 16; ++attempt) {
       uint64_t random = 0;
-      if (::getrandom(&random, sizeof(random), 0) != sizeof(random)) return SysError("getrandom", errno);
-      char suffix[24];
-      std::snprintf(suffix, sizeof(suffix), "%012llx", static_cast<unsigned long long>(random & 0xffffffffffffull));
+      if (::getrandom(&random, sizeof(random), 0) != sizeof(random)) return ErrnoError("getrandom", errno);
+      const std::string suffix = Hex64(random).substr(4);  // 12 hex digits
       std::string name = "." + base + ".persist-" + suffix;
-      if (name.size() > 255) name = ".ckpt-persist-" + std::string(suffix);
+      if (name.size() > 255) name = ".ckpt-persist-" + suffix;
       // 0777 less the umask: the folder ends up with the mode a plain mkdir would give.
       if (::mkdirat(parent_fd, name.c_str(), 0777) != 0) {
         if (errno == EEXIST) continue;
-        return SysError("cannot create a folder beside the destination in '" + parent_path + "'", errno);
+        return ErrnoError("cannot create a folder beside the destination in '" + parent_path + "'", errno);
       }
       UniqueFd fd(::openat(parent_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
       if (!fd.valid()) {
         const int err = errno;
         (void)::unlinkat(parent_fd, name.c_str(), AT_REMOVEDIR);
-        return SysError("cannot open '" + name + "' in '" + parent_path + "'", err);
+        return ErrnoError("cannot open '" + name + "' in '" + parent_path + "'", err);
       }
       return std::unique_ptr<StagingDir>(new StagingDir(parent_fd, std::move(name), std::move(fd)));
     }
@@ -161,18 +145,18 @@ Result<Existing> InspectDestination(int parent_fd, const std::string& base, cons
   struct stat st {};
   if (::fstatat(parent_fd, base.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return Existing::kAbsent;
-    return SysError("cannot inspect '" + dir + "'", errno);
+    return ErrnoError("cannot inspect '" + dir + "'", errno);
   }
   if (S_ISLNK(st.st_mode)) return FailedPrecondition("'" + dir + "' is a symbolic link: give the folder itself");
   if (!S_ISDIR(st.st_mode)) return FailedPrecondition("'" + dir + "' exists and is not a folder");
   *mode = st.st_mode & 07777;
   int fd = ::openat(parent_fd, base.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return SysError("cannot open '" + dir + "'", errno);
+  if (fd < 0) return ErrnoError("cannot open '" + dir + "'", errno);
   DIR* d = ::fdopendir(fd);
   if (!d) {
     const int err = errno;
     ::close(fd);
-    return SysError("cannot list '" + dir + "'", err);
+    return ErrnoError("cannot list '" + dir + "'", err);
   }
   std::vector<std::string> others;
   bool any = false;
@@ -228,28 +212,13 @@ std::map<std::string, std::string> FileMetadata(const std::map<std::string, std:
   return m;
 }
 
-// A safetensors header for `group`, padded with spaces to a multiple of 8 bytes.
-Result<std::string> Header(const std::vector<TensorInfo>& tensors, const std::vector<size_t>& group,
+// The first bytes of the safetensors file of `group` (format::SafetensorsPrefix).
+Result<std::string> Prefix(const std::vector<TensorInfo>& tensors, const std::vector<size_t>& group,
                            const std::map<std::string, std::string>& metadata, uint64_t* data_bytes) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  header["__metadata__"] = metadata;
-  uint64_t offset = 0;
-  for (size_t i : group) {
-    const TensorInfo& t = tensors[i];
-    uint64_t end = 0;
-    if (__builtin_add_overflow(offset, t.nbytes, &end)) return InvalidArgument("tensor sizes overflow 64 bits");
-    header[t.name] = {{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
-    offset = end;
-  }
-  std::string text;
-  try {
-    text = header.dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
-  } catch (const nlohmann::json::exception& e) {
-    return Corrupt(std::string("a tensor name or metadata value is not valid UTF-8: ") + e.what());
-  }
-  while (text.size() % 8) text += ' ';
-  *data_bytes = offset;
-  return text;
+  std::vector<TensorInfo> entries;
+  entries.reserve(group.size());
+  for (size_t i : group) entries.push_back(tensors[i]);
+  return format::SafetensorsPrefix(entries, metadata, data_bytes);
 }
 
 // Writes all of [data, data + size) at the file's current end, reporting progress;
@@ -264,7 +233,7 @@ Status WriteAll(int fd, const std::byte* data, uint64_t size, const std::string&
         if (!progress->Report(true)) return Cancelled("persist cancelled");
         continue;
       }
-      return SysError("cannot write '" + path + "'", errno);
+      return ErrnoError("cannot write '" + path + "'", errno);
     }
     if (w == 0) return IoError("cannot write '" + path + "': no progress");
     data += w;
@@ -293,20 +262,20 @@ Status WriteAll(int fd, const std::byte* data, uint64_t size, const std::string&
 // and returns its descriptor.
 Result<UniqueFd> CreateFile(int dir_fd, const std::string& name, uint64_t size) {
   UniqueFd fd(::openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666));
-  if (!fd.valid()) return SysError("cannot create '" + name + "'", errno);
+  if (!fd.valid()) return ErrnoError("cannot create '" + name + "'", errno);
   if (size > 0 && size <= static_cast<uint64_t>(INT64_MAX) && ::fallocate(fd.get(), 0, 0, static_cast<off_t>(size)) != 0) {
     const int err = errno;
-    if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL) return SysError("cannot reserve space for '" + name + "'", err);
+    if (err != EOPNOTSUPP && err != ENOSYS && err != EINVAL) return ErrnoError("cannot reserve space for '" + name + "'", err);
   }
   return fd;
 }
 
 Status FinishFile(UniqueFd fd, const std::string& name, uint64_t written, uint64_t expected) {
   if (written != expected) return Internal("'" + name + "': wrote " + std::to_string(written) + " bytes, planned " + std::to_string(expected));
-  if (::ftruncate(fd.get(), static_cast<off_t>(written)) != 0) return SysError("cannot size '" + name + "'", errno);
-  if (::fsync(fd.get()) != 0) return SysError("cannot fsync '" + name + "'", errno);
+  if (::ftruncate(fd.get(), static_cast<off_t>(written)) != 0) return ErrnoError("cannot size '" + name + "'", errno);
+  if (::fsync(fd.get()) != 0) return ErrnoError("cannot fsync '" + name + "'", errno);
   const int raw = fd.release();
-  if (::close(raw) != 0) return SysError("cannot close '" + name + "'", errno);
+  if (::close(raw) != 0) return ErrnoError("cannot close '" + name + "'", errno);
   return Status::Ok();
 }
 
@@ -342,7 +311,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   std::string parent, base;
   CKPT_RETURN_IF_ERROR(SplitDir(dir, &parent, &base));
   UniqueFd parent_fd(::open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!parent_fd.valid()) return SysError("cannot open the folder '" + parent + "'", errno);
+  if (!parent_fd.valid()) return ErrnoError("cannot open the folder '" + parent + "'", errno);
   mode_t old_mode = 0;
   CKPT_ASSIGN_OR_RETURN(Existing existing, InspectDestination(parent_fd.get(), base, dir, options.replace, &old_mode));
 
@@ -360,7 +329,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   const std::map<std::string, std::string> metadata = FileMetadata(checkpoint.metadata());
   struct PlannedFile {
     std::string name;
-    std::string header;
+    std::string prefix;  // the length and the header
     uint64_t data_bytes = 0;
   };
   std::vector<PlannedFile> files;
@@ -369,9 +338,9 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   for (size_t g = 0; g < groups.size(); ++g) {
     PlannedFile f;
     f.name = sharded ? ShardName(g, groups.size()) : kSingleFile;
-    CKPT_ASSIGN_OR_RETURN(f.header, Header(tensors, groups[g], metadata, &f.data_bytes));
+    CKPT_ASSIGN_OR_RETURN(f.prefix, Prefix(tensors, groups[g], metadata, &f.data_bytes));
     for (size_t i : groups[g]) weight_map[tensors[i].name] = f.name;
-    uint64_t size = 8 + f.header.size();
+    uint64_t size = f.prefix.size();
     if (__builtin_add_overflow(size, f.data_bytes, &size) || __builtin_add_overflow(total, size, &total)) {
       return InvalidArgument("file sizes overflow 64 bits");
     }
@@ -412,7 +381,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   *progress_out = progress;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StagingDir> staging, StagingDir::Create(parent_fd.get(), parent, base));
   if (existing != Existing::kAbsent && ::fchmod(staging->fd(), old_mode) != 0) {
-    return SysError("cannot set the mode of '" + staging->name() + "'", errno);
+    return ErrnoError("cannot set the mode of '" + staging->name() + "'", errno);
   }
   if (!progress->Report(true)) return Cancelled("persist cancelled");
 
@@ -424,15 +393,10 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   result.data_bytes = data_total;
   for (size_t g = 0; g < groups.size(); ++g) {
     const PlannedFile& f = files[g];
-    const uint64_t size = 8 + f.header.size() + f.data_bytes;
+    const uint64_t size = f.prefix.size() + f.data_bytes;
     CKPT_ASSIGN_OR_RETURN(UniqueFd fd, CreateFile(staging->fd(), f.name, size));
     uint64_t written = 0, flushed = 0;
-    uint8_t prefix[8];
-    const uint64_t header_len = f.header.size();
-    for (int b = 0; b < 8; ++b) prefix[b] = static_cast<uint8_t>(header_len >> (8 * b));
-    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(prefix), 8, f.name, progress, true,
-                                  &written, &flushed));
-    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(f.header.data()), f.header.size(),
+    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(f.prefix.data()), f.prefix.size(),
                                   f.name, progress, true, &written, &flushed));
     for (size_t i : groups[g]) {
       CKPT_ASSIGN_OR_RETURN(const std::byte* data, checkpoint.TensorData(tensors[i].name));
@@ -450,7 +414,7 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
     CKPT_RETURN_IF_ERROR(WriteSmallFile(staging->fd(), side_names[s], side_bytes[s], progress));
     result.side_files.push_back(side_names[s]);
   }
-  if (::fsync(staging->fd()) != 0) return SysError("cannot fsync '" + staging->name() + "'", errno);
+  if (::fsync(staging->fd()) != 0) return ErrnoError("cannot fsync '" + staging->name() + "'", errno);
   if (!progress->Report(true)) return Cancelled("persist cancelled");
 
   // Into place: a new name, or an atomic exchange with the folder that is there (checked
@@ -458,16 +422,16 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   CKPT_ASSIGN_OR_RETURN(Existing now, InspectDestination(parent_fd.get(), base, dir, options.replace, &old_mode));
   if (now == Existing::kAbsent) {
     if (::renameat2(parent_fd.get(), staging->name().c_str(), parent_fd.get(), base.c_str(), RENAME_NOREPLACE) != 0) {
-      return SysError("cannot rename the new folder to '" + dir + "'", errno);
+      return ErrnoError("cannot rename the new folder to '" + dir + "'", errno);
     }
     staging->Keep();
   } else {
     if (::renameat2(parent_fd.get(), staging->name().c_str(), parent_fd.get(), base.c_str(), RENAME_EXCHANGE) != 0) {
-      return SysError("cannot exchange the new folder with '" + dir + "'", errno);
+      return ErrnoError("cannot exchange the new folder with '" + dir + "'", errno);
     }
     // The staging name now holds the old files: its destructor removes them.
   }
-  if (::fsync(parent_fd.get()) != 0) return SysError("cannot fsync '" + parent + "'", errno);
+  if (::fsync(parent_fd.get()) != 0) return ErrnoError("cannot fsync '" + parent + "'", errno);
   staging.reset();
   if (now != Existing::kAbsent) (void)::fsync(parent_fd.get());
   result.bytes_written = progress->done();
@@ -491,32 +455,6 @@ Result<PersistResult> Persist(Client& client, const std::string& name, const std
                               const PersistOptions& options) {
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, client.Attach(name));
   return Persist(*checkpoint, dir, options);
-}
-
-Result<uint64_t> ParseByteSize(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
-  const std::string number = text.substr(0, i);
-  std::string unit = text.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  if (number.empty() || std::count(number.begin(), number.end(), '.') > 1 || number == ".") {
-    return InvalidArgument("'" + text + "' is not a size (e.g. 5GB, 500MiB, 1000000)");
-  }
-  double scale = 1;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "kb") scale = 1e3;
-  else if (unit == "mb") scale = 1e6;
-  else if (unit == "gb") scale = 1e9;
-  else if (unit == "tb") scale = 1e12;
-  else if (unit == "kib") scale = 1024.0;
-  else if (unit == "mib") scale = 1024.0 * 1024;
-  else if (unit == "gib") scale = 1024.0 * 1024 * 1024;
-  else if (unit == "tib") scale = 1024.0 * 1024 * 1024 * 1024;
-  else return InvalidArgument("'" + text + "': unknown unit '" + unit + "' (KB, MB, GB, TB, KiB, MiB, GiB, TiB)");
-  const double value = std::strtod(number.c_str(), nullptr) * scale;
-  if (!(value >= 1) || value > 9.2e18) return InvalidArgument("'" + text + "': the size must be between 1 byte and 2^63");
-  return static_cast<uint64_t>(std::floor(value));
 }
 
 }  // namespace ckpt

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "common/checked_math.h"
+#include "common/element_count.h"
 #include "common/side_file_name.h"
 #include "client/wire_mapping.h"
 #include "common/unique_fd.h"
@@ -119,13 +120,9 @@ Status Writer::Impl::AddPiece(protocol::WritePiece declared, PieceSource source)
   uint64_t numel = 1;
   if (declared.flat) {
     numel = declared.numel;
-    uint64_t global = 1;
-    for (int64_t d : declared.global_shape) {
-      if (d < 0) return InvalidArgument("tensor '" + declared.key + "': a negative dimension");
-      auto m = CheckedMul(global, static_cast<uint64_t>(d));
-      if (!m) return InvalidArgument("tensor '" + declared.key + "': its shape overflows");
-      global = *m;
-    }
+    auto counted = ElementCount(declared.global_shape);
+    if (!counted.ok()) return InvalidArgument("tensor '" + declared.key + "': its shape: " + counted.status().message());
+    const uint64_t global = *counted;
     auto end = CheckedAdd(declared.start, declared.numel);
     if (!end || *end > global) {
       return InvalidArgument("tensor '" + declared.key + "': the flat piece leaves the tensor of " +
@@ -143,10 +140,10 @@ Status Writer::Impl::AddPiece(protocol::WritePiece declared, PieceSource source)
         return InvalidArgument("tensor '" + declared.key + "': the box leaves the global shape in dim " +
                                std::to_string(d));
       }
-      auto m = CheckedMul(numel, static_cast<uint64_t>(declared.shape[d]));
-      if (!m) return InvalidArgument("tensor '" + declared.key + "': its shape overflows");
-      numel = *m;
     }
+    auto counted = ElementCount(declared.shape);
+    if (!counted.ok()) return InvalidArgument("tensor '" + declared.key + "': its shape: " + counted.status().message());
+    numel = *counted;
   }
   auto bytes = TensorBytes(declared.dtype, numel);
   auto new_total = bytes ? CheckedAdd(total, *bytes) : std::nullopt;

@@ -1,9 +1,12 @@
-// Sizes for people: the one formatting of byte counts that ckptctl prints and the daemon
-// writes into its errors and warnings.
+// Byte sizes: the one parser of sizes people write (ParseByteSize, ckpt/byte_size.h) and
+// the one formatting of byte counts that ckptctl prints and the daemon writes into its
+// errors and warnings.
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include "ckpt/byte_size.h"
 
 namespace ckpt {
 

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/hex.h"
 
 namespace ckpt {
 
@@ -13,30 +14,11 @@ bool EndsWith(std::string_view s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The name as an error message may show it: printable ASCII as is, other bytes as \xNN,
-// at most 80 of them.
-std::string Escaped(std::string_view name) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < name.size() && i < 80; ++i) {
-    const auto c = static_cast<unsigned char>(name[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (name.size() > 80) out += "...";
-  return out;
-}
-
 }  // namespace
 
 Status CheckSideFileName(std::string_view name) {
   const auto refuse = [&](const std::string& why) {
-    return InvalidArgument("side file name '" + Escaped(name) + "' " + why);
+    return InvalidArgument("side file name '" + EscapedForMessage(name, 80) + "' " + why);
   };
   if (name.empty() || name.size() > kMaxSideFileNameBytes) {
     return refuse("must be 1 to " + std::to_string(kMaxSideFileNameBytes) + " bytes");

@@ -51,9 +51,22 @@ Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, 
 Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 
 Status ErrnoError(const std::string& what, int err) {
-  // Out of descriptors is a resource limit, never an I/O (or data) problem.
-  if (err == EMFILE || err == ENFILE) return ResourceExhausted(what + ": " + std::strerror(err));
-  return IoError(what + ": " + std::strerror(err));
+  const std::string text = what + ": " + std::strerror(err);
+  switch (err) {
+    // Out of descriptors, space or quota: a resource limit, never an I/O (or data) problem.
+    case EMFILE:
+    case ENFILE:
+    case ENOSPC:
+    case EDQUOT:
+      return ResourceExhausted(text);
+    // Refused by permissions or a read-only file system: the caller may act on it.
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return PermissionDenied(text);
+    default:
+      return IoError(text);
+  }
 }
 
 }  // namespace ckpt

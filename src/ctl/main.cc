@@ -18,6 +18,7 @@
 
 #include "ckpt/client.h"
 #include "client/wire_mapping.h"
+#include "common/hex.h"
 #include "common/suggest.h"
 #include "ctl/persist.h"
 #include "ctl/progress_bar.h"
@@ -311,9 +312,7 @@ int Info(const Options& o, const std::string& name) {
   std::cout << SideFilesText(info->side_files) << "\n";
   std::vector<std::vector<std::string>> rows;
   for (const ckpt::TensorInfo& t : info->tensors) {
-    char checksum[17];
-    std::snprintf(checksum, sizeof(checksum), "%016llx", static_cast<unsigned long long>(t.checksum));
-    rows.push_back({t.name, ckpt::DTypeName(t.dtype), ShapeText(t.shape), HumanBytes(t.nbytes), checksum});
+    rows.push_back({t.name, ckpt::DTypeName(t.dtype), ShapeText(t.shape), HumanBytes(t.nbytes), ckpt::Hex64(t.checksum)});
   }
   std::cout << RenderTable({"TENSOR", "DTYPE", "SHAPE", "SIZE", "XXH3"}, rows, {3});
   return 0;

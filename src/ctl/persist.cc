@@ -22,7 +22,7 @@ CLI::App* AddPersistCommand(CLI::App& app, PersistArgs* args) {
   persist->add_option("dir", args->dir, "folder to write (created; replaced as a whole with --replace)")->required();
   persist->add_option("--max-shard-size", args->max_shard_size,
                       "split into model-0000K-of-0000N.safetensors + model.safetensors.index.json above this size "
-                      "(5GB, 500MiB, bytes)")
+                      "(5GB = 5*10^9, 500MiB = 500*2^20, bytes)")
       ->capture_default_str();
   persist->add_flag("--replace", args->replace, "replace DIR if it exists and holds files (only regular files)");
   persist->add_option("--generation", args->generation, "persist only this generation (fail if another is current)");
@@ -33,7 +33,8 @@ int RunPersist(const std::string& socket, bool json_output, const PersistArgs& a
                const std::function<void(uint64_t, uint64_t)>& draw, const std::function<void()>& end_progress,
                const std::function<int(const Status&)>& fail, const std::function<bool()>& interrupted) {
   auto max_shard = ParseByteSize(args.max_shard_size);
-  if (!max_shard.ok()) return fail(max_shard.status());
+  if (!max_shard.ok()) return fail(max_shard.status().WithContext("--max-shard-size"));
+  if (*max_shard == 0) return fail(InvalidArgument("--max-shard-size must be at least 1 byte"));
   auto client = Client::Connect(socket);
   if (!client.ok()) return fail(client.status());
   const bool show_progress = draw && !json_output && ::isatty(STDERR_FILENO);

@@ -67,7 +67,7 @@ std::string RenderProgressLine(uint64_t done, uint64_t total, double rate, doubl
 }
 
 ProgressBar::ProgressBar(int fd, bool tty, std::chrono::milliseconds plain_interval)
-    : fd_(fd), tty_(tty), plain_interval_(plain_interval) {}
+    : fd_(fd), tty_(tty), plain_(plain_interval, ProgressThrottle::First::kAfterInterval) {}
 
 ProgressBar::~ProgressBar() { Finish(); }
 
@@ -100,8 +100,7 @@ void ProgressBar::Update(uint64_t done, uint64_t total) {
     drawn_ = true;
     return;
   }
-  if (now - last_plain_ < plain_interval_) return;
-  last_plain_ = now;
+  if (!plain_.Due()) return;
   Write("loading: " + RenderProgressLine(done, total, rate, eta, 100) + "\n");
 }
 

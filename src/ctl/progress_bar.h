@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/progress_throttle.h"
+
 namespace ckpt::ctl {
 
 // Columns of the terminal on `fd`: $COLUMNS when it is a number from 1 to 10000, else the
@@ -40,9 +42,8 @@ class ProgressBar {
   void Write(const std::string& text) const;
   const int fd_;
   const bool tty_;
-  const std::chrono::milliseconds plain_interval_;
   const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
-  std::chrono::steady_clock::time_point last_plain_ = start_;
+  ProgressThrottle plain_;  // the first plain line an interval after the start
   std::vector<std::pair<std::chrono::steady_clock::time_point, uint64_t>> samples_;
   bool drawn_ = false;
 };

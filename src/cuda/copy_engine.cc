@@ -13,6 +13,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/thread_pool.h"
 #include "cuda/convert_kernels.h"
 #include "cuda/copy_knobs.h"
 #include "cuda/copy_split.h"
@@ -74,9 +75,7 @@ class CopyResources {
         nbuf_(CurrentCopyKnobs().buffers),
         populated_at_(static_cast<size_t>(nworkers_)),
         ready_at_(static_cast<size_t>(nworkers_)),
-        workers_(static_cast<size_t>(nworkers_)) {
-    threads_.reserve(workers_.size());  // Start only appends: no reallocation on its thread
-  }
+        workers_(static_cast<size_t>(nworkers_)) {}
   ~CopyResources() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -84,7 +83,7 @@ class CopyResources {
       cv_.notify_all();
     }
     if (starter_.joinable()) starter_.join();
-    for (std::thread& t : threads_) t.join();
+    threads_.Join();
   }
   CopyResources(const CopyResources&) = delete;
   CopyResources& operator=(const CopyResources&) = delete;
@@ -204,12 +203,9 @@ class CopyResources {
     // start_done_): a fault-in holds the process's mapping lock for reading, and starting
     // a thread maps its stack under the same lock for writing, so threads started while
     // the earlier ones populate start one at a time (docs/benchmarks.md).
-    try {
-      for (size_t i = threads_.size(); i < n; ++i) threads_.emplace_back([this, i] { WorkerMain(i); });
-    } catch (const std::system_error& e) {
-      return ResourceExhausted(std::string("starting a copy thread: ") + e.what());
-    }
-    return Status::Ok();
+    // Worker k of the group is thread k: a start after a failed one adds the missing ones.
+    return threads_.Start(n - threads_.size(), [this](size_t i) { WorkerMain(i); })
+        .WithContext("starting the copy threads");
   }
   // Worker i's part of the slab faulted in (no driver call: every worker at once), then
   // its stream, events and the part page-locked; what a failed attempt made is kept.
@@ -304,7 +300,7 @@ class CopyResources {
   const int nbuf_;
   uint64_t stride_ = 0;  // bytes of the slab per worker; set by Start before any thread
   std::thread starter_;
-  std::vector<std::thread> threads_;  // worker i: threads_[i]; grown only by Start
+  ThreadGroup threads_;  // worker i: its thread i; grown only by Start
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;                                                     // guarded by mu_
@@ -747,20 +743,17 @@ Result<CopyResult> CopyRun::Go(GpuLoadStats* stats, CopyResources* resources) {
 
   const double started_s = Since(t0_);
   const auto r0 = Clock::now();
-  std::vector<std::thread> registrars;
-  try {
-    if (do_register) {
-      const int nreg = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups_.size())));
-      for (int t = 0; t < nreg; ++t) registrars.emplace_back([this] { RegisterLoop(); });
-    }
-  } catch (const std::system_error& e) {  // no thread: stop the ones started, report it
-    Fail(ResourceExhausted(std::string("starting a registration thread: ") + e.what()));
+  ThreadGroup registrars;
+  if (do_register) {
+    const int nreg = std::max(1, std::min<int>(options_.register_threads, static_cast<int>(groups_.size())));
+    Status started = registrars.Start(static_cast<size_t>(nreg), [this](size_t) { RegisterLoop(); });
+    if (!started.ok()) Fail(started.WithContext("starting the registration threads"));  // stops the ones started
   }
   resources->Post(n, *this);  // the workers ready take tasks at once, the others as they become ready
   const double posted_s = Since(t0_);
   if (early) AllocateWhileGathering();
   resources->Finish(*this);  // a failed worker set abort_, which stops the registrars
-  for (auto& t : registrars) t.join();
+  registrars.Join();
   stats->register_seconds = do_register ? Since(r0) : 0;
   stats->registered_bytes = registered_bytes_;
   // Every stream is idle: each worker synchronised its stream before returning, or

@@ -5,7 +5,6 @@
 #include <systemd/sd-daemon.h>
 
 #include <CLI/CLI.hpp>
-#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -14,6 +13,7 @@
 #include <system_error>
 #include <thread>
 
+#include "ckpt/byte_size.h"
 #include "daemon/server.h"
 #include "daemon/service_checks.h"
 
@@ -26,29 +26,11 @@ std::string DefaultConfigPath() {
   return env != nullptr && *env != '\0' ? env : CKPTD_DEFAULT_CONFIG;
 }
 
-// "64G", "512MiB", "1000000" -> bytes (binary units). InvalidArgument otherwise.
+// A size option's bytes (ckpt::ParseByteSize: 64G and 64GiB are 64 * 2^30, 64GB is
+// 64 * 10^9); not given (empty): 0.
 ckpt::Result<uint64_t> ParseBytes(const std::string& text) {
   if (text.empty()) return uint64_t{0};
-  size_t pos = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(text, &pos, 10);
-  } catch (const std::exception&) {
-    return ckpt::InvalidArgument("not a size: '" + text + "'");
-  }
-  std::string unit = text.substr(pos);
-  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
-  if (unit.size() == 2 && unit[1] == 'I') unit.pop_back();
-  int shift = 0;
-  if (unit.empty()) shift = 0;
-  else if (unit == "K") shift = 10;
-  else if (unit == "M") shift = 20;
-  else if (unit == "G") shift = 30;
-  else if (unit == "T") shift = 40;
-  else return ckpt::InvalidArgument("unknown size unit in '" + text + "' (use K, M, G or T)");
-  if (shift > 0 && n > (~0ull >> shift)) return ckpt::InvalidArgument("size too large: '" + text + "'");
-  return static_cast<uint64_t>(n) << shift;
+  return ckpt::ParseByteSize(text);
 }
 
 // What the command line and the configuration file set: the server's options and the
@@ -106,7 +88,8 @@ void AddServiceOptions(CLI::App& app, CommandLine& cl) {
 // The options of the budget and quotas, the model roots, the roles and the metrics.
 void AddLimitOptions(CLI::App& app, CommandLine& cl) {
   app.add_option("--memory-budget", cl.memory_budget,
-                 "shared memory all checkpoints may use, e.g. 64G (default: no budget); a load "
+                 "shared memory all checkpoints may use, e.g. 64G or 64GiB (2^30 bytes each; 64GB is 64 * 10^9) "
+                 "(default: no budget); a load "
                  "that does not fit evicts the least recently used unattached checkpoints or fails");
   app.add_option("--max-shm-bytes-per-uid", cl.shm_bytes_per_uid,
                  "shared memory one user without the admin role may hold (published, retired and being written), "

@@ -16,6 +16,8 @@
 #include "protocol/wire.h"
 #include "shm/segment_name.h"
 #include "common/checked_math.h"
+#include "common/hex.h"
+#include "common/progress_throttle.h"
 
 namespace ckpt::daemon {
 
@@ -116,15 +118,10 @@ std::string SourceFingerprint(const format::LoadPlan& plan) {
             std::to_string(id.mtime_ns) + " " + std::to_string(id.ctime_ns) + "\n";
   }
   for (const auto& side : plan.side_files) {
-    char sum[17];
-    std::snprintf(sum, sizeof(sum), "%016llx",
-                  static_cast<unsigned long long>(XXH3_64bits(side.bytes.data(), side.bytes.size())));
     text += "s " + std::to_string(side.name.size()) + " " + side.name + " " + std::to_string(side.bytes.size()) +
-            " " + sum + "\n";
+            " " + Hex64(XXH3_64bits(side.bytes.data(), side.bytes.size())) + "\n";
   }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH3_64bits(text.data(), text.size())));
-  return hex;
+  return Hex64(XXH3_64bits(text.data(), text.size()));
 }
 
 // Opens the checkpoint at `path` (beneath a model root, no links followed) and plans its
@@ -328,7 +325,7 @@ Result<protocol::EnsureResponse> WaitForSharedLoad(const DaemonContext& ctx, con
     spdlog::info("ensure of '{}': waiting for the load in progress ({} callers)", name, shared->participants());
   }
   for (;;) {
-    if (auto result = shared->WaitFor(std::chrono::milliseconds(100))) {
+    if (auto result = shared->WaitFor(kProgressInterval)) {
       if (connection.cancelled_by_client()) break;
       if (!result->ok()) {
         if (result->status().code() == StatusCode::kCancelled) {
@@ -394,7 +391,7 @@ Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& 
       return FailedPrecondition("'" + name + "' is being loaded from " + entry.load->path() + ", not " + request.path);
     }
     if (entry.load->Join()) return WaitForSharedLoad(ctx, caller, request, name, entry.load, watch, "joined");
-    while (!entry.load->WaitFor(std::chrono::milliseconds(100))) {
+    while (!entry.load->WaitFor(kProgressInterval)) {
     }
   }
   return Unavailable("ensure of '" + name + "' could not settle on a load; try again");

@@ -12,11 +12,12 @@
 #include <cstring>
 
 #include "common/checked_math.h"
+#include "common/progress_throttle.h"
 #include "common/side_file_name.h"
+#include "common/thread_pool.h"
 #include "daemon/ops.h"
 #include "daemon/policy.h"
 #include "daemon/write_sessions.h"
-#include "loader/worker_group.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
 #include "shm/shm_object.h"
@@ -126,7 +127,7 @@ Status CopyItems(const DaemonContext& ctx, const WriteSession& session, int64_t 
     return Status::Ok();
   }
   std::atomic<size_t> next{0};
-  return loader::RunWorkers(
+  return RunWorkers(
       std::min<int>(threads, static_cast<int>(tasks.size())),
       [&](int, const std::atomic<bool>&) {
         for (size_t i = next++; i < tasks.size(); i = next++) run(tasks[i]);
@@ -215,7 +216,7 @@ Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& cal
     }
     if (Status idle = session->CheckIdle(); !idle.ok()) return fail(idle);
     pollfd p{caller.fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, 100);
+    const int ready = ::poll(&p, 1, static_cast<int>(kProgressInterval.count()));
     if (ready < 0 && errno != EINTR) return fail(ErrnoError("poll", errno));
     if (ready <= 0) continue;
     auto frame = protocol::ReadFrame(caller.fd, protocol::kMaxRequestBytes, nullptr,

@@ -8,17 +8,16 @@
 // landed). Finish() waits for the queues to drain and returns the digests.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "ckpt/status.h"
+#include "common/thread_pool.h"
 
 struct XXH3_state_s;
 
@@ -49,21 +48,18 @@ class TensorHasher {
   struct Stream {
     XXH3_state_s* state = nullptr;
     std::deque<std::pair<const std::byte*, uint64_t>> pending;
-    bool queued = false;  // in runnable_ or being hashed
+    bool queued = false;  // a Drain task for it is queued or running
   };
   TensorHasher() = default;
-  void Run();
+  // A pool task: hashes what `tensor` has pending until nothing is (or the hasher stops).
+  void Drain(size_t tensor);
 
   std::shared_ptr<void> keep_alive_;
   mutable std::mutex mu_;
-  std::condition_variable work_cv_;
-  std::condition_variable idle_cv_;
-  std::vector<Stream> streams_;
-  std::deque<size_t> runnable_;
-  size_t busy_ = 0;           // streams being hashed now
-  uint64_t hashed_bytes_ = 0;
-  bool stop_ = false;
-  std::vector<std::thread> threads_;
+  std::vector<Stream> streams_;  // guarded by mu_ (a state: by its Drain task alone)
+  uint64_t hashed_bytes_ = 0;    // guarded by mu_
+  bool stop_ = false;            // guarded by mu_
+  std::unique_ptr<ThreadPool> pool_;
 };
 
 }  // namespace ckpt::daemon

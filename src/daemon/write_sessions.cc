@@ -8,8 +8,10 @@
 #include <unordered_map>
 
 #include "common/checked_math.h"
+#include "common/element_count.h"
+#include "common/progress_throttle.h"
+#include "common/thread_pool.h"
 #include "daemon/ops.h"
-#include "loader/worker_group.h"
 #include "shm/segment_name.h"
 #include "shm/segment_reader.h"
 
@@ -70,13 +72,9 @@ Status GroupPieces(const std::vector<std::vector<WritePiece>>& parts, WriteLayou
         t.name = p.key;
         t.dtype = p.dtype;
         t.shape = p.global_shape;
-        uint64_t numel = 1;
-        for (int64_t d : p.global_shape) {
-          auto m = CheckedMul(numel, static_cast<uint64_t>(d));
-          if (!m) return InvalidArgument("tensor '" + p.key + "': its global shape overflows 64 bits");
-          numel = *m;
-        }
-        auto bytes = TensorBytes(p.dtype, numel);
+        auto numel = ElementCount(p.global_shape);
+        if (!numel.ok()) return InvalidArgument("tensor '" + p.key + "': its global shape: " + numel.status().message());
+        auto bytes = TensorBytes(p.dtype, *numel);
         if (!bytes) return InvalidArgument("tensor '" + p.key + "': its size overflows 64 bits");
         t.nbytes = *bytes;
         layout.tensors.push_back(std::move(t));
@@ -151,9 +149,7 @@ PieceTarget BoxTarget(const WritePiece& p, const TensorInfo& t, size_t tensor, c
   const size_t ndim = t.shape.size();
   PieceTarget target;
   target.tensor = tensor;
-  uint64_t v = 1;
-  for (int64_t d : p.shape) v *= static_cast<uint64_t>(d);
-  target.bytes = v * elem;
+  target.bytes = NumElements(p.shape) * elem;  // inside the tensor (checked at decode)
   size_t k = ndim;  // dims [k, ndim) are in the run
   uint64_t run = 1;
   while (k > 0) {
@@ -186,8 +182,7 @@ Status PlaceBoxes(const std::vector<std::vector<WritePiece>>& parts, const std::
   uint64_t volume = 0;
   for (size_t a = 0; a < kp.pieces.size(); ++a) {
     const WritePiece& pa = parts[kp.pieces[a].first][kp.pieces[a].second];
-    uint64_t v = 1;
-    for (int64_t d : pa.shape) v *= static_cast<uint64_t>(d);  // <= numel: inside the tensor
+    const uint64_t v = NumElements(pa.shape);  // <= numel: inside the tensor
     auto sum = CheckedAdd(volume, v);
     volume = sum ? *sum : numel + 1;
     if (v == 0) continue;
@@ -431,7 +426,7 @@ Status WriteSession::WaitReady(const std::function<Status()>& check) {
   for (;;) {
     if (state_ == State::kFailed) return failure_;
     if (state_ == State::kStreaming || state_ == State::kPublished) return Status::Ok();
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.wait_for(lock, kProgressInterval);
     if (state_ == State::kFailed || state_ == State::kStreaming) continue;
     lock.unlock();
     Status checked = check();
@@ -478,7 +473,7 @@ Result<protocol::LoadResponse> WriteSession::SealAndWait(int64_t part, const std
   for (;;) {
     if (state_ == State::kFailed) return failure_;
     if (state_ == State::kPublished) return *result_;
-    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    cv_.wait_for(lock, kProgressInterval);
     if (state_ == State::kFailed || state_ == State::kPublished) continue;
     lock.unlock();
     Status checked = check();
@@ -558,7 +553,7 @@ Result<std::vector<uint64_t>> WriteSession::FinishChecksums(const shm::SegmentWr
   }
   const auto streamed_at = std::chrono::steady_clock::now();
   std::atomic<size_t> next{0};
-  Status hashed = loader::RunWorkers(
+  Status hashed = RunWorkers(
       std::max(1, std::min<int>(env_.threads, static_cast<int>(std::max<size_t>(rest.size(), 1)))),
       [&](int, const std::atomic<bool>& stop) {
         for (size_t k = next++; k < rest.size() && !stop.load(); k = next++) {

@@ -6,6 +6,8 @@
 
 #include "common/byte_size.h"
 #include "common/checked_math.h"
+#include "common/element_count.h"
+#include "common/hex.h"
 #include "shm/segment_format.h"
 
 namespace ckpt::format {
@@ -67,21 +69,7 @@ bool IsValidUtf8(const std::string& s) {
   return true;
 }
 
-std::string EscapedName(const std::string& name) {
-  std::string out;
-  for (size_t i = 0; i < name.size() && out.size() < 200; ++i) {
-    const unsigned char c = static_cast<unsigned char>(name[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
-    }
-  }
-  if (out.size() >= 200) out += "...";
-  return out;
-}
+std::string EscapedName(const std::string& name) { return EscapedForMessage(name, 200); }
 
 Status ValidatePlan(const LoadPlan& plan) {
   std::unordered_set<std::string> names;
@@ -100,15 +88,9 @@ Status ValidatePlan(const LoadPlan& plan) {
     if (t.alias_of >= static_cast<int64_t>(i)) return Internal(where + ": alias of a later tensor");
     if (t.shape.size() > shm::kMaxDims) return InvalidArgument(where + ": too many dimensions");
     // Element count and byte size, checked.
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (int64_t d : t.shape) {
-      if (d < 0) return InvalidArgument(where + ": negative dimension");
-      auto m = CheckedMul(numel, static_cast<uint64_t>(d));
-      if (!m) overflow = true;
-      else numel = *m;
-    }
-    if (overflow) return InvalidArgument(where + ": element count overflows 64 bits");
+    auto counted = ElementCount(t.shape);
+    if (!counted.ok()) return InvalidArgument(where + ": " + counted.status().message());
+    const uint64_t numel = *counted;
     auto bytes = TensorBytes(t.dtype, numel);
     if (!bytes) return InvalidArgument(where + ": byte size overflows 64 bits (or is not whole bytes)");
     if (*bytes != t.nbytes) return InvalidArgument(where + ": byte size does not match shape and dtype");

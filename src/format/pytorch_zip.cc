@@ -7,6 +7,7 @@
 
 #include "common/checked_math.h"
 #include "common/crc32.h"
+#include "common/element_count.h"
 #include "common/io.h"
 #include "format/unpickler.h"
 #include "shm/segment_format.h"
@@ -38,20 +39,23 @@ Status PlanView(const PickledTensor& t, uint64_t storage_start, uint64_t storage
     return Corrupt(where + ": storage '" + t.storage_key + "' holds " + std::to_string(storage_bytes) +
                    " bytes, fewer than its " + std::to_string(t.storage_numel) + " elements");
   }
-  unsigned __int128 numel = 1, last = t.storage_offset;  // last: highest element index reached
+  const Result<uint64_t> counted = ElementCount(t.shape);
+  if (!counted.ok()) return Corrupt(where + ": " + counted.status().message());
+  const uint64_t numel = *counted;
+  // (Bounds every dim, so the view's extent below stays within 128 bits.)
+  if (numel > (uint64_t{1} << 62)) return Corrupt(where + ": too many elements");
+  unsigned __int128 last = t.storage_offset;  // last: highest element index reached
   bool contiguous = true;
-  int64_t expect = 1;
+  uint64_t expect = 1;  // <= numel where numel > 0 (wraps harmlessly for an empty tensor)
   for (size_t d = t.shape.size(); d-- > 0;) {
-    if (t.shape[d] < 0 || t.strides[d] < 0) return Corrupt(where + ": negative size or stride");
-    numel *= static_cast<uint64_t>(t.shape[d]);
-    if (numel > (uint64_t{1} << 62)) return Corrupt(where + ": too many elements");
-    if (t.shape[d] != 1 && t.strides[d] != expect) contiguous = false;
-    expect *= t.shape[d] == 0 ? 1 : t.shape[d];
+    if (t.strides[d] < 0) return Corrupt(where + ": negative stride");
+    if (t.shape[d] != 1 && static_cast<uint64_t>(t.strides[d]) != expect) contiguous = false;
+    expect *= t.shape[d] == 0 ? 1 : static_cast<uint64_t>(t.shape[d]);
   }
   out->name = t.name;
   out->dtype = t.dtype;
   out->shape = t.shape;
-  const auto nbytes = CheckedMul(static_cast<uint64_t>(numel), es);
+  const auto nbytes = CheckedMul(numel, es);
   if (!nbytes) return Corrupt(where + ": byte size overflows 64 bits");
   out->nbytes = *nbytes;
   if (numel == 0) {  // nothing to read

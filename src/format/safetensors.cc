@@ -5,6 +5,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/checked_math.h"
+#include "common/element_count.h"
 #include "common/io.h"
 #include "format/json_keys.h"
 #include "shm/segment_format.h"
@@ -37,19 +39,18 @@ Status ParseEntry(const std::string& name, const json& desc, uint64_t data_bytes
     return Unsupported("safetensors tensor '" + name + "': " + std::to_string(shape_it->size()) +
                        " dimensions, at most " + std::to_string(shm::kMaxDims) + " supported");
   }
-  // Element count with overflow checks; every dim must be a non-negative integer.
-  uint64_t numel = 1;
+  // Every dim must be a non-negative integer; the element count and bytes are checked.
   std::vector<int64_t> shape;
   for (const json& d : *shape_it) {
     if (!d.is_number_unsigned()) return Bad(name, "shape has a value that is not a non-negative integer");
     uint64_t v = d.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        (v != 0 && numel > std::numeric_limits<uint64_t>::max() / 128 / v)) {
-      return Bad(name, "shape is too large");
-    }
-    numel *= v;
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return Bad(name, "shape is too large");
     shape.push_back(static_cast<int64_t>(v));
   }
+  const Result<uint64_t> counted = ElementCount(shape);
+  if (!counted.ok()) return Bad(name, "shape is too large (" + counted.status().message() + ")");
+  const uint64_t numel = *counted;
+  if (!CheckedMul(numel, DTypeBits(*dtype))) return Bad(name, "shape is too large (its bits overflow 64 bits)");
   const std::optional<uint64_t> tensor_bytes = TensorBytes(*dtype, numel);
   if (!tensor_bytes) {
     return Bad(name, std::to_string(numel) + " elements of " + std::to_string(DTypeBits(*dtype)) +

@@ -1,6 +1,6 @@
 #include "loader/pread_reader.h"
 
-#include "loader/worker_group.h"
+#include "common/thread_pool.h"
 
 namespace ckpt::loader {
 

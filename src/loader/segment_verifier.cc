@@ -6,7 +6,7 @@
 #include <map>
 #include <utility>
 
-#include "loader/worker_group.h"
+#include "common/thread_pool.h"
 
 namespace ckpt::loader {
 

@@ -4,7 +4,7 @@
 
 #include <cerrno>
 
-#include "loader/worker_group.h"
+#include "common/thread_pool.h"
 
 namespace ckpt::loader {
 namespace {

@@ -7,12 +7,6 @@
 
 namespace ckpt {
 
-uint64_t NumElements(const std::vector<int64_t>& shape) {
-  uint64_t n = 1;
-  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
-  return n;
-}
-
 bool ShardLayout::contiguous() const {
   return padding_bytes == 0 && (regions.empty() || (regions.size() == 1 && regions[0].rows == 1));
 }

@@ -18,7 +18,7 @@ namespace {
 
 // How a field's value is written: as its C++ type says (Plain), or as text.
 struct Plain {};
-struct Hex64 {};     // a uint64_t as 16 lower-case hex digits (a checksum); 1 to 16 digits are read
+struct HexU64 {};    // a uint64_t as 16 lower-case hex digits (a checksum); 1 to 16 digits are read
 struct HexBytes {};  // a std::string of any bytes as lower-case hex
 
 // One key of a struct's JSON. `required`: Decode fails without it. Encode writes it unless
@@ -88,12 +88,6 @@ std::string Join(const std::string& path, const char* key) { return path.empty()
 // The prefix of a message about the struct at `path` as a whole ("" at the top).
 std::string At(const std::string& path) { return path.empty() ? "" : path + ": "; }
 
-std::string Hex16(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
 template <typename T>
 struct IsVector : std::false_type {};
 template <typename T>
@@ -126,8 +120,8 @@ json Put(const T& v) {
 
 template <typename C, typename T>
 json PutAs(const T& v) {
-  if constexpr (std::is_same_v<C, Hex64>) {
-    return Hex16(v);
+  if constexpr (std::is_same_v<C, HexU64>) {
+    return ckpt::Hex64(v);
   } else if constexpr (std::is_same_v<C, HexBytes>) {
     return HexEncode(v);
   } else {
@@ -200,12 +194,11 @@ void Get(const json& v, T* out, const std::string& path, size_t max_items, Error
 
 template <typename C, typename T>
 void GetAs(const json& v, T* out, const std::string& path, size_t max_items, Errors& e) {
-  if constexpr (std::is_same_v<C, Hex64>) {
-    const bool hex = v.is_string() && !v.get_ref<const std::string&>().empty() &&
-                     v.get_ref<const std::string&>().size() <= 16 &&
-                     v.get_ref<const std::string&>().find_first_not_of("0123456789abcdef") == std::string::npos;
-    if (!hex) return e.Fail(Quoted(path) + " must be 1 to 16 lower-case hex digits");
-    *out = std::stoull(v.get<std::string>(), nullptr, 16);
+  if constexpr (std::is_same_v<C, HexU64>) {
+    const std::optional<uint64_t> parsed =
+        v.is_string() ? ckpt::ParseHex64(v.get_ref<const std::string&>()) : std::nullopt;
+    if (!parsed) return e.Fail(Quoted(path) + " must be 1 to 16 lower-case hex digits");
+    *out = *parsed;
   } else if constexpr (std::is_same_v<C, HexBytes>) {
     if (!v.is_string()) return e.Fail(Quoted(path) + " must be a string");
     auto bytes = HexDecode(v.get<std::string>());
@@ -362,7 +355,7 @@ auto Schema(const WireSummary*) {
 auto Schema(const WireTensor*) {
   return Table("tensor", Req("name", &WireTensor::name), Req("dtype", &WireTensor::dtype),
                Req("shape", &WireTensor::shape), Req("nbytes", &WireTensor::nbytes),
-               Req<Hex64>("checksum", &WireTensor::checksum));
+               Req<HexU64>("checksum", &WireTensor::checksum));
 }
 
 auto Schema(const WireSideFile*) {

@@ -17,6 +17,7 @@
 #include "ckpt/launcher.h"
 #include "ckpt/persist.h"
 #include "client/persist_json.h"
+#include "common/element_count.h"
 #include "ckpt/tp_plan.h"
 #include "ckpt/writer.h"
 #include "client/wire_mapping.h"
@@ -237,10 +238,9 @@ ckpt::TensorInfo InfoFromDict(const py::dict& d) {
   if (!dt) Raise(ckpt::InvalidArgument("unknown dtype '" + dtype + "' for tensor '" + t.name + "'"));
   t.dtype = *dt;
   t.shape = py::cast<std::vector<int64_t>>(d["shape"]);
-  for (int64_t x : t.shape) {
-    if (x < 0) Raise(ckpt::InvalidArgument("negative dimension for tensor '" + t.name + "'"));
-  }
-  auto bytes = ckpt::TensorBytes(t.dtype, ckpt::NumElements(t.shape));
+  auto numel = ckpt::ElementCount(t.shape);
+  if (!numel.ok()) Raise(ckpt::InvalidArgument("tensor '" + t.name + "': " + numel.status().message()));
+  auto bytes = ckpt::TensorBytes(t.dtype, *numel);
   t.nbytes = bytes ? *bytes : 0;
   return t;
 }

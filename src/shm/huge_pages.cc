@@ -13,9 +13,9 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <system_error>
-#include <thread>
 #include <vector>
+
+#include "common/thread_pool.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
@@ -214,16 +214,7 @@ Status PopulateWrite(std::byte* p, uint64_t n, int threads, uint64_t align, cons
     }
     errors[k] = errno;
   };
-  std::vector<std::thread> pool;
-  for (uint64_t k = 1; k < count; ++k) {
-    try {
-      pool.emplace_back(work, k);
-    } catch (const std::system_error&) {
-      work(k);  // no thread: this one does it
-    }
-  }
-  work(0);
-  for (auto& t : pool) t.join();
+  ParallelFor(count, work);  // an item no thread can be had for: this thread does it
   for (int err : errors) {
     if (err == 0) continue;
     if (err == EINVAL) return Unsupported("the kernel has no MADV_POPULATE_WRITE (Linux 5.14)");

@@ -42,10 +42,7 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
       struct stat probe;
       if (err != EEXIST && ::lstat(path.c_str(), &probe) == 0) err = EEXIST;
       if (err == EEXIST && options.create == Create::kMustCreate) return AlreadyExists(what + " already exists");
-      if (err == EACCES || err == EPERM || err == EROFS) {
-        return PermissionDenied("cannot create " + what + ": " + std::strerror(err));
-      }
-      if (err != EEXIST) return ErrnoError("creating " + what, err);
+      if (err != EEXIST) return ErrnoError("cannot create " + what, err);  // EACCES, EROFS: PermissionDenied
     }
   }
   // A directory made here and then refused (a lock held, ...) is removed again.

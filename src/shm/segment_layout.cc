@@ -5,6 +5,7 @@
 #include <set>
 
 #include "common/checked_math.h"
+#include "common/element_count.h"
 #include "shm/segment_writer.h"
 
 namespace ckpt::shm {
@@ -18,13 +19,9 @@ Result<uint64_t> CheckTensors(const std::vector<TensorInfo>& tensors) {
       return InvalidArgument("tensor name must be 1 to " + std::to_string(kMaxNameBytes) + " bytes");
     }
     if (t.shape.size() > kMaxDims) return InvalidArgument("tensor '" + t.name + "' has too many dims");
-    uint64_t numel = 1;
-    for (int64_t d : t.shape) {
-      auto m = d < 0 ? std::nullopt : CheckedMul(numel, static_cast<uint64_t>(d));
-      if (!m) return InvalidArgument("tensor '" + t.name + "': bad shape");
-      numel = *m;
-    }
-    if (TensorBytes(t.dtype, numel) != t.nbytes) {
+    auto numel = ElementCount(t.shape);
+    if (!numel.ok()) return InvalidArgument("tensor '" + t.name + "': bad shape: " + numel.status().message());
+    if (TensorBytes(t.dtype, *numel) != t.nbytes) {
       return InvalidArgument("tensor '" + t.name + "': byte size does not match shape and dtype");
     }
     names_sum.Add(t.name.size());

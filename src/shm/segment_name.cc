@@ -4,6 +4,8 @@
 
 #include <cerrno>
 
+#include "common/hex.h"
+
 namespace ckpt::shm {
 
 Result<SegmentId> RandomSegmentId() {
@@ -20,30 +22,11 @@ Result<SegmentId> RandomSegmentId() {
   return id;
 }
 
-std::string SegmentIdHex(const SegmentId& id) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * id.size());
-  for (uint8_t b : id) {
-    out += kDigits[b >> 4];
-    out += kDigits[b & 15];
-  }
-  return out;
-}
+std::string SegmentIdHex(const SegmentId& id) { return HexEncode(id.data(), id.size()); }
 
 std::optional<SegmentId> ParseSegmentIdHex(const std::string& hex) {
-  if (hex.size() != 2 * kSegmentIdBytes) return std::nullopt;
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    return -1;
-  };
   SegmentId id{};
-  for (size_t i = 0; i < id.size(); ++i) {
-    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    id[i] = static_cast<uint8_t>(hi << 4 | lo);
-  }
+  if (!HexDecodeInto(hex, id.data(), id.size())) return std::nullopt;
   return id;
 }
 

@@ -84,24 +84,19 @@ std::map<std::string, uint64_t> Checksums(Client& c, const std::string& name) {
   return out;
 }
 
-// A hand-written safetensors file: `count` F32 tensors "w<i>" of `floats` floats each
+// A safetensors file: `count` F32 tensors "w<i>" of `floats` floats each
 // (value i * 1000 + j), an I64 scalar and a metadata block.
 std::string PatternFile(int count, uint64_t floats) {
-  std::string header = "{\"__metadata__\":{\"format\":\"pt\",\"step\":\"1000\"},\"step\":{\"dtype\":\"I64\",\"shape\":[],"
-                       "\"data_offsets\":[0,8]}";
-  std::string data(8, '\0');
-  data[0] = 7;
+  std::string step(8, '\0');
+  step[0] = 7;
+  std::vector<testing::TestTensor> tensors = {{"step", DType::kI64, {}, step}};
   for (int i = 0; i < count; ++i) {
-    const uint64_t b = data.size(), e = b + floats * 4;
-    header += ",\"w" + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(floats) +
-              "],\"data_offsets\":[" + std::to_string(b) + "," + std::to_string(e) + "]}";
     std::vector<float> v(floats);
     for (uint64_t j = 0; j < floats; ++j) v[j] = static_cast<float>(i * 1000 + j % 997);
-    data.append(reinterpret_cast<const char*>(v.data()), floats * 4);
+    tensors.push_back({"w" + std::to_string(i), DType::kF32, {static_cast<int64_t>(floats)},
+                       std::string(reinterpret_cast<const char*>(v.data()), floats * 4)});
   }
-  header += "}";
-  while ((8 + header.size()) % 8) header += ' ';
-  return testing::SafetensorsBytes(header, data);
+  return testing::SafetensorsOf(tensors, {{"format", "pt"}, {"step", "1000"}});
 }
 
 class PersistTest : public ::testing::Test {
@@ -430,17 +425,6 @@ TEST_F(PersistTest, CtrlCDuringCkptctlPersistCancelsWithNothingLeft) {
   EXPECT_NE(r.err.find("persist cancelled"), std::string::npos) << r.err;
   EXPECT_TRUE(ListDir(files_.path()).empty()) << "no folder and no temporary folder";
   EXPECT_TRUE(client_->List().ok());
-}
-
-TEST(ParseByteSizeTest, TransformersUnits) {
-  EXPECT_EQ(*ParseByteSize("5GB"), 5000000000u);
-  EXPECT_EQ(*ParseByteSize("500MiB"), 500u << 20);
-  EXPECT_EQ(*ParseByteSize("1.5gb"), 1500000000u);
-  EXPECT_EQ(*ParseByteSize("123"), 123u);
-  EXPECT_EQ(*ParseByteSize("10 KB"), 10000u);
-  for (const char* bad : {"", "0", "GB", "5XB", "-5", "1.2.3", "1e30", "99999999999TB"}) {
-    EXPECT_FALSE(ParseByteSize(bad).ok()) << bad;
-  }
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+
 namespace ckpt {
 namespace {
 
@@ -41,6 +43,17 @@ TEST(StatusTest, ResultPropagates) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(), "odd: 3");
   EXPECT_EQ(ErrnoError("open x", ENOENT).message(), "open x: No such file or directory");
+}
+
+TEST(StatusTest, ErrnoErrorIsTheOneMappingOfErrnoToCodes) {
+  for (int err : {EMFILE, ENFILE, ENOSPC, EDQUOT}) {
+    EXPECT_EQ(ErrnoError("x", err).code(), StatusCode::kResourceExhausted) << err;
+  }
+  for (int err : {EACCES, EPERM, EROFS}) EXPECT_EQ(ErrnoError("x", err).code(), StatusCode::kPermissionDenied) << err;
+  for (int err : {ENOENT, EIO, EISDIR, EINVAL, ENOTDIR, EEXIST}) {
+    EXPECT_EQ(ErrnoError("x", err).code(), StatusCode::kIoError) << err;
+  }
+  EXPECT_EQ(ErrnoError("write f", ENOSPC).message(), "write f: No space left on device");
 }
 
 }  // namespace

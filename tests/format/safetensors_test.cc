@@ -15,10 +15,7 @@ using ckpt::testing::WriteFile;
 
 // A safetensors file image: length prefix, `header`, then `data_bytes` zero bytes.
 std::string Image(const std::string& header, size_t data_bytes) {
-  std::string out(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out + header + std::string(data_bytes, '\0');
+  return ckpt::testing::SafetensorsBytes(header, std::string(data_bytes, '\0'));
 }
 
 Status Parse(const std::string& header, uint64_t data_bytes, LoadPlan* plan) {

@@ -15,15 +15,9 @@ using testing::WriteFile;
 
 // A safetensors file with one F32 scalar per name.
 std::string Safetensors(const std::vector<std::string>& names) {
-  std::string header = "{";
-  for (size_t i = 0; i < names.size(); ++i) {
-    header += (i ? "," : "") + std::string("\"") + names[i] + "\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[" +
-              std::to_string(4 * i) + "," + std::to_string(4 * i + 4) + "]}";
-  }
-  header += "}";
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  return out + header + std::string(4 * names.size(), '\1');
+  std::vector<testing::TestTensor> tensors;
+  for (const std::string& name : names) tensors.push_back({name, DType::kF32, {}, std::string(4, '\1')});
+  return testing::SafetensorsOf(tensors);
 }
 
 TEST(ShardIndexTest, ParsesWeightMap) {

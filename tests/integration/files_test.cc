@@ -40,15 +40,11 @@ std::string Safetensors(const std::string& header, const std::string& data) {
 
 // A safetensors file of `tensors` U8 tensors of `each` bytes, every byte `fill`.
 std::string BigSafetensors(int tensors, uint64_t each, char fill) {
-  std::string header = "{";
+  std::vector<testing::TestTensor> all;
   for (int i = 0; i < tensors; ++i) {
-    if (i) header += ",";
-    header += "\"t" + std::to_string(i) + "\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(each) +
-              "],\"data_offsets\":[" + std::to_string(i * each) + "," + std::to_string((i + 1) * each) + "]}";
+    all.push_back({"t" + std::to_string(i), DType::kU8, {static_cast<int64_t>(each)}, std::string(each, fill)});
   }
-  header += "}";
-  while ((8 + header.size()) % 8) header += ' ';
-  return Safetensors(header, std::string(tensors * each, fill));
+  return testing::SafetensorsOf(all);
 }
 
 constexpr int kTensors = 16;

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "format/safetensors_writer.h"
 #include "support/test_env.h"
 
 namespace ckpt::testing {
@@ -29,19 +30,13 @@ inline float PatternValue(uint32_t salt, uint64_t i) {
 // Writes a safetensors file with tensors "meta" (I64 [2] = {salt, version}) and "w"
 // (F32 [rows, 256]) filled with PatternValue(salt * 1000 + version, i).
 inline void WritePatternCheckpoint(const std::string& path, uint32_t salt, uint32_t version, uint64_t rows) {
-  const uint64_t w_bytes = rows * 256 * 4;
-  std::string header = "{\"meta\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]},\"w\":{\"dtype\":\"F32\",\"shape\":[" +
-                       std::to_string(rows) + ",256],\"data_offsets\":[16," + std::to_string(16 + w_bytes) + "]}}";
-  while (header.size() % 8) header += ' ';
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  out += header;
-  int64_t meta[2] = {salt, version};
-  out.append(reinterpret_cast<const char*>(meta), sizeof(meta));
+  const int64_t meta[2] = {salt, version};
   std::vector<float> w(rows * 256);
   for (uint64_t i = 0; i < w.size(); ++i) w[i] = PatternValue(salt * 1000 + version, i);
-  out.append(reinterpret_cast<const char*>(w.data()), w_bytes);
-  WriteFile(path, out);
+  WriteFile(path, testing::SafetensorsOf(
+                      {{"meta", DType::kI64, {2}, std::string(reinterpret_cast<const char*>(meta), sizeof(meta))},
+                       {"w", DType::kF32, {static_cast<int64_t>(rows), 256},
+                        std::string(reinterpret_cast<const char*>(w.data()), w.size() * sizeof(float))}}));
 }
 
 // Counts floats of `w` that differ from the pattern that `meta` announces.
@@ -55,14 +50,10 @@ inline uint64_t WrongFloats(const int64_t* meta, const float* w, uint64_t count)
 // A safetensors file of one F32 tensor of `bytes` bytes whose data is a hole (reads as
 // zeros, costs no disk): a large checkpoint that loads for a while.
 inline void WriteSparseCheckpoint(const std::string& path, uint64_t bytes) {
-  std::string header = "{\"big\":{\"dtype\":\"F32\",\"shape\":[" + std::to_string(bytes / 4) +
-                       "],\"data_offsets\":[0," + std::to_string(bytes) + "]}}";
-  while (header.size() % 8) header += ' ';
-  std::string out(8, '\0');
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  out += header;
-  WriteFile(path, out);
-  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(out.size() + bytes)), 0);
+  auto out = format::SafetensorsPrefix({{"big", DType::kF32, {static_cast<int64_t>(bytes / 4)}, bytes, 0}}, {}, nullptr);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  WriteFile(path, *out);
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(out->size() + bytes)), 0);
 }
 
 inline std::string UniqueName(const char* stem) {

@@ -208,6 +208,32 @@ TEST_F(ServiceTest, ABudgetAboveShmAndMemoryIsAWarningAtStart) {
   EXPECT_EQ(ReadFile(fits.log_path()).find("is larger than"), std::string::npos) << ReadFile(fits.log_path());
 }
 
+// One size parser (issue 24): GB is 10^9 (as persist and transformers read it), G and GiB
+// are 2^30 (as systemd reads MemoryMax=), in flags and in the configuration file alike.
+TEST_F(ServiceTest, SizesMeanOneThingGbIsTenToTheNineGAndGibAreBinary) {
+  struct Case {
+    std::vector<std::string> args;
+    uint64_t budget, per_uid;
+  };
+  testing::WriteFile(dir_.File("sizes.conf"), "memory-budget = \"3GiB\"\nmax-shm-bytes-per-uid = \"1.5GB\"\n");
+  for (const Case& c : std::vector<Case>{
+           {{"--memory-budget", "40GB"}, 40'000'000'000ull, 20'000'000'000ull},
+           {{"--memory-budget", "40G", "--max-shm-bytes-per-uid", "512MB"}, 40ull << 30, 512'000'000ull},
+           {{"--config", dir_.File("sizes.conf")}, 3ull << 30, 1'500'000'000ull}}) {
+    DaemonProcess daemon(c.args);
+    ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
+    CommandResult r = daemon.Ctl({"status", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"memory_budget_bytes\": " + std::to_string(c.budget)), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"max_shm_bytes_per_uid\": " + std::to_string(c.per_uid)), std::string::npos) << r.out;
+  }
+  CommandResult bad = RunDaemon({"--memory-budget", "40XB"});
+  EXPECT_EQ(bad.exit_code, kExConfig) << bad.err;
+  EXPECT_NE(bad.err.find("memory-budget: '40XB' is not a size: unknown unit 'XB'"), std::string::npos) << bad.err;
+  bad = RunDaemon({"--memory-budget", "-5G"});
+  EXPECT_EQ(bad.exit_code, kExConfig) << "a negative size used to wrap: " << bad.err;
+}
+
 TEST_F(ServiceTest, TheMetricsFileIs0644WhateverTheUmaskAndItsModeAndGroupAreConfigurable) {
   const std::string path = dir_.File("ckptd.prom");
   const mode_t old_umask = ::umask(027);  // the unit's UMask=0027, inherited by the daemon

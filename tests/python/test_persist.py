@@ -10,23 +10,7 @@ import unittest
 import torch
 
 import ckpt
-from test_ckpt import Daemon
-
-
-def write_safetensors(path, tensors, metadata=None):
-    header, blobs, offset = {}, [], 0
-    if metadata:
-        header["__metadata__"] = metadata
-    names = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.float16: "F16"}
-    for name, t in tensors.items():
-        raw = t.contiguous().view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+from test_ckpt import Daemon, make_checkpoint
 
 
 def read(path):
@@ -55,7 +39,8 @@ class PersistTest(unittest.TestCase):
         g = torch.Generator().manual_seed(3)
         self.sd = {"emb": torch.randn(64, 32, generator=g), "h.0.w": torch.randn(32, 32, generator=g).to(torch.bfloat16),
                    "pos": torch.arange(10), "half": torch.randn(5, generator=g).half()}
-        write_safetensors(os.path.join(self.tmp.name, "m.safetensors"), self.sd, {"format": "pt", "epoch": "3"})
+        make_checkpoint.write_safetensors(os.path.join(self.tmp.name, "m.safetensors"), self.sd,
+                                          {"format": "pt", "epoch": "3"})
         self.client.load(os.path.join(self.tmp.name, "m.safetensors"), "m")
 
     def tearDown(self):

@@ -4,7 +4,6 @@ generation or source content misses; N processes racing for one entry all get it
 entry is left; evict_stale removes entries whose source changed or went away."""
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
@@ -16,20 +15,11 @@ import torch
 
 import ckpt
 import ckpt.serving_cache as sc
-from test_ckpt import Daemon
+from test_ckpt import Daemon, make_checkpoint
 
 
 def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        raw = t.contiguous().view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    make_checkpoint.write_safetensors(path, tensors, metadata=None)
 
 
 def source(seed):

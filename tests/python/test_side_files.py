@@ -1,21 +1,19 @@
 """Side files through the Python module: Checkpoint.config, .metadata, .side_file(name) and
 .side_files read from the attachment, byte for byte, after the folder is gone."""
-import json
 import os
 import shutil
-import struct
 import tempfile
 import unittest
 
+import torch
+
 import ckpt
-from test_ckpt import Daemon
+from test_ckpt import Daemon, make_checkpoint
 
 
 def write_safetensors(path, metadata):
-    header = {"__metadata__": metadata, "w": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}}
-    text = json.dumps(header).encode()
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"wxyz")
+    """One U8 tensor "w" = b"wxyz" and `metadata`."""
+    make_checkpoint.write_safetensors(path, {"w": torch.frombuffer(bytearray(b"wxyz"), dtype=torch.uint8)}, metadata)
 
 
 class SideFilesTest(unittest.TestCase):

@@ -24,6 +24,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/segment_location.h"
+#include "format/safetensors_writer.h"
 #include "protocol/wire.h"
 
 namespace ckpt::testing {
@@ -205,6 +206,18 @@ std::string Le64(uint64_t n) {
 
 std::string SafetensorsBytes(const std::string& header, const std::string& data) {
   return Le64(header.size()) + header + data;
+}
+
+std::string SafetensorsOf(const std::vector<TestTensor>& tensors, const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorInfo> entries;
+  std::vector<std::string_view> data;
+  for (const TestTensor& t : tensors) {
+    entries.push_back({t.name, t.dtype, t.shape, t.data.size(), 0});
+    data.push_back(t.data);
+  }
+  auto bytes = format::SafetensorsFileBytes(entries, data, metadata);
+  EXPECT_TRUE(bytes.ok()) << bytes.status().ToString();
+  return bytes.ok() ? std::move(*bytes) : std::string();
 }
 
 std::string ReadFile(const std::string& path) {

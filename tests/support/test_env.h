@@ -5,10 +5,12 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "ckpt/dtype.h"
 #include "ckpt/status.h"
 #include "shm/segment_directory.h"
 #include "shm/segment_reader.h"
@@ -71,8 +73,20 @@ void WriteFile(const std::string& path, const std::string& bytes);
 std::string ReadFile(const std::string& path);
 // `n` as 8 little-endian bytes (a safetensors header's length prefix).
 std::string Le64(uint64_t n);
-// A safetensors file's bytes: the header's length, `header` (JSON), then `data`.
+// A safetensors file's bytes: the header's length, `header` (JSON), then `data`. Only for
+// headers a test writes by hand because they are malformed or unusual; a well-formed file
+// comes from SafetensorsOf.
 std::string SafetensorsBytes(const std::string& header, const std::string& data);
+// One tensor of a test file; its bytes are `data`.
+struct TestTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<int64_t> shape;
+  std::string data;
+};
+// A well-formed safetensors file of `tensors` (in order) and `metadata`, by the one writer
+// (format::SafetensorsFileBytes); fails the test and returns "" if the writer refuses.
+std::string SafetensorsOf(const std::vector<TestTensor>& tensors, const std::map<std::string, std::string>& metadata = {});
 
 // The segment directory of shm prefix `prefix`: that of the live DaemonProcess with this
 // prefix (see DaemonProcess::segment_dir()), else /dev/shm/<prefix> (a
