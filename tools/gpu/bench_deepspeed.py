@@ -271,10 +271,13 @@ def run_ranks(args, mode, world):
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--mode", mode] + args.passthrough
         # LOCAL_RANK is the GPU DeepSpeed's InferenceEngine takes (set_device(LOCAL_RANK)):
-        # ranks sharing the GPUs take rank % GPUs
-        local = r % max(1, torch.cuda.device_count()) if args.device == "cuda" else r
-        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(local)), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        # ranks sharing the GPUs take rank % GPUs, and each block of GPUs ranks is described
+        # as one node (LOCAL_WORLD_SIZE), so the launcher variables agree with each other
+        # (ckpt refuses LOCAL_RANK=0 of LOCAL_WORLD_SIZE=2 for RANK=1 of WORLD_SIZE=2).
+        gpus = max(1, torch.cuda.device_count()) if args.device == "cuda" else world
+        local = r % gpus
+        rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(min(gpus, world - (r - local))))
+        procs.append(subprocess.Popen(cmd, env=rank_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     # Every rank's output is read as it comes, each by a thread of its own: a rank whose
     # pipe filled (transformers' progress bars) while this read another would block in its
     # write, and the collective the others wait in with it.
@@ -291,8 +294,21 @@ def run_ranks(args, mode, world):
     readers = [threading.Thread(target=drain, args=(r, p), daemon=True) for r, p in enumerate(procs)]
     for t in readers:
         t.start()
-    for e in ready:
-        e.wait()
+    # A rank that fails before READY ends the run at once (the others would wait for it in
+    # DeepSpeed's collectives until its 30-minute timeout), with that rank's output.
+    while not all(e.is_set() for e in ready):
+        failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+        if failed:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for t in readers:
+                t.join(timeout=10)
+            for r in failed:
+                sys.stderr.write(f"rank {r} exited with {procs[r].returncode}:\n" + "".join(logs[r][-200:]))
+            stop.set()
+            raise RuntimeError(f"{mode} world {world}: rank(s) {failed} failed before they were ready")
+        time.sleep(0.1)
     wall = time.perf_counter() - t0
     hold = node_bytes()
     peak[0] = max(peak[0], hold)
