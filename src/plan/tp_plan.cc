@@ -435,82 +435,69 @@ Result<std::pair<int, int>> HeadCoords(int64_t units, bool replicate, int rank, 
   return std::make_pair(rank / per, static_cast<int>(units));
 }
 
-Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector<std::string>& groups, int rank,
-                        int world) {
+// `t` whole on this rank.
+Placement Whole(const TensorInfo& t) {
   Placement p;
-  const int ndim = static_cast<int>(t.shape.size());
-  if (rule.kind == Rule::Kind::kReplicate || ndim == 0) {
-    p.pieces.push_back({t.name, ShardSpec::Replicate()});
-    return p;
+  p.pieces.push_back({t.name, ShardSpec::Replicate()});
+  return p;
+}
+
+// An expert rule's tensor: whole on the rank that owns its expert, absent elsewhere.
+Result<Placement> PlaceExpert(const TensorInfo& t, const Rule& rule, const std::vector<std::string>& groups, int rank,
+                              int world) {
+  Placement p;
+  const std::string& text = groups.at(rule.expert_group);
+  if (!AllDigits(text)) return InvalidArgument("the expert index '" + text + "' is not a number");
+  const uint64_t index = std::stoull(text);
+  if (index >= static_cast<uint64_t>(rule.experts))
+    return InvalidArgument("expert " + text + " is beyond the " + std::to_string(rule.experts) +
+                           " experts the plan (config) names");
+  if (rule.experts % world != 0)
+    return InvalidArgument(std::to_string(rule.experts) + " experts do not divide over world " +
+                           std::to_string(world) + " (expert parallelism keeps whole experts per rank)");
+  const uint64_t per = static_cast<uint64_t>(rule.experts / world);
+  p.owned = index / per == static_cast<uint64_t>(rank);
+  if (p.owned) p.pieces.push_back({t.name, ShardSpec::Replicate()});
+  return p;
+}
+
+// The split of `dim` (resolved `d`, of `length`) holding `heads` equal heads (0: not by
+// heads) for this rank; `replicate`: fewer heads than ranks are held by several ranks.
+Result<ShardSpec> SplitSpec(const Rule& rule, int dim, int d, int64_t heads, bool replicate, int64_t length, int rank,
+                            int world) {
+  int r = rank, w = world;
+  if (heads > 0) {
+    if (length % heads != 0)
+      return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
+                             " does not hold " + std::to_string(heads) + " equal heads (config disagrees)");
+    CKPT_ASSIGN_OR_RETURN(auto rw, HeadCoords(heads, replicate, rank, world, replicate ? "key/value heads" : "heads"));
+    r = rw.first;
+    w = rw.second;
   }
-  if (rule.kind == Rule::Kind::kExpert) {
-    const std::string& text = groups.at(rule.expert_group);
-    if (!AllDigits(text)) return InvalidArgument("the expert index '" + text + "' is not a number");
-    const uint64_t index = std::stoull(text);
-    if (index >= static_cast<uint64_t>(rule.experts))
-      return InvalidArgument("expert " + text + " is beyond the " + std::to_string(rule.experts) +
-                             " experts the plan (config) names");
-    if (rule.experts % world != 0)
-      return InvalidArgument(std::to_string(rule.experts) + " experts do not divide over world " +
-                             std::to_string(world) + " (expert parallelism keeps whole experts per rank)");
-    const uint64_t per = static_cast<uint64_t>(rule.experts / world);
-    p.owned = index / per == static_cast<uint64_t>(rank);
-    if (p.owned) p.pieces.push_back({t.name, ShardSpec::Replicate()});
-    return p;
+  ShardSpec s = ShardSpec::Split(dim, r, w, rule.chunks, rule.uneven);
+  s.ceil_parts = rule.ceil;
+  return s;
+}
+
+// A rule with sections: one piece per section of dim 0, each split on its own.
+Result<Placement> PlaceSections(const TensorInfo& t, const Rule& rule, int dim, int d, int rank, int world) {
+  Placement p;
+  int64_t total = 0;
+  for (const auto& s : rule.sections) total += s.rows;
+  if (total != t.shape[0])
+    return InvalidArgument("dim 0 has " + std::to_string(t.shape[0]) + " rows, the plan's sections (config) add up to " +
+                           std::to_string(total));
+  int64_t begin = 0;
+  for (const auto& s : rule.sections) {
+    CKPT_ASSIGN_OR_RETURN(ShardSpec spec, SplitSpec(rule, dim, d, s.heads, s.replicate_heads, s.rows, rank, world));
+    p.pieces.push_back({t.name, spec, begin, s.rows});
+    begin += s.rows;
   }
-  int dim = rule.dim;
-  if (ndim == 1) {
-    switch (rule.vector) {
-      case Rule::Vector::kReplicate:
-        p.pieces.push_back({t.name, ShardSpec::Replicate()});
-        return p;
-      case Rule::Vector::kReplicateBias:
-        if (t.name.size() >= 4 && t.name.compare(t.name.size() - 4, 4, "bias") == 0) {
-          p.pieces.push_back({t.name, ShardSpec::Replicate()});
-          return p;
-        }
-        dim = 0;
-        break;
-      case Rule::Vector::kSplit:
-        dim = 0;
-        break;
-      case Rule::Vector::kSame:
-        break;
-    }
-  }
-  const int d = dim < 0 ? dim + ndim : dim;
-  if (d < 0 || d >= ndim)
-    return InvalidArgument("split dim " + std::to_string(dim) + " out of range for a " + std::to_string(ndim) +
-                           "-d tensor");
-  auto spec_for = [&](int64_t heads, bool replicate, int64_t length) -> Result<ShardSpec> {
-    int r = rank, w = world;
-    if (heads > 0) {
-      if (length % heads != 0)
-        return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
-                               " does not hold " + std::to_string(heads) + " equal heads (config disagrees)");
-      CKPT_ASSIGN_OR_RETURN(auto rw, HeadCoords(heads, replicate, rank, world, replicate ? "key/value heads" : "heads"));
-      r = rw.first;
-      w = rw.second;
-    }
-    ShardSpec s = ShardSpec::Split(dim, r, w, rule.chunks, rule.uneven);
-    s.ceil_parts = rule.ceil;
-    return s;
-  };
-  if (!rule.sections.empty()) {
-    int64_t total = 0;
-    for (const auto& s : rule.sections) total += s.rows;
-    if (total != t.shape[0])
-      return InvalidArgument("dim 0 has " + std::to_string(t.shape[0]) + " rows, the plan's sections (config) add up to " +
-                             std::to_string(total));
-    int64_t begin = 0;
-    for (const auto& s : rule.sections) {
-      CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(s.heads, s.replicate_heads, s.rows));
-      p.pieces.push_back({t.name, spec, begin, s.rows});
-      begin += s.rows;
-    }
-    return p;
-  }
-  const int64_t length = t.shape[d];
+  return p;
+}
+
+// OK if dim `d` (of `length`) holds the rule's experts or groups evenly and they divide over `world`.
+Status CheckUnits(const Rule& rule, int d, int64_t length, int world) {
   if (rule.experts > 0 || rule.experts_from_shape) {
     const int64_t experts = rule.experts_from_shape ? length : rule.experts;
     if (rule.experts > 0 && rule.units == "experts" && length != rule.experts)
@@ -523,12 +510,53 @@ Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector
       return InvalidArgument(std::to_string(experts) + " " + rule.units + " do not divide over world " +
                              std::to_string(world) + " (each rank takes whole " + rule.units + ")");
   }
+  return Status::Ok();
+}
+
+// A split rule's tensor along `dim` (the rule's, or 0 for a vector): its sections, or one piece.
+Result<Placement> PlaceSplit(const TensorInfo& t, const Rule& rule, int dim, int rank, int world) {
+  const int ndim = static_cast<int>(t.shape.size());
+  const int d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= ndim)
+    return InvalidArgument("split dim " + std::to_string(dim) + " out of range for a " + std::to_string(ndim) +
+                           "-d tensor");
+  if (!rule.sections.empty()) return PlaceSections(t, rule, dim, d, rank, world);
+  const int64_t length = t.shape[d];
+  CKPT_RETURN_IF_ERROR(CheckUnits(rule, d, length, world));
   if (rule.heads > 0 && length % rule.chunks != 0)
     return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
                            " does not hold " + std::to_string(rule.chunks) + " equal fused chunks");
-  CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(rule.heads, rule.replicate_heads, length / rule.chunks));
+  CKPT_ASSIGN_OR_RETURN(ShardSpec spec,
+                        SplitSpec(rule, dim, d, rule.heads, rule.replicate_heads, length / rule.chunks, rank, world));
+  Placement p;
   p.pieces.push_back({t.name, spec});
   return p;
+}
+
+// In named steps: whole (replicated or a scalar), by expert, or split along the rule's dim,
+// a vector's dim chosen by the rule's "vector".
+Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector<std::string>& groups, int rank,
+                        int world) {
+  const int ndim = static_cast<int>(t.shape.size());
+  if (rule.kind == Rule::Kind::kReplicate || ndim == 0) return Whole(t);
+  if (rule.kind == Rule::Kind::kExpert) return PlaceExpert(t, rule, groups, rank, world);
+  int dim = rule.dim;
+  if (ndim == 1) {
+    switch (rule.vector) {
+      case Rule::Vector::kReplicate:
+        return Whole(t);
+      case Rule::Vector::kReplicateBias:
+        if (t.name.size() >= 4 && t.name.compare(t.name.size() - 4, 4, "bias") == 0) return Whole(t);
+        dim = 0;
+        break;
+      case Rule::Vector::kSplit:
+        dim = 0;
+        break;
+      case Rule::Vector::kSame:
+        break;
+    }
+  }
+  return PlaceSplit(t, rule, dim, rank, world);
 }
 
 }  // namespace
