@@ -36,26 +36,29 @@ Result<Part> PartOf(int64_t n, int rank, int world, bool allow_uneven, bool ceil
 
 }  // namespace
 
-Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
-                              const ShardSpec& spec) {
+namespace {
+
+// OK if `dtype` is valid and no dimension of `shape` is negative.
+Status CheckTensor(DType dtype, const std::vector<int64_t>& shape) {
   if (!IsValidDType(static_cast<uint32_t>(dtype))) return InvalidArgument("invalid dtype");
   for (int64_t d : shape) {
     if (d < 0) return InvalidArgument("negative dimension in shape");
   }
-  const uint64_t elem = DTypeSize(dtype);
-  ShardLayout layout;
-  layout.dtype = dtype;
-  layout.shape = shape;
+  return Status::Ok();
+}
 
-  if (spec.kind == ShardSpec::Kind::kReplicate) {
-    auto bytes = TensorBytes(dtype, NumElements(shape));
-    if (!bytes) return InvalidArgument(std::string("a ") + DTypeName(dtype) + " tensor of that shape is not whole bytes");
-    layout.nbytes = *bytes;
-    if (layout.nbytes > 0) layout.regions.push_back({0, layout.nbytes, 0, layout.nbytes, layout.nbytes, 1});
-    return layout;
-  }
+// `layout` (dtype and shape set) as the whole tensor in one region.
+Result<ShardLayout> ReplicateLayout(ShardLayout layout) {
+  auto bytes = TensorBytes(layout.dtype, NumElements(layout.shape));
+  if (!bytes) return InvalidArgument(std::string("a ") + DTypeName(layout.dtype) + " tensor of that shape is not whole bytes");
+  layout.nbytes = *bytes;
+  if (layout.nbytes > 0) layout.regions.push_back({0, layout.nbytes, 0, layout.nbytes, layout.nbytes, 1});
+  return layout;
+}
 
-  if (elem == 0) {
+// OK if a tensor of `dtype` can be cut (whole bytes per element) and spec's rank is in its world.
+Status CheckCuttable(DType dtype, const ShardSpec& spec) {
+  if (DTypeSize(dtype) == 0) {
     return Unsupported(std::string("a ") + DTypeName(dtype) + " tensor packs several elements per byte: " +
                        "it can only be taken whole (replicate), not split or partitioned");
   }
@@ -64,21 +67,30 @@ Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
     return InvalidArgument("rank " + std::to_string(spec.rank) + " out of range for world " +
                            std::to_string(spec.world));
   }
-  if (spec.kind == ShardSpec::Kind::kFlatPartition) {
-    // DeepSpeed ZeRO-3: every rank holds ceil(numel / world) elements; the tail of the
-    // flattened tensor is padded with zeros up to world * that.
-    const uint64_t numel = NumElements(shape);
-    const uint64_t part = (numel + spec.world - 1) / spec.world;
-    const uint64_t begin = std::min<uint64_t>(numel, part * spec.rank);
-    const uint64_t taken = std::min<uint64_t>(part, numel - begin);
-    layout.shape = {static_cast<int64_t>(part)};
-    layout.nbytes = part * elem;
-    layout.padding_bytes = (part - taken) * elem;
-    if (taken > 0) layout.regions.push_back({begin * elem, taken * elem, 0, taken * elem, taken * elem, 1});
-    return layout;
-  }
-  if (spec.kind != ShardSpec::Kind::kSplit) return InvalidArgument("unknown shard kind");
+  return Status::Ok();
+}
+
+// `layout` (dtype and shape set) as spec.rank's part of the flattened tensor, zero-padded.
+ShardLayout FlatPartitionLayout(ShardLayout layout, const ShardSpec& spec) {
+  // DeepSpeed ZeRO-3: every rank holds ceil(numel / world) elements; the tail of the
+  // flattened tensor is padded with zeros up to world * that.
+  const uint64_t elem = DTypeSize(layout.dtype);
+  const uint64_t numel = NumElements(layout.shape);
+  const uint64_t part = (numel + spec.world - 1) / spec.world;
+  const uint64_t begin = std::min<uint64_t>(numel, part * spec.rank);
+  const uint64_t taken = std::min<uint64_t>(part, numel - begin);
+  layout.shape = {static_cast<int64_t>(part)};
+  layout.nbytes = part * elem;
+  layout.padding_bytes = (part - taken) * elem;
+  if (taken > 0) layout.regions.push_back({begin * elem, taken * elem, 0, taken * elem, taken * elem, 1});
+  return layout;
+}
+
+// `layout` (dtype and shape set) as spec.rank's part of every fused chunk along spec.dim.
+Result<ShardLayout> SplitLayout(ShardLayout layout, const ShardSpec& spec) {
   if (spec.fused_chunks < 1) return InvalidArgument("fused_chunks must be >= 1");
+  const std::vector<int64_t>& shape = layout.shape;
+  const uint64_t elem = DTypeSize(layout.dtype);
   const int ndim = static_cast<int>(shape.size());
   const int dim = spec.dim < 0 ? spec.dim + ndim : spec.dim;
   if (dim < 0 || dim >= ndim) {
@@ -124,6 +136,23 @@ Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
     layout.regions.push_back(r);
   }
   return layout;
+}
+
+}  // namespace
+
+// In named steps: check the tensor, then lay out the replica, or check it can be cut and lay
+// out the flat partition or the split.
+Result<ShardLayout> PlanShard(DType dtype, const std::vector<int64_t>& shape,
+                              const ShardSpec& spec) {
+  CKPT_RETURN_IF_ERROR(CheckTensor(dtype, shape));
+  ShardLayout layout;
+  layout.dtype = dtype;
+  layout.shape = shape;
+  if (spec.kind == ShardSpec::Kind::kReplicate) return ReplicateLayout(std::move(layout));
+  CKPT_RETURN_IF_ERROR(CheckCuttable(dtype, spec));
+  if (spec.kind == ShardSpec::Kind::kFlatPartition) return FlatPartitionLayout(std::move(layout), spec);
+  if (spec.kind != ShardSpec::Kind::kSplit) return InvalidArgument("unknown shard kind");
+  return SplitLayout(std::move(layout), spec);
 }
 
 Status GatherShard(const ShardLayout& layout, const void* tensor, void* dst, size_t dst_size) {

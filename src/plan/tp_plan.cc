@@ -238,8 +238,151 @@ Result<int> GroupIndex(const nlohmann::json& v, const Regex& pattern, const std:
   return v.get<int>();
 }
 
+// OK if every key of the plan object `doc` is a known one.
+Status CheckPlanKeys(const nlohmann::json& doc) {
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require", "max_world"};
+    if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
+      return InvalidArgument("unknown key '" + it.key() +
+                             "' in plan (known: rules, default, convention, family, require, max_world, comment)");
+  }
+  return Status::Ok();
+}
+
+// Sets what `doc` says of "convention", "family" and "max_world" (world and why); the others stay.
+Status ParsePlanScalars(const nlohmann::json& doc, Convention* convention, std::string* family, int* max_world,
+                        std::string* max_world_why) {
+  if (doc.contains("convention")) {
+    if (!doc["convention"].is_string()) return InvalidArgument("plan \"convention\" must be \"megatron\" or \"hf\"");
+    auto c = ParseConvention(doc["convention"].get<std::string>());
+    if (!c.ok()) return c.status().WithContext("plan \"convention\"");
+    *convention = *c;
+  }
+  if (doc.contains("family")) {
+    if (!doc["family"].is_string()) return InvalidArgument("plan \"family\" must be a string");
+    *family = doc["family"].get<std::string>();
+  }
+  if (doc.contains("max_world")) {
+    const auto& mw = doc["max_world"];
+    if (!mw.is_object() || !mw.contains("world") || !mw["world"].is_number_integer() || mw["world"].get<int>() < 1)
+      return InvalidArgument("plan \"max_world\" is {\"world\": n, \"why\": text}");
+    *max_world = mw["world"].get<int>();
+    *max_world_why = mw.contains("why") && mw["why"].is_string() ? mw["why"].get<std::string>() : "";
+  }
+  return Status::Ok();
+}
+
+// The entry of the plan's "default" rule (an empty entry when there is none).
+Result<std::shared_ptr<TpPlan::Entry>> ParseDefault(const nlohmann::json& doc) {
+  auto default_entry = std::make_shared<TpPlan::Entry>();
+  if (doc.contains("default")) {
+    if (!doc["default"].is_string()) return InvalidArgument("plan \"default\" must be a rule name");
+    auto r = ParseRule(doc["default"]);
+    if (!r.ok()) return r.status().WithContext("plan \"default\"");
+    default_entry->rule = *r;
+    default_entry->pattern_text = "default";
+  }
+  return default_entry;
+}
+
+// Sets entry's "fuse_key" groups (one or an array), each a capture group of its pattern.
+Status ParseFuseKeys(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
+  if (!e.contains("fuse_key")) return Status::Ok();
+  const auto& k = e["fuse_key"];
+  if (k.is_array()) {
+    for (const auto& g : k) {
+      auto index = GroupIndex(g, entry->pattern, "fuse_key");
+      if (!index.ok()) return index.status().WithContext(where);
+      entry->fuse_keys.push_back(*index);
+    }
+  } else {
+    auto g = GroupIndex(k, entry->pattern, "fuse_key");
+    if (!g.ok()) return g.status().WithContext(where);
+    entry->fuse_keys.push_back(*g);
+  }
+  return Status::Ok();
+}
+
+// Sets entry's fusion ("fuse_into", "fuse_key", "fuse_order", "stack", "stack_count") from
+// rule `e`; InvalidArgument if the fusion keys come without "fuse_into" or do not fit the pattern.
+Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
+  if (!e.contains("fuse_into")) {
+    if (e.contains("fuse_key") || e.contains("fuse_order") || e.contains("stack") || e.contains("stack_count"))
+      return InvalidArgument(where + ": \"fuse_key\"/\"fuse_order\"/\"stack\" without \"fuse_into\"");
+    return Status::Ok();
+  }
+  if (!e["fuse_into"].is_string() || e["fuse_into"].get<std::string>().empty())
+    return InvalidArgument(where + ": \"fuse_into\" must be a non-empty string");
+  entry->fuse_into = e["fuse_into"].get<std::string>();
+  auto most = Regex::MaxGroupReferenced(entry->fuse_into);
+  if (!most.ok()) return most.status().WithContext(where);
+  if (*most > entry->pattern.groups())
+    return InvalidArgument(where + ": \"fuse_into\" refers to group " + std::to_string(*most) + " but /" +
+                           entry->pattern_text + "/ has " + std::to_string(entry->pattern.groups()));
+  CKPT_RETURN_IF_ERROR(ParseFuseKeys(e, where, entry));
+  if (e.contains("fuse_order")) {
+    if (!e["fuse_order"].is_array()) return InvalidArgument(where + ": \"fuse_order\" must be an array");
+    for (const auto& k : e["fuse_order"]) {
+      if (!k.is_string()) return InvalidArgument(where + ": \"fuse_order\" holds strings");
+      entry->fuse_order.push_back(k.get<std::string>());
+    }
+  }
+  if (e.contains("stack")) {
+    auto g = GroupIndex(e["stack"], entry->pattern, "stack");
+    if (!g.ok()) return g.status().WithContext(where);
+    if (*g == 0) return InvalidArgument(where + ": \"stack\" must name a capture group >= 1");
+    entry->stack = *g;
+    if (e.contains("stack_count")) {
+      CKPT_ASSIGN_OR_RETURN(entry->stack_count, PositiveInt(e["stack_count"], "stack_count"));
+    }
+  } else if (e.contains("stack_count")) {
+    return InvalidArgument(where + ": \"stack_count\" without \"stack\"");
+  }
+  if (entry->transpose && entry->stack) return InvalidArgument(where + ": \"transpose\" and \"stack\" exclude each other");
+  return Status::Ok();
+}
+
+// The entry of plan rule `e` (named `where` in errors): its pattern, rule, transpose,
+// if_absent and fusion.
+Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const std::string& where) {
+  if (!e.is_object() || !e.contains("pattern") || !e["pattern"].is_string() || !e.contains("rule"))
+    return InvalidArgument(where + ": needs \"pattern\" (string) and \"rule\"");
+  for (auto it = e.begin(); it != e.end(); ++it) {
+    static const char* kKeys[] = {"pattern",    "rule",  "transpose",   "fuse_into", "fuse_key",
+                                  "fuse_order", "stack", "stack_count", "if_absent", "comment"};
+    if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
+      return InvalidArgument(where + ": unknown key '" + it.key() + "'");
+  }
+  auto entry = std::make_shared<TpPlan::Entry>();
+  entry->pattern_text = e["pattern"].get<std::string>();
+  auto compiled = Regex::Compile(entry->pattern_text);
+  if (!compiled.ok()) return compiled.status().WithContext(where);
+  entry->pattern = std::move(*compiled);
+  auto rule = ParseRule(e["rule"]);
+  if (!rule.ok()) return rule.status().WithContext(where + " (/" + entry->pattern_text + "/)");
+  entry->rule = *rule;
+  if (entry->rule.kind == Rule::Kind::kExpert &&
+      static_cast<size_t>(entry->rule.expert_group) > entry->pattern.groups())
+    return InvalidArgument(where + ": \"expert\" names group " + std::to_string(entry->rule.expert_group) +
+                           " but /" + entry->pattern_text + "/ has " + std::to_string(entry->pattern.groups()));
+  if (e.contains("transpose")) {
+    if (!e["transpose"].is_boolean()) return InvalidArgument(where + ": \"transpose\" must be a boolean");
+    entry->transpose = e["transpose"].get<bool>();
+  }
+  if (e.contains("if_absent")) {
+    if (!e["if_absent"].is_string()) return InvalidArgument(where + ": \"if_absent\" must be a pattern");
+    auto absent = Regex::Compile(e["if_absent"].get<std::string>());
+    if (!absent.ok()) return absent.status().WithContext(where + " \"if_absent\"");
+    entry->if_absent = std::move(*absent);
+  }
+  CKPT_RETURN_IF_ERROR(ParseFusion(e, where, entry.get()));
+  return entry;
+}
+
 }  // namespace
 
+// In named steps: parse the JSON, check its keys, read the scalars and the default rule,
+// then the requirements and every rule's entry.
 Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
   nlohmann::json doc;
   try {
@@ -250,38 +393,10 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
   if (!doc.is_object()) return InvalidArgument("plan must be a JSON object");
   TpPlan plan;
   plan.json_ = json_text;
-  for (auto it = doc.begin(); it != doc.end(); ++it) {
-    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require", "max_world"};
-    if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
-      return InvalidArgument("unknown key '" + it.key() +
-                             "' in plan (known: rules, default, convention, family, require, max_world, comment)");
-  }
-  if (doc.contains("convention")) {
-    if (!doc["convention"].is_string()) return InvalidArgument("plan \"convention\" must be \"megatron\" or \"hf\"");
-    auto c = ParseConvention(doc["convention"].get<std::string>());
-    if (!c.ok()) return c.status().WithContext("plan \"convention\"");
-    plan.convention_ = *c;
-  }
-  if (doc.contains("family")) {
-    if (!doc["family"].is_string()) return InvalidArgument("plan \"family\" must be a string");
-    plan.family_ = doc["family"].get<std::string>();
-  }
-  if (doc.contains("max_world")) {
-    const auto& mw = doc["max_world"];
-    if (!mw.is_object() || !mw.contains("world") || !mw["world"].is_number_integer() || mw["world"].get<int>() < 1)
-      return InvalidArgument("plan \"max_world\" is {\"world\": n, \"why\": text}");
-    plan.max_world_ = mw["world"].get<int>();
-    plan.max_world_why_ = mw.contains("why") && mw["why"].is_string() ? mw["why"].get<std::string>() : "";
-  }
-  auto default_entry = std::make_shared<Entry>();
-  if (doc.contains("default")) {
-    if (!doc["default"].is_string()) return InvalidArgument("plan \"default\" must be a rule name");
-    auto r = ParseRule(doc["default"]);
-    if (!r.ok()) return r.status().WithContext("plan \"default\"");
-    default_entry->rule = *r;
-    default_entry->pattern_text = "default";
-  }
-  plan.default_ = default_entry;
+  CKPT_RETURN_IF_ERROR(CheckPlanKeys(doc));
+  CKPT_RETURN_IF_ERROR(
+      ParsePlanScalars(doc, &plan.convention_, &plan.family_, &plan.max_world_, &plan.max_world_why_));
+  CKPT_ASSIGN_OR_RETURN(plan.default_, ParseDefault(doc));
   if (doc.contains("require")) {
     if (!doc["require"].is_array()) return InvalidArgument("plan \"require\" must be an array");
     for (const auto& q : doc["require"]) {
@@ -292,8 +407,8 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
       if (!compiled.ok()) return compiled.status().WithContext("plan \"require\"");
       req->pattern = std::move(*compiled);
       if (q.contains("count")) {
-          CKPT_ASSIGN_OR_RETURN(req->count, PositiveInt(q["count"], "count"));
-        }
+        CKPT_ASSIGN_OR_RETURN(req->count, PositiveInt(q["count"], "count"));
+      }
       req->what = q.contains("what") && q["what"].is_string() ? q["what"].get<std::string>() : req->pattern.text();
       plan.requirements_.push_back(std::move(req));
     }
@@ -302,82 +417,7 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
     if (!doc["rules"].is_array()) return InvalidArgument("plan \"rules\" must be an array");
     int index = 0;
     for (const auto& e : doc["rules"]) {
-      const std::string where = "plan rule #" + std::to_string(index++);
-      if (!e.is_object() || !e.contains("pattern") || !e["pattern"].is_string() || !e.contains("rule"))
-        return InvalidArgument(where + ": needs \"pattern\" (string) and \"rule\"");
-      for (auto it = e.begin(); it != e.end(); ++it) {
-        static const char* kKeys[] = {"pattern",    "rule",  "transpose",   "fuse_into", "fuse_key",
-                                      "fuse_order", "stack", "stack_count", "if_absent", "comment"};
-        if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
-          return InvalidArgument(where + ": unknown key '" + it.key() + "'");
-      }
-      auto entry = std::make_shared<Entry>();
-      entry->pattern_text = e["pattern"].get<std::string>();
-      auto compiled = Regex::Compile(entry->pattern_text);
-      if (!compiled.ok()) return compiled.status().WithContext(where);
-      entry->pattern = std::move(*compiled);
-      auto rule = ParseRule(e["rule"]);
-      if (!rule.ok()) return rule.status().WithContext(where + " (/" + entry->pattern_text + "/)");
-      entry->rule = *rule;
-      if (entry->rule.kind == Rule::Kind::kExpert &&
-          static_cast<size_t>(entry->rule.expert_group) > entry->pattern.groups())
-        return InvalidArgument(where + ": \"expert\" names group " + std::to_string(entry->rule.expert_group) +
-                               " but /" + entry->pattern_text + "/ has " + std::to_string(entry->pattern.groups()));
-      if (e.contains("transpose")) {
-        if (!e["transpose"].is_boolean()) return InvalidArgument(where + ": \"transpose\" must be a boolean");
-        entry->transpose = e["transpose"].get<bool>();
-      }
-      if (e.contains("if_absent")) {
-        if (!e["if_absent"].is_string()) return InvalidArgument(where + ": \"if_absent\" must be a pattern");
-        auto absent = Regex::Compile(e["if_absent"].get<std::string>());
-        if (!absent.ok()) return absent.status().WithContext(where + " \"if_absent\"");
-        entry->if_absent = std::move(*absent);
-      }
-      if (e.contains("fuse_into")) {
-        if (!e["fuse_into"].is_string() || e["fuse_into"].get<std::string>().empty())
-          return InvalidArgument(where + ": \"fuse_into\" must be a non-empty string");
-        entry->fuse_into = e["fuse_into"].get<std::string>();
-        auto most = Regex::MaxGroupReferenced(entry->fuse_into);
-        if (!most.ok()) return most.status().WithContext(where);
-        if (*most > entry->pattern.groups())
-          return InvalidArgument(where + ": \"fuse_into\" refers to group " + std::to_string(*most) + " but /" +
-                                 entry->pattern_text + "/ has " + std::to_string(entry->pattern.groups()));
-        if (e.contains("fuse_key")) {
-          const auto& k = e["fuse_key"];
-          if (k.is_array()) {
-            for (const auto& g : k) {
-              auto index = GroupIndex(g, entry->pattern, "fuse_key");
-              if (!index.ok()) return index.status().WithContext(where);
-              entry->fuse_keys.push_back(*index);
-            }
-          } else {
-            auto g = GroupIndex(k, entry->pattern, "fuse_key");
-            if (!g.ok()) return g.status().WithContext(where);
-            entry->fuse_keys.push_back(*g);
-          }
-        }
-        if (e.contains("fuse_order")) {
-          if (!e["fuse_order"].is_array()) return InvalidArgument(where + ": \"fuse_order\" must be an array");
-          for (const auto& k : e["fuse_order"]) {
-            if (!k.is_string()) return InvalidArgument(where + ": \"fuse_order\" holds strings");
-            entry->fuse_order.push_back(k.get<std::string>());
-          }
-        }
-        if (e.contains("stack")) {
-          auto g = GroupIndex(e["stack"], entry->pattern, "stack");
-          if (!g.ok()) return g.status().WithContext(where);
-          if (*g == 0) return InvalidArgument(where + ": \"stack\" must name a capture group >= 1");
-          entry->stack = *g;
-          if (e.contains("stack_count")) {
-          CKPT_ASSIGN_OR_RETURN(entry->stack_count, PositiveInt(e["stack_count"], "stack_count"));
-        }
-        } else if (e.contains("stack_count")) {
-          return InvalidArgument(where + ": \"stack_count\" without \"stack\"");
-        }
-        if (entry->transpose && entry->stack) return InvalidArgument(where + ": \"transpose\" and \"stack\" exclude each other");
-      } else if (e.contains("fuse_key") || e.contains("fuse_order") || e.contains("stack") || e.contains("stack_count")) {
-        return InvalidArgument(where + ": \"fuse_key\"/\"fuse_order\"/\"stack\" without \"fuse_into\"");
-      }
+      CKPT_ASSIGN_OR_RETURN(auto entry, ParseEntry(e, "plan rule #" + std::to_string(index++)));
       plan.entries_.push_back(std::move(entry));
     }
   }
@@ -435,82 +475,69 @@ Result<std::pair<int, int>> HeadCoords(int64_t units, bool replicate, int rank, 
   return std::make_pair(rank / per, static_cast<int>(units));
 }
 
-Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector<std::string>& groups, int rank,
-                        int world) {
+// `t` whole on this rank.
+Placement Whole(const TensorInfo& t) {
   Placement p;
-  const int ndim = static_cast<int>(t.shape.size());
-  if (rule.kind == Rule::Kind::kReplicate || ndim == 0) {
-    p.pieces.push_back({t.name, ShardSpec::Replicate()});
-    return p;
+  p.pieces.push_back({t.name, ShardSpec::Replicate()});
+  return p;
+}
+
+// An expert rule's tensor: whole on the rank that owns its expert, absent elsewhere.
+Result<Placement> PlaceExpert(const TensorInfo& t, const Rule& rule, const std::vector<std::string>& groups, int rank,
+                              int world) {
+  Placement p;
+  const std::string& text = groups.at(rule.expert_group);
+  if (!AllDigits(text)) return InvalidArgument("the expert index '" + text + "' is not a number");
+  const uint64_t index = std::stoull(text);
+  if (index >= static_cast<uint64_t>(rule.experts))
+    return InvalidArgument("expert " + text + " is beyond the " + std::to_string(rule.experts) +
+                           " experts the plan (config) names");
+  if (rule.experts % world != 0)
+    return InvalidArgument(std::to_string(rule.experts) + " experts do not divide over world " +
+                           std::to_string(world) + " (expert parallelism keeps whole experts per rank)");
+  const uint64_t per = static_cast<uint64_t>(rule.experts / world);
+  p.owned = index / per == static_cast<uint64_t>(rank);
+  if (p.owned) p.pieces.push_back({t.name, ShardSpec::Replicate()});
+  return p;
+}
+
+// The split of `dim` (resolved `d`, of `length`) holding `heads` equal heads (0: not by
+// heads) for this rank; `replicate`: fewer heads than ranks are held by several ranks.
+Result<ShardSpec> SplitSpec(const Rule& rule, int dim, int d, int64_t heads, bool replicate, int64_t length, int rank,
+                            int world) {
+  int r = rank, w = world;
+  if (heads > 0) {
+    if (length % heads != 0)
+      return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
+                             " does not hold " + std::to_string(heads) + " equal heads (config disagrees)");
+    CKPT_ASSIGN_OR_RETURN(auto rw, HeadCoords(heads, replicate, rank, world, replicate ? "key/value heads" : "heads"));
+    r = rw.first;
+    w = rw.second;
   }
-  if (rule.kind == Rule::Kind::kExpert) {
-    const std::string& text = groups.at(rule.expert_group);
-    if (!AllDigits(text)) return InvalidArgument("the expert index '" + text + "' is not a number");
-    const uint64_t index = std::stoull(text);
-    if (index >= static_cast<uint64_t>(rule.experts))
-      return InvalidArgument("expert " + text + " is beyond the " + std::to_string(rule.experts) +
-                             " experts the plan (config) names");
-    if (rule.experts % world != 0)
-      return InvalidArgument(std::to_string(rule.experts) + " experts do not divide over world " +
-                             std::to_string(world) + " (expert parallelism keeps whole experts per rank)");
-    const uint64_t per = static_cast<uint64_t>(rule.experts / world);
-    p.owned = index / per == static_cast<uint64_t>(rank);
-    if (p.owned) p.pieces.push_back({t.name, ShardSpec::Replicate()});
-    return p;
+  ShardSpec s = ShardSpec::Split(dim, r, w, rule.chunks, rule.uneven);
+  s.ceil_parts = rule.ceil;
+  return s;
+}
+
+// A rule with sections: one piece per section of dim 0, each split on its own.
+Result<Placement> PlaceSections(const TensorInfo& t, const Rule& rule, int dim, int d, int rank, int world) {
+  Placement p;
+  int64_t total = 0;
+  for (const auto& s : rule.sections) total += s.rows;
+  if (total != t.shape[0])
+    return InvalidArgument("dim 0 has " + std::to_string(t.shape[0]) + " rows, the plan's sections (config) add up to " +
+                           std::to_string(total));
+  int64_t begin = 0;
+  for (const auto& s : rule.sections) {
+    CKPT_ASSIGN_OR_RETURN(ShardSpec spec, SplitSpec(rule, dim, d, s.heads, s.replicate_heads, s.rows, rank, world));
+    p.pieces.push_back({t.name, spec, begin, s.rows});
+    begin += s.rows;
   }
-  int dim = rule.dim;
-  if (ndim == 1) {
-    switch (rule.vector) {
-      case Rule::Vector::kReplicate:
-        p.pieces.push_back({t.name, ShardSpec::Replicate()});
-        return p;
-      case Rule::Vector::kReplicateBias:
-        if (t.name.size() >= 4 && t.name.compare(t.name.size() - 4, 4, "bias") == 0) {
-          p.pieces.push_back({t.name, ShardSpec::Replicate()});
-          return p;
-        }
-        dim = 0;
-        break;
-      case Rule::Vector::kSplit:
-        dim = 0;
-        break;
-      case Rule::Vector::kSame:
-        break;
-    }
-  }
-  const int d = dim < 0 ? dim + ndim : dim;
-  if (d < 0 || d >= ndim)
-    return InvalidArgument("split dim " + std::to_string(dim) + " out of range for a " + std::to_string(ndim) +
-                           "-d tensor");
-  auto spec_for = [&](int64_t heads, bool replicate, int64_t length) -> Result<ShardSpec> {
-    int r = rank, w = world;
-    if (heads > 0) {
-      if (length % heads != 0)
-        return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
-                               " does not hold " + std::to_string(heads) + " equal heads (config disagrees)");
-      CKPT_ASSIGN_OR_RETURN(auto rw, HeadCoords(heads, replicate, rank, world, replicate ? "key/value heads" : "heads"));
-      r = rw.first;
-      w = rw.second;
-    }
-    ShardSpec s = ShardSpec::Split(dim, r, w, rule.chunks, rule.uneven);
-    s.ceil_parts = rule.ceil;
-    return s;
-  };
-  if (!rule.sections.empty()) {
-    int64_t total = 0;
-    for (const auto& s : rule.sections) total += s.rows;
-    if (total != t.shape[0])
-      return InvalidArgument("dim 0 has " + std::to_string(t.shape[0]) + " rows, the plan's sections (config) add up to " +
-                             std::to_string(total));
-    int64_t begin = 0;
-    for (const auto& s : rule.sections) {
-      CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(s.heads, s.replicate_heads, s.rows));
-      p.pieces.push_back({t.name, spec, begin, s.rows});
-      begin += s.rows;
-    }
-    return p;
-  }
-  const int64_t length = t.shape[d];
+  return p;
+}
+
+// OK if dim `d` (of `length`) holds the rule's experts or groups evenly and they divide over `world`.
+Status CheckUnits(const Rule& rule, int d, int64_t length, int world) {
   if (rule.experts > 0 || rule.experts_from_shape) {
     const int64_t experts = rule.experts_from_shape ? length : rule.experts;
     if (rule.experts > 0 && rule.units == "experts" && length != rule.experts)
@@ -523,12 +550,53 @@ Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector
       return InvalidArgument(std::to_string(experts) + " " + rule.units + " do not divide over world " +
                              std::to_string(world) + " (each rank takes whole " + rule.units + ")");
   }
+  return Status::Ok();
+}
+
+// A split rule's tensor along `dim` (the rule's, or 0 for a vector): its sections, or one piece.
+Result<Placement> PlaceSplit(const TensorInfo& t, const Rule& rule, int dim, int rank, int world) {
+  const int ndim = static_cast<int>(t.shape.size());
+  const int d = dim < 0 ? dim + ndim : dim;
+  if (d < 0 || d >= ndim)
+    return InvalidArgument("split dim " + std::to_string(dim) + " out of range for a " + std::to_string(ndim) +
+                           "-d tensor");
+  if (!rule.sections.empty()) return PlaceSections(t, rule, dim, d, rank, world);
+  const int64_t length = t.shape[d];
+  CKPT_RETURN_IF_ERROR(CheckUnits(rule, d, length, world));
   if (rule.heads > 0 && length % rule.chunks != 0)
     return InvalidArgument("dimension " + std::to_string(d) + " of length " + std::to_string(length) +
                            " does not hold " + std::to_string(rule.chunks) + " equal fused chunks");
-  CKPT_ASSIGN_OR_RETURN(ShardSpec spec, spec_for(rule.heads, rule.replicate_heads, length / rule.chunks));
+  CKPT_ASSIGN_OR_RETURN(ShardSpec spec,
+                        SplitSpec(rule, dim, d, rule.heads, rule.replicate_heads, length / rule.chunks, rank, world));
+  Placement p;
   p.pieces.push_back({t.name, spec});
   return p;
+}
+
+// In named steps: whole (replicated or a scalar), by expert, or split along the rule's dim,
+// a vector's dim chosen by the rule's "vector".
+Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector<std::string>& groups, int rank,
+                        int world) {
+  const int ndim = static_cast<int>(t.shape.size());
+  if (rule.kind == Rule::Kind::kReplicate || ndim == 0) return Whole(t);
+  if (rule.kind == Rule::Kind::kExpert) return PlaceExpert(t, rule, groups, rank, world);
+  int dim = rule.dim;
+  if (ndim == 1) {
+    switch (rule.vector) {
+      case Rule::Vector::kReplicate:
+        return Whole(t);
+      case Rule::Vector::kReplicateBias:
+        if (t.name.size() >= 4 && t.name.compare(t.name.size() - 4, 4, "bias") == 0) return Whole(t);
+        dim = 0;
+        break;
+      case Rule::Vector::kSplit:
+        dim = 0;
+        break;
+      case Rule::Vector::kSame:
+        break;
+    }
+  }
+  return PlaceSplit(t, rule, dim, rank, world);
 }
 
 }  // namespace
