@@ -299,6 +299,159 @@ Status SplitDir(const std::string& dir, std::string* parent, std::string* base) 
   return Status::Ok();
 }
 
+// One safetensors file of the plan.
+struct PlannedFile {
+  std::string name;
+  std::string prefix;  // the length and the header
+  uint64_t data_bytes = 0;
+};
+
+// What persist writes, decided before anything is created: the tensor files (one per
+// group), the index of a sharded checkpoint, the side files, and the bytes of it all.
+struct PersistPlan {
+  uint64_t data_total = 0;  // the tensors' bytes
+  std::vector<std::vector<size_t>> groups;
+  bool sharded = false;
+  std::vector<PlannedFile> files;  // one per group
+  std::string index;               // sharded only
+  std::vector<std::string> side_names;
+  std::vector<std::string_view> side_bytes;
+  uint64_t total = 0;  // every byte written
+};
+
+// Plans the tensor files: the groups, each file's name and prefix, the sizes (checked)
+// and the index's weight map. Refuses a tensor named '__metadata__'.
+Status PlanTensorFiles(const Checkpoint& checkpoint, const PersistOptions& options,
+                       const std::map<std::string, std::string>& metadata, PersistPlan& plan,
+                       nlohmann::ordered_json& weight_map) {
+  const std::vector<TensorInfo>& tensors = checkpoint.tensors();
+  for (const TensorInfo& t : tensors) {
+    if (__builtin_add_overflow(plan.data_total, t.nbytes, &plan.data_total)) {
+      return InvalidArgument("tensor sizes overflow 64 bits");
+    }
+    if (t.name == "__metadata__") {
+      return Corrupt("'" + checkpoint.name() + "' has a tensor named '__metadata__', which safetensors reserves");
+    }
+  }
+  plan.groups = PlanFiles(tensors, options.max_shard_bytes);
+  plan.sharded = plan.groups.size() > 1;
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    PlannedFile f;
+    f.name = plan.sharded ? ShardName(g, plan.groups.size()) : kSingleFile;
+    CKPT_ASSIGN_OR_RETURN(f.prefix, Prefix(tensors, plan.groups[g], metadata, &f.data_bytes));
+    for (size_t i : plan.groups[g]) weight_map[tensors[i].name] = f.name;
+    uint64_t size = f.prefix.size();
+    if (__builtin_add_overflow(size, f.data_bytes, &size) || __builtin_add_overflow(plan.total, size, &plan.total)) {
+      return InvalidArgument("file sizes overflow 64 bits");
+    }
+    plan.files.push_back(std::move(f));
+  }
+  return Status::Ok();
+}
+
+// The index of a sharded checkpoint: its metadata with "total_size", and the weight map.
+Status PlanIndex(const std::map<std::string, std::string>& metadata, const nlohmann::ordered_json& weight_map,
+                 PersistPlan& plan) {
+  nlohmann::ordered_json md = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : metadata) md[k] = v;
+  md["total_size"] = plan.data_total;
+  nlohmann::ordered_json doc = {{"metadata", md}, {"weight_map", weight_map}};
+  try {
+    plan.index = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::strict) + "\n";
+  } catch (const nlohmann::json::exception& e) {
+    return Corrupt(std::string("a tensor name or metadata value is not valid UTF-8: ") + e.what());
+  }
+  plan.total += plan.index.size();
+  return Status::Ok();
+}
+
+// The side files: named by publish's rule, none named like another file of the folder.
+Status PlanSideFiles(const Checkpoint& checkpoint, PersistPlan& plan) {
+  std::set<std::string> taken;
+  for (const PlannedFile& f : plan.files) taken.insert(f.name);
+  if (plan.sharded) taken.insert(kIndexFile);
+  plan.side_names = checkpoint.side_files();
+  for (const std::string& n : plan.side_names) {
+    if (Status named = CheckSideFileName(n); !named.ok()) {  // the rule publish applies
+      return Corrupt("'" + checkpoint.name() + "' cannot be written beside its tensors: " + named.message());
+    }
+    if (!taken.insert(n).second) {
+      return Corrupt("'" + checkpoint.name() + "' has two side files named '" + n + "'");
+    }
+    CKPT_ASSIGN_OR_RETURN(std::string_view bytes, checkpoint.SideFile(n));
+    plan.side_bytes.push_back(bytes);
+    plan.total += bytes.size();
+  }
+  return Status::Ok();
+}
+
+// The whole plan, in that order (files, index, side files).
+Result<PersistPlan> PlanPersist(const Checkpoint& checkpoint, const PersistOptions& options) {
+  PersistPlan plan;
+  const std::map<std::string, std::string> metadata = FileMetadata(checkpoint.metadata());
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  CKPT_RETURN_IF_ERROR(PlanTensorFiles(checkpoint, options, metadata, plan, weight_map));
+  if (plan.sharded) CKPT_RETURN_IF_ERROR(PlanIndex(metadata, weight_map, plan));
+  CKPT_RETURN_IF_ERROR(PlanSideFiles(checkpoint, plan));
+  return plan;
+}
+
+// Writes the planned files into the staging folder (tensor files, index, side files, each
+// fsynced) and fsyncs the folder, listing each file in `result` once written.
+Status WritePlannedFiles(const Checkpoint& checkpoint, const PersistPlan& plan, const StagingDir& staging,
+                         Progress* progress, PersistResult& result) {
+  const std::vector<TensorInfo>& tensors = checkpoint.tensors();
+  for (size_t g = 0; g < plan.groups.size(); ++g) {
+    const PlannedFile& f = plan.files[g];
+    const uint64_t size = f.prefix.size() + f.data_bytes;
+    CKPT_ASSIGN_OR_RETURN(UniqueFd fd, CreateFile(staging.fd(), f.name, size));
+    uint64_t written = 0, flushed = 0;
+    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(f.prefix.data()), f.prefix.size(),
+                                  f.name, progress, true, &written, &flushed));
+    for (size_t i : plan.groups[g]) {
+      CKPT_ASSIGN_OR_RETURN(const std::byte* data, checkpoint.TensorData(tensors[i].name));
+      CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), data, tensors[i].nbytes, f.name, progress, true, &written, &flushed));
+    }
+    CKPT_RETURN_IF_ERROR(FinishFile(std::move(fd), f.name, written, size));
+    result.files.push_back(f.name);
+    if (!progress->Report(true)) return Cancelled("persist cancelled");  // each file done, whatever the clock
+  }
+  if (plan.sharded) {
+    CKPT_RETURN_IF_ERROR(WriteSmallFile(staging.fd(), kIndexFile, plan.index, progress));
+    result.files.push_back(kIndexFile);
+  }
+  for (size_t s = 0; s < plan.side_names.size(); ++s) {
+    CKPT_RETURN_IF_ERROR(WriteSmallFile(staging.fd(), plan.side_names[s], plan.side_bytes[s], progress));
+    result.side_files.push_back(plan.side_names[s]);
+  }
+  if (::fsync(staging.fd()) != 0) return ErrnoError("cannot fsync '" + staging.name() + "'", errno);
+  return Status::Ok();
+}
+
+// Into place: a new name, or an atomic exchange with the folder that is there (checked
+// again: it may have appeared, or changed, while we wrote). The staging folder is gone
+// (removed, or renamed to `dir`) when this returns Ok.
+Status MoveIntoPlace(int parent_fd, const std::string& parent, const std::string& base, const std::string& dir,
+                     const PersistOptions& options, std::unique_ptr<StagingDir>& staging) {
+  mode_t old_mode = 0;
+  CKPT_ASSIGN_OR_RETURN(Existing now, InspectDestination(parent_fd, base, dir, options.replace, &old_mode));
+  if (now == Existing::kAbsent) {
+    if (::renameat2(parent_fd, staging->name().c_str(), parent_fd, base.c_str(), RENAME_NOREPLACE) != 0) {
+      return ErrnoError("cannot rename the new folder to '" + dir + "'", errno);
+    }
+    staging->Keep();
+  } else {
+    if (::renameat2(parent_fd, staging->name().c_str(), parent_fd, base.c_str(), RENAME_EXCHANGE) != 0) {
+      return ErrnoError("cannot exchange the new folder with '" + dir + "'", errno);
+    }
+    // The staging name now holds the old files: its destructor removes them.
+  }
+  if (::fsync(parent_fd) != 0) return ErrnoError("cannot fsync '" + parent + "'", errno);
+  staging.reset();
+  if (now != Existing::kAbsent) (void)::fsync(parent_fd);
+  return Status::Ok();
+}
+
 Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::string& dir, const PersistOptions& options,
                                   Progress** progress_out, std::unique_ptr<Progress>* progress_owner) {
   const auto start = Clock::now();
@@ -314,69 +467,9 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   if (!parent_fd.valid()) return ErrnoError("cannot open the folder '" + parent + "'", errno);
   mode_t old_mode = 0;
   CKPT_ASSIGN_OR_RETURN(Existing existing, InspectDestination(parent_fd.get(), base, dir, options.replace, &old_mode));
+  CKPT_ASSIGN_OR_RETURN(const PersistPlan plan, PlanPersist(checkpoint, options));
 
-  // The plan: files, headers, side files, sizes (all before anything is created).
-  const std::vector<TensorInfo>& tensors = checkpoint.tensors();
-  uint64_t data_total = 0;
-  for (const TensorInfo& t : tensors) {
-    if (__builtin_add_overflow(data_total, t.nbytes, &data_total)) return InvalidArgument("tensor sizes overflow 64 bits");
-    if (t.name == "__metadata__") {
-      return Corrupt("'" + checkpoint.name() + "' has a tensor named '__metadata__', which safetensors reserves");
-    }
-  }
-  const std::vector<std::vector<size_t>> groups = PlanFiles(tensors, options.max_shard_bytes);
-  const bool sharded = groups.size() > 1;
-  const std::map<std::string, std::string> metadata = FileMetadata(checkpoint.metadata());
-  struct PlannedFile {
-    std::string name;
-    std::string prefix;  // the length and the header
-    uint64_t data_bytes = 0;
-  };
-  std::vector<PlannedFile> files;
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  uint64_t total = 0;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    PlannedFile f;
-    f.name = sharded ? ShardName(g, groups.size()) : kSingleFile;
-    CKPT_ASSIGN_OR_RETURN(f.prefix, Prefix(tensors, groups[g], metadata, &f.data_bytes));
-    for (size_t i : groups[g]) weight_map[tensors[i].name] = f.name;
-    uint64_t size = f.prefix.size();
-    if (__builtin_add_overflow(size, f.data_bytes, &size) || __builtin_add_overflow(total, size, &total)) {
-      return InvalidArgument("file sizes overflow 64 bits");
-    }
-    files.push_back(std::move(f));
-  }
-  std::string index;
-  if (sharded) {
-    nlohmann::ordered_json md = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) md[k] = v;
-    md["total_size"] = data_total;
-    nlohmann::ordered_json doc = {{"metadata", md}, {"weight_map", weight_map}};
-    try {
-      index = doc.dump(2, ' ', false, nlohmann::json::error_handler_t::strict) + "\n";
-    } catch (const nlohmann::json::exception& e) {
-      return Corrupt(std::string("a tensor name or metadata value is not valid UTF-8: ") + e.what());
-    }
-    total += index.size();
-  }
-  std::set<std::string> taken;
-  for (const PlannedFile& f : files) taken.insert(f.name);
-  if (sharded) taken.insert(kIndexFile);
-  const std::vector<std::string> side_names = checkpoint.side_files();
-  std::vector<std::string_view> side_bytes;
-  for (const std::string& n : side_names) {
-    if (Status named = CheckSideFileName(n); !named.ok()) {  // the rule publish applies
-      return Corrupt("'" + checkpoint.name() + "' cannot be written beside its tensors: " + named.message());
-    }
-    if (!taken.insert(n).second) {
-      return Corrupt("'" + checkpoint.name() + "' has two side files named '" + n + "'");
-    }
-    CKPT_ASSIGN_OR_RETURN(std::string_view bytes, checkpoint.SideFile(n));
-    side_bytes.push_back(bytes);
-    total += bytes.size();
-  }
-
-  *progress_owner = std::make_unique<Progress>(options.progress, total);
+  *progress_owner = std::make_unique<Progress>(options.progress, plan.total);
   Progress* progress = progress_owner->get();
   *progress_out = progress;
   CKPT_ASSIGN_OR_RETURN(std::unique_ptr<StagingDir> staging, StagingDir::Create(parent_fd.get(), parent, base));
@@ -389,51 +482,11 @@ Result<PersistResult> PersistImpl(const Checkpoint& checkpoint, const std::strin
   result.name = checkpoint.name();
   result.generation = checkpoint.generation();
   result.dir = dir;
-  result.tensor_count = tensors.size();
-  result.data_bytes = data_total;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const PlannedFile& f = files[g];
-    const uint64_t size = f.prefix.size() + f.data_bytes;
-    CKPT_ASSIGN_OR_RETURN(UniqueFd fd, CreateFile(staging->fd(), f.name, size));
-    uint64_t written = 0, flushed = 0;
-    CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), reinterpret_cast<const std::byte*>(f.prefix.data()), f.prefix.size(),
-                                  f.name, progress, true, &written, &flushed));
-    for (size_t i : groups[g]) {
-      CKPT_ASSIGN_OR_RETURN(const std::byte* data, checkpoint.TensorData(tensors[i].name));
-      CKPT_RETURN_IF_ERROR(WriteAll(fd.get(), data, tensors[i].nbytes, f.name, progress, true, &written, &flushed));
-    }
-    CKPT_RETURN_IF_ERROR(FinishFile(std::move(fd), f.name, written, size));
-    result.files.push_back(f.name);
-    if (!progress->Report(true)) return Cancelled("persist cancelled");  // each file done, whatever the clock
-  }
-  if (sharded) {
-    CKPT_RETURN_IF_ERROR(WriteSmallFile(staging->fd(), kIndexFile, index, progress));
-    result.files.push_back(kIndexFile);
-  }
-  for (size_t s = 0; s < side_names.size(); ++s) {
-    CKPT_RETURN_IF_ERROR(WriteSmallFile(staging->fd(), side_names[s], side_bytes[s], progress));
-    result.side_files.push_back(side_names[s]);
-  }
-  if (::fsync(staging->fd()) != 0) return ErrnoError("cannot fsync '" + staging->name() + "'", errno);
+  result.tensor_count = checkpoint.tensors().size();
+  result.data_bytes = plan.data_total;
+  CKPT_RETURN_IF_ERROR(WritePlannedFiles(checkpoint, plan, *staging, progress, result));
   if (!progress->Report(true)) return Cancelled("persist cancelled");
-
-  // Into place: a new name, or an atomic exchange with the folder that is there (checked
-  // again: it may have appeared, or changed, while we wrote).
-  CKPT_ASSIGN_OR_RETURN(Existing now, InspectDestination(parent_fd.get(), base, dir, options.replace, &old_mode));
-  if (now == Existing::kAbsent) {
-    if (::renameat2(parent_fd.get(), staging->name().c_str(), parent_fd.get(), base.c_str(), RENAME_NOREPLACE) != 0) {
-      return ErrnoError("cannot rename the new folder to '" + dir + "'", errno);
-    }
-    staging->Keep();
-  } else {
-    if (::renameat2(parent_fd.get(), staging->name().c_str(), parent_fd.get(), base.c_str(), RENAME_EXCHANGE) != 0) {
-      return ErrnoError("cannot exchange the new folder with '" + dir + "'", errno);
-    }
-    // The staging name now holds the old files: its destructor removes them.
-  }
-  if (::fsync(parent_fd.get()) != 0) return ErrnoError("cannot fsync '" + parent + "'", errno);
-  staging.reset();
-  if (now != Existing::kAbsent) (void)::fsync(parent_fd.get());
+  CKPT_RETURN_IF_ERROR(MoveIntoPlace(parent_fd.get(), parent, base, dir, options, staging));
   result.bytes_written = progress->done();
   progress->Report(true);
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();

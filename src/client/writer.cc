@@ -54,6 +54,27 @@ class Ring {
   uint64_t bytes_;
 };
 
+// The ring's shape: at most ring_slots x slot_bytes, less for a small write (one slot of
+// whole pages, or fewer slots).
+struct RingShape {
+  uint64_t slot, slots;
+};
+RingShape ShapeRing(uint64_t total, const WriterOptions& options) {
+  const uint64_t page = 4096;
+  uint64_t slot = options.slot_bytes;
+  uint64_t slots = options.ring_slots;
+  if (total < slot * slots) {
+    const uint64_t rounded = (total + page - 1) / page * page;
+    if (rounded <= slot) {
+      slot = std::max(rounded, page);
+      slots = 1;
+    } else {
+      slots = std::min<uint64_t>(slots, (rounded + slot - 1) / slot);
+    }
+  }
+  return {slot, slots};
+}
+
 struct Piece {
   protocol::WritePiece declared;
   uint64_t bytes = 0;
@@ -80,6 +101,11 @@ struct Writer::Impl {
   // `free_slots` when set). Returns the response's Status/fields through *response.
   Result<json> ReadUntilResponse(std::deque<uint64_t>* free_slots, bool stop_at_ack, bool* got_response);
   Status Sent(const Status& sent);
+  // Commit's steps, in order; each error is Commit's.
+  Status Connect();
+  Status SendRequest(const Ring* ring);
+  Status StreamPieces(Ring* ring, uint64_t slot, std::deque<uint64_t>& free_slots);
+  Result<LoadResult> SealAndWait(std::deque<uint64_t>& free_slots);
 };
 
 Writer::Writer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -244,40 +270,17 @@ Status Writer::Impl::Sent(const Status& sent) {
   return sent;
 }
 
-Result<LoadResult> Writer::Impl::Commit() {
-  if (aborted.load()) return Cancelled("the write was aborted");
-  // The ring: at most ring_slots x slot_bytes, less for a small write.
-  const uint64_t page = 4096;
-  uint64_t slot = options.slot_bytes;
-  uint64_t slots = options.ring_slots;
-  if (total < slot * slots) {
-    const uint64_t rounded = (total + page - 1) / page * page;
-    if (rounded <= slot) {
-      slot = std::max(rounded, page);
-      slots = 1;
-    } else {
-      slots = std::min<uint64_t>(slots, (rounded + slot - 1) / slot);
-    }
-  }
-  std::unique_ptr<Ring> ring;
-  if (total > 0) {
-    CKPT_ASSIGN_OR_RETURN(ring, Ring::Create(slot * slots));
-    if (options.on_ring_mapped) options.on_ring_mapped(ring->data(), ring->bytes());
-  }
-  struct Unmapping {
-    const WriterOptions& options;
-    Ring* ring;
-    ~Unmapping() {
-      if (ring != nullptr && options.on_ring_unmapping) options.on_ring_unmapping(ring->data(), ring->bytes());
-    }
-  } unmapping{options, ring.get()};
+// Connects to ckptd; the descriptor is stored under fd_mu so that Abort can shut it down.
+Status Writer::Impl::Connect() {
+  CKPT_ASSIGN_OR_RETURN(UniqueFd connected, protocol::ConnectUnix(socket_path));
+  std::lock_guard<std::mutex> lock(fd_mu);
+  fd = std::move(connected);
+  return Status::Ok();
+}
 
-  {
-    CKPT_ASSIGN_OR_RETURN(UniqueFd connected, protocol::ConnectUnix(socket_path));
-    std::lock_guard<std::mutex> lock(fd_mu);
-    fd = std::move(connected);
-  }
-  if (aborted.load()) return Cancelled("the write was aborted");
+// Sends the write request (with the ring's descriptor when there is one) and waits for the
+// daemon's ready event; a response instead of it is an error.
+Status Writer::Impl::SendRequest(const Ring* ring) {
   protocol::WriteRequest request;
   request.name = name;
   request.job = options.job;
@@ -296,9 +299,13 @@ Result<LoadResult> Writer::Impl::Commit() {
   bool got_response = false;
   CKPT_ASSIGN_OR_RETURN(json ready, ReadUntilResponse(nullptr, false, &got_response));
   if (got_response) return Internal("ckptd answered a write before it was sealed");
+  return Status::Ok();
+}
 
-  std::deque<uint64_t> free_slots;
-  for (uint64_t s = 0; s < slots; ++s) free_slots.push_back(s);
+// Fills the ring's free slots from the pieces in order and sends them as chunks, waiting for
+// acks when no slot is free; a source's error hangs up (the daemon fails the whole write).
+Status Writer::Impl::StreamPieces(Ring* ring, uint64_t slot, std::deque<uint64_t>& free_slots) {
+  bool got_response = false;
   protocol::WriteChunkRequest chunk;
   bool open = false;
   uint64_t fill = 0;
@@ -343,8 +350,15 @@ Result<LoadResult> Writer::Impl::Commit() {
     }
   }
   if (open && !chunk.items.empty()) CKPT_RETURN_IF_ERROR(send_chunk());
+  return Status::Ok();
+}
+
+// Sends the seal and reads (acks included) until the response, then closes the connection
+// and decodes the published result.
+Result<LoadResult> Writer::Impl::SealAndWait(std::deque<uint64_t>& free_slots) {
   json seal{{"v", protocol::kProtocolVersion}, {"op", protocol::WriteSealRequest::kOp}};
   CKPT_RETURN_IF_ERROR(Sent(protocol::WriteFrame(fd.get(), seal)));
+  bool got_response = false;
   for (;;) {
     CKPT_ASSIGN_OR_RETURN(json response, ReadUntilResponse(&free_slots, false, &got_response));
     if (got_response) {
@@ -353,6 +367,31 @@ Result<LoadResult> Writer::Impl::Commit() {
       return client::DecodePublic<LoadResult>(response);
     }
   }
+}
+
+Result<LoadResult> Writer::Impl::Commit() {
+  if (aborted.load()) return Cancelled("the write was aborted");
+  const RingShape shape = ShapeRing(total, options);
+  std::unique_ptr<Ring> ring;
+  if (total > 0) {
+    CKPT_ASSIGN_OR_RETURN(ring, Ring::Create(shape.slot * shape.slots));
+    if (options.on_ring_mapped) options.on_ring_mapped(ring->data(), ring->bytes());
+  }
+  struct Unmapping {
+    const WriterOptions& options;
+    Ring* ring;
+    ~Unmapping() {
+      if (ring != nullptr && options.on_ring_unmapping) options.on_ring_unmapping(ring->data(), ring->bytes());
+    }
+  } unmapping{options, ring.get()};
+
+  CKPT_RETURN_IF_ERROR(Connect());
+  if (aborted.load()) return Cancelled("the write was aborted");
+  CKPT_RETURN_IF_ERROR(SendRequest(ring.get()));
+  std::deque<uint64_t> free_slots;
+  for (uint64_t s = 0; s < shape.slots; ++s) free_slots.push_back(s);
+  CKPT_RETURN_IF_ERROR(StreamPieces(ring.get(), shape.slot, free_slots));
+  return SealAndWait(free_slots);
 }
 
 }  // namespace ckpt

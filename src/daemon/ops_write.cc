@@ -161,10 +161,10 @@ Status CopyChunk(const DaemonContext& ctx, WriteSession& session, int64_t part,
   return Status::Ok();
 }
 
-}  // namespace
-
-Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& caller,
-                                     const protocol::WriteRequest& request, UniqueFd ring_fd, LoadWatch* watch) {
+// Checks the request's names (persist's rule for side files) and maps its ring read-only
+// (null when it has none); the ring's descriptor is closed either way.
+Result<std::unique_ptr<shm::ShmMapping>> CheckNamesAndMapRing(const protocol::WriteRequest& request,
+                                                              UniqueFd ring_fd) {
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(request.name));
   if (!request.job.empty()) CKPT_RETURN_IF_ERROR(ValidateJobName(request.job));
   for (const auto& side : request.side_files) CKPT_RETURN_IF_ERROR(CheckSideFileName(side.name));  // persist's rule
@@ -174,13 +174,85 @@ Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& cal
     CKPT_ASSIGN_OR_RETURN(ring, MapRing(ring_fd.get(), request.ring_bytes));
   }
   ring_fd.reset();
-  // Refused before any part waits or streams (BeginLoad checks again when it reserves).
+  return ring;
+}
+
+// Refuses a name the catalog would refuse, before any part waits or streams (BeginLoad
+// checks again when it reserves).
+Status CheckNameFree(const DaemonContext& ctx, const Caller& caller, const protocol::WriteRequest& request) {
   if (Status name_ok = ctx.catalog->CheckName(request.name, request.replace, caller.actor); !name_ok.ok()) {
     if (name_ok.code() == StatusCode::kAlreadyExists && !request.replace) {
       return AlreadyExists(name_ok.message() + "; write with replace to publish a new one");
     }
     return name_ok;
   }
+  return Status::Ok();
+}
+
+// Phase 1: declares this part, waits for every part and the segment, then tells the part
+// it may stream (a part that does not take that fails the session).
+Status DeclareAndWaitReady(WriteSession& session, const protocol::WriteRequest& request, PartConnection& connection,
+                           const std::function<Status()>& check) {
+  Status declared = session.Declare(request);
+  if (declared.code() == StatusCode::kAlreadyExists && !session.finished()) return declared;  // only this part
+  CKPT_RETURN_IF_ERROR(declared);
+  CKPT_RETURN_IF_ERROR(session.WaitReady(check));
+  if (Status sent = connection.Send(protocol::Encode(protocol::WriteReadyEvent{session.generation()})); !sent.ok()) {
+    session.Fail(sent);
+    return sent;
+  }
+  return Status::Ok();
+}
+
+// A seal is refused unless every piece of the part received all its declared bytes.
+Status CheckSealed(const WriteSession& session, int64_t part, const protocol::WriteRequest& request,
+                   const std::vector<uint64_t>& received) {
+  for (size_t i = 0; i < received.size(); ++i) {
+    const uint64_t want = session.target(part, i).bytes;
+    if (received[i] != want) {
+      return InvalidArgument("part " + std::to_string(part) + " sealed with piece " + std::to_string(i) + " ('" +
+                             request.pieces[i].key + "') holding " + std::to_string(received[i]) + " of its " +
+                             std::to_string(want) + " bytes");
+    }
+  }
+  return Status::Ok();
+}
+
+// Checks each chunk item in order (a declared piece, the next bytes of it within its size,
+// inside the ring) and counts its bytes into `received` as it passes.
+Status CheckChunkItems(const WriteSession& session, int64_t part, const protocol::WriteRequest& request,
+                       const shm::ShmMapping* ring, const protocol::WriteChunkRequest& chunk,
+                       std::vector<uint64_t>& received) {
+  const size_t piece_count = received.size();
+  for (const auto& item : chunk.items) {
+    if (item.piece >= piece_count) {
+      return InvalidArgument("chunk names piece " + std::to_string(item.piece) + "; part " + std::to_string(part) +
+                             " declared " + std::to_string(piece_count));
+    }
+    const uint64_t want = session.target(part, item.piece).bytes;
+    auto end = CheckedAdd(item.offset, item.bytes);
+    if (item.offset != received[item.piece] || !end || *end > want) {
+      return InvalidArgument("part " + std::to_string(part) + " sent bytes " + std::to_string(item.offset) + " + " +
+                             std::to_string(item.bytes) + " of piece " + std::to_string(item.piece) + " ('" +
+                             request.pieces[item.piece].key + "', " + std::to_string(want) + " bytes, " +
+                             std::to_string(received[item.piece]) +
+                             " received): beyond its declared size or out of order");
+    }
+    auto ring_end = CheckedAdd(item.ring_offset, item.bytes);
+    if (!ring || !ring_end || *ring_end > std::min<uint64_t>(request.ring_bytes, ring->size())) {
+      return InvalidArgument("chunk item leaves the ring of " + std::to_string(request.ring_bytes) + " bytes");
+    }
+    received[item.piece] = *end;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& caller,
+                                     const protocol::WriteRequest& request, UniqueFd ring_fd, LoadWatch* watch) {
+  CKPT_ASSIGN_OR_RETURN(std::unique_ptr<shm::ShmMapping> ring, CheckNamesAndMapRing(request, std::move(ring_fd)));
+  CKPT_RETURN_IF_ERROR(CheckNameFree(ctx, caller, request));
   CKPT_ASSIGN_OR_RETURN(std::shared_ptr<WriteSession> session, ctx.writes->Join(caller.actor, request));
   struct Leave {
     WriteSessions* table;
@@ -190,20 +262,10 @@ Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& cal
   const int64_t part = request.part;
   PartConnection connection(ctx, caller, watch, part);
   auto check = [&] { return connection.Check(); };
-
-  // Phase 1: declare, wait for every part and the segment.
-  Status declared = session->Declare(request);
-  if (declared.code() == StatusCode::kAlreadyExists && !session->finished()) return declared;  // only this part
-  CKPT_RETURN_IF_ERROR(declared);
-  CKPT_RETURN_IF_ERROR(session->WaitReady(check));
-  if (Status sent = connection.Send(protocol::Encode(protocol::WriteReadyEvent{session->generation()})); !sent.ok()) {
-    session->Fail(sent);
-    return sent;
-  }
+  CKPT_RETURN_IF_ERROR(DeclareAndWaitReady(*session, request, connection, check));
 
   // Phase 2: chunks until the seal.
-  const size_t piece_count = session->piece_count(part);
-  std::vector<uint64_t> received(piece_count, 0);
+  std::vector<uint64_t> received(session->piece_count(part), 0);
   auto fail = [&](const Status& why) {
     session->Fail(why);
     return connection.AnswerAndClose(session->failure().ok() ? why : session->failure());
@@ -234,14 +296,7 @@ Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& cal
       return fail(Cancelled("part " + std::to_string(part) + " aborted the write"));
     }
     if (*op == protocol::WriteSealRequest::kOp) {
-      for (size_t i = 0; i < piece_count; ++i) {
-        const uint64_t want = session->target(part, i).bytes;
-        if (received[i] != want) {
-          return fail(InvalidArgument("part " + std::to_string(part) + " sealed with piece " + std::to_string(i) +
-                                      " ('" + request.pieces[i].key + "') holding " + std::to_string(received[i]) +
-                                      " of its " + std::to_string(want) + " bytes"));
-        }
-      }
+      if (Status sealed = CheckSealed(*session, part, request, received); !sealed.ok()) return fail(sealed);
       auto published = session->SealAndWait(part, check);
       if (!published.ok()) return connection.AnswerAndClose(published.status());
       return published;
@@ -251,25 +306,8 @@ Result<protocol::LoadResponse> Write(const DaemonContext& ctx, const Caller& cal
     }
     auto chunk = protocol::DecodeAs<protocol::WriteChunkRequest>(*frame);
     if (!chunk.ok()) return fail(chunk.status());
-    for (const auto& item : chunk->items) {
-      if (item.piece >= piece_count) {
-        return fail(InvalidArgument("chunk names piece " + std::to_string(item.piece) + "; part " +
-                                    std::to_string(part) + " declared " + std::to_string(piece_count)));
-      }
-      const uint64_t want = session->target(part, item.piece).bytes;
-      auto end = CheckedAdd(item.offset, item.bytes);
-      if (item.offset != received[item.piece] || !end || *end > want) {
-        return fail(InvalidArgument("part " + std::to_string(part) + " sent bytes " + std::to_string(item.offset) +
-                                    " + " + std::to_string(item.bytes) + " of piece " + std::to_string(item.piece) +
-                                    " ('" + request.pieces[item.piece].key + "', " + std::to_string(want) +
-                                    " bytes, " + std::to_string(received[item.piece]) +
-                                    " received): beyond its declared size or out of order"));
-      }
-      auto ring_end = CheckedAdd(item.ring_offset, item.bytes);
-      if (!ring || !ring_end || *ring_end > std::min<uint64_t>(request.ring_bytes, ring->size())) {
-        return fail(InvalidArgument("chunk item leaves the ring of " + std::to_string(request.ring_bytes) + " bytes"));
-      }
-      received[item.piece] = *end;
+    if (Status items = CheckChunkItems(*session, part, request, ring.get(), *chunk, received); !items.ok()) {
+      return fail(items);
     }
     if (!chunk->items.empty()) {
       if (Status copied = CopyChunk(ctx, *session, part, *chunk, ring->data()); !copied.ok()) return fail(copied);

@@ -36,6 +36,110 @@ struct Slot {
   AlignedBuffer bounce;
 };
 
+// One worker thread's reads: its ring, one slot per read in flight (bounce buffers kept
+// across reads), and the first error (after which it only drains what is in flight).
+class Worker {
+ public:
+  Worker(const ReaderOptions& options, const std::vector<SourceFile>& files, const std::vector<ReadOp>& ops,
+         std::atomic<size_t>& next, int depth)
+      : options_(options), files_(files), ops_(ops), next_(next), slots_(depth) {
+    free_slots_.reserve(depth);
+    for (int s = depth - 1; s >= 0; --s) free_slots_.push_back(s);
+  }
+
+  // Returns 0 or a negative errno.
+  int Init(unsigned depth) { return ring_.Init(depth); }
+
+  // Queues reads of the next ops into the free slots until none is free, the ops run out,
+  // `stop` is set or an error (cancel, no bounce memory) is recorded.
+  void Fill(const std::atomic<bool>& stop) {
+    while (error_.ok() && !stop.load(std::memory_order_relaxed) && !free_slots_.empty()) {
+      if (options_.cancel && options_.cancel->load()) {
+        error_ = FailedPrecondition("load cancelled");
+        break;
+      }
+      const size_t i = next_.fetch_add(1);
+      if (i >= ops_.size()) break;
+      const ReadOp& op = ops_[i];
+      const SourceFile& file = files_[op.file];
+      const int s = free_slots_.back();
+      Slot& slot = slots_[s];
+      slot.op = i;
+      const ReadCover cover = CoverOf(op, file);
+      std::byte* buf = op.dst;
+      int fd = op.mode == ReadMode::kBuffered ? file.buffered_fd() : file.direct.get();
+      if (op.mode == ReadMode::kBounce) {
+        if (!slot.bounce.Reserve(BounceBytes(options_.chunk_bytes), kMaxDirectAlignment)) {
+          error_ = ResourceExhausted("no memory for a read buffer");
+          break;
+        }
+        buf = slot.bounce.data();
+      }
+      io_uring_sqe* sqe = io_uring_get_sqe(ring_.get());
+      if (sqe == nullptr) {  // cannot happen: at most `depth` reads are queued
+        error_ = Internal("io_uring submission queue full");
+        break;
+      }
+      io_uring_prep_read(sqe, fd, buf, static_cast<unsigned>(cover.length), cover.offset);
+      io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(static_cast<uintptr_t>(s)));
+      free_slots_.pop_back();
+      ++inflight_;
+    }
+  }
+
+  // Submits and waits for a completion; false when nothing completed and nothing can be
+  // waited for (the ring itself failed), so the worker must stop.
+  bool SubmitAndReap(const std::function<void(size_t)>& on_done) {
+    int rc = io_uring_submit_and_wait(ring_.get(), 1);
+    if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      // The ring itself failed; reads already queued may still complete, so wait for them.
+      if (error_.ok()) error_ = ErrnoError("io_uring_submit", -rc);
+    }
+    io_uring_cqe* cqe = nullptr;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(ring_.get(), head, cqe) {
+      ++seen;
+      const int s = static_cast<int>(reinterpret_cast<uintptr_t>(io_uring_cqe_get_data(cqe)));
+      --inflight_;
+      free_slots_.push_back(s);
+      if (error_.ok()) Complete(s, cqe->res, on_done);  // else draining after an error
+    }
+    io_uring_cq_advance(ring_.get(), seen);
+    return !(rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && seen == 0 && inflight_ > 0);
+  }
+
+  int inflight() const { return inflight_; }
+  const Status& error() const { return error_; }
+
+ private:
+  // Finishes slot `s`'s read of `res` bytes (or -errno): short reads, EINVAL (O_DIRECT
+  // refused) and the bounce copy finish here; reports the op done or records the error.
+  void Complete(int s, int res, const std::function<void(size_t)>& on_done) {
+    Slot& slot = slots_[s];
+    const ReadOp& op = ops_[slot.op];
+    if (res < 0 && res != -EINVAL && res != -EINTR && res != -EAGAIN) {
+      error_ = ErrnoError("read of " + files_[op.file].path + " failed", -res);
+      return;
+    }
+    Status st = FinishRead(op, files_[op.file], slot.bounce.data(), res > 0 ? static_cast<uint64_t>(res) : 0);
+    if (!st.ok()) {
+      error_ = st;
+      return;
+    }
+    on_done(slot.op);
+  }
+
+  const ReaderOptions& options_;
+  const std::vector<SourceFile>& files_;
+  const std::vector<ReadOp>& ops_;
+  std::atomic<size_t>& next_;
+  std::vector<Slot> slots_;  // declared before the ring: outlives the ring that reads into it
+  Ring ring_;
+  std::vector<int> free_slots_;
+  Status error_;
+  int inflight_ = 0;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<UringReader>> UringReader::Create(const ReaderOptions& options) {
@@ -65,82 +169,15 @@ Status UringReader::ReadAll(const std::vector<SourceFile>& files, const std::vec
   return RunWorkers(
       threads,
       [&](int, const std::atomic<bool>& stop) -> Status {
-        std::vector<Slot> slots(depth);  // declared first: outlives the ring that reads into it
-        Ring ring;
-        if (int rc = ring.Init(static_cast<unsigned>(depth)); rc < 0) return ErrnoError("io_uring_queue_init", -rc);
-        std::vector<int> free_slots;
-        for (int s = depth - 1; s >= 0; --s) free_slots.push_back(s);
-        Status error;
-        int inflight = 0;
+        Worker worker(options_, files, ops, next, depth);
+        if (int rc = worker.Init(static_cast<unsigned>(depth)); rc < 0) return ErrnoError("io_uring_queue_init", -rc);
         for (;;) {
-          // Fill the ring.
-          while (error.ok() && !stop.load(std::memory_order_relaxed) && !free_slots.empty()) {
-            if (options_.cancel && options_.cancel->load()) {
-              error = FailedPrecondition("load cancelled");
-              break;
-            }
-            const size_t i = next.fetch_add(1);
-            if (i >= ops.size()) break;
-            const ReadOp& op = ops[i];
-            const SourceFile& file = files[op.file];
-            const int s = free_slots.back();
-            Slot& slot = slots[s];
-            slot.op = i;
-            const ReadCover cover = CoverOf(op, file);
-            std::byte* buf = op.dst;
-            int fd = op.mode == ReadMode::kBuffered ? file.buffered_fd() : file.direct.get();
-            if (op.mode == ReadMode::kBounce) {
-              if (!slot.bounce.Reserve(BounceBytes(options_.chunk_bytes), kMaxDirectAlignment)) {
-                error = ResourceExhausted("no memory for a read buffer");
-                break;
-              }
-              buf = slot.bounce.data();
-            }
-            io_uring_sqe* sqe = io_uring_get_sqe(ring.get());
-            if (sqe == nullptr) {  // cannot happen: at most `depth` reads are queued
-              error = Internal("io_uring submission queue full");
-              break;
-            }
-            io_uring_prep_read(sqe, fd, buf, static_cast<unsigned>(cover.length), cover.offset);
-            io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(static_cast<uintptr_t>(s)));
-            free_slots.pop_back();
-            ++inflight;
-          }
-          if (inflight == 0) break;
-          int rc = io_uring_submit_and_wait(ring.get(), 1);
-          if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-            // The ring itself failed; reads already queued may still complete, so wait for them.
-            if (error.ok()) error = ErrnoError("io_uring_submit", -rc);
-          }
-          io_uring_cqe* cqe = nullptr;
-          unsigned head, seen = 0;
-          io_uring_for_each_cqe(ring.get(), head, cqe) {
-            ++seen;
-            const int s = static_cast<int>(reinterpret_cast<uintptr_t>(io_uring_cqe_get_data(cqe)));
-            const int res = cqe->res;
-            --inflight;
-            free_slots.push_back(s);
-            if (!error.ok()) continue;  // draining after an error
-            Slot& slot = slots[s];
-            const ReadOp& op = ops[slot.op];
-            if (res < 0 && res != -EINVAL && res != -EINTR && res != -EAGAIN) {
-              error = ErrnoError("read of " + files[op.file].path + " failed", -res);
-              continue;
-            }
-            // Short reads, EINVAL (O_DIRECT refused) and the bounce copy finish here.
-            Status st = FinishRead(op, files[op.file], slot.bounce.data(), res > 0 ? static_cast<uint64_t>(res) : 0);
-            if (!st.ok()) {
-              error = st;
-              continue;
-            }
-            on_done(slot.op);
-          }
-          io_uring_cq_advance(ring.get(), seen);
-          if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && seen == 0 && inflight > 0) {
-            return error;  // nothing completes and nothing can be waited for; the ring is torn down
-          }
+          worker.Fill(stop);
+          if (worker.inflight() == 0) break;
+          // Nothing completes and nothing can be waited for; the ring is torn down.
+          if (!worker.SubmitAndReap(on_done)) return worker.error();
         }
-        return error;
+        return worker.error();
       },
       tick);
 }

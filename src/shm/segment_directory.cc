@@ -17,42 +17,34 @@ std::string Octal(uint32_t mode) {
   std::snprintf(buf, sizeof(buf), "%04o", mode & 07777);
   return buf;
 }
-}  // namespace
 
-bool IsPlainFileName(const std::string& name) {
-  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
-         name.find('\0') == std::string::npos;
+using Create = SegmentDirectoryOptions::Create;
+
+// Makes the directory unless options say it must exist, with no permissions for others
+// and no group write whatever the umask; returns whether it was made here. An existing
+// one is fine unless options say it must be created.
+Result<bool> MakeDirectory(const std::string& path, const std::string& what, const SegmentDirectoryOptions& options) {
+  if (options.create == Create::kMustExist) return false;
+  if (::mkdir(path.c_str(), 0700) == 0) return true;
+  int err = errno;
+  // A read-only parent (a sandbox) may answer EROFS for a name that exists.
+  struct stat probe;
+  if (err != EEXIST && ::lstat(path.c_str(), &probe) == 0) err = EEXIST;
+  if (err == EEXIST && options.create == Create::kMustCreate) return AlreadyExists(what + " already exists");
+  if (err != EEXIST) return ErrnoError("cannot create " + what, err);  // EACCES, EROFS: PermissionDenied
+  return false;
 }
 
-Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::string& path,
-                                                                const SegmentDirectoryOptions& options,
-                                                                std::string* fixed) {
-  using Create = SegmentDirectoryOptions::Create;
-  const std::string what = "segment directory " + path;
-  const uid_t euid = ::geteuid();
-  const gid_t group = options.group.value_or(::getegid());
-  // Created with no permissions for others and no group write whatever the umask; the
-  // checks below treat a directory we just made like one found.
-  bool created = false;
-  if (options.create != Create::kMustExist) {
-    created = ::mkdir(path.c_str(), 0700) == 0;
-    if (!created) {
-      int err = errno;
-      // A read-only parent (a sandbox) may answer EROFS for a name that exists.
-      struct stat probe;
-      if (err != EEXIST && ::lstat(path.c_str(), &probe) == 0) err = EEXIST;
-      if (err == EEXIST && options.create == Create::kMustCreate) return AlreadyExists(what + " already exists");
-      if (err != EEXIST) return ErrnoError("cannot create " + what, err);  // EACCES, EROFS: PermissionDenied
-    }
-  }
-  // A directory made here and then refused (a lock held, ...) is removed again.
-  struct RemoveIfRefused {
-    const std::string& path;
-    bool armed;
-    ~RemoveIfRefused() {
-      if (armed) (void)::rmdir(path.c_str());
-    }
-  } remove_if_refused{path, created};
+Status NotOurs(const std::string& what, uid_t owner, uid_t euid) {
+  return FailedPrecondition(what + " is owned by uid " + std::to_string(owner) + ", not by ckptd's uid " +
+                            std::to_string(euid) + "; refusing to use it (another user may have created it)");
+}
+
+// Opens the directory at `path` after checking (by lstat, before opening) that it is a
+// real directory owned by `euid`, then checks the opened one is that same directory
+// and still ours; *st is its fstat. A directory made here is checked like one found.
+Result<UniqueFd> OpenOwnDirectory(const std::string& path, const std::string& what,
+                                  const SegmentDirectoryOptions& options, uid_t euid, struct stat* st) {
   struct stat lst;
   if (::lstat(path.c_str(), &lst) != 0) {
     if (errno == ENOENT && options.create == Create::kMustExist) return NotFound("no " + what);
@@ -64,49 +56,85 @@ Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::stri
   if (!S_ISDIR(lst.st_mode)) {
     return FailedPrecondition(what + " exists and is not a directory; refusing to use it");
   }
-  if (lst.st_uid != euid) {  // refused before it is opened
-    return FailedPrecondition(what + " is owned by uid " + std::to_string(lst.st_uid) + ", not by ckptd's uid " +
-                              std::to_string(euid) + "; refusing to use it (another user may have created it)");
-  }
+  if (lst.st_uid != euid) return NotOurs(what, lst.st_uid, euid);  // refused before it is opened
   // O_DIRECTORY refuses a FIFO swapped in meanwhile before it could block (O_NONBLOCK too).
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!fd.valid()) {
     if (errno == ELOOP || errno == ENOTDIR) return FailedPrecondition(what + " was replaced while it was opened");
     return ErrnoError("opening " + what, errno);
   }
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoError("fstat of " + what, errno);
-  if (!S_ISDIR(st.st_mode) || st.st_dev != lst.st_dev || st.st_ino != lst.st_ino) {
+  if (::fstat(fd.get(), st) != 0) return ErrnoError("fstat of " + what, errno);
+  if (!S_ISDIR(st->st_mode) || st->st_dev != lst.st_dev || st->st_ino != lst.st_ino) {
     return FailedPrecondition(what + " was replaced while it was opened");
   }
-  if (st.st_uid != euid) {
-    return FailedPrecondition(what + " is owned by uid " + std::to_string(st.st_uid) + ", not by ckptd's uid " +
-                              std::to_string(euid) + "; refusing to use it (another user may have created it)");
-  }
-  std::string notes;
-  gid_t actual_group = st.st_gid;  // segments get the directory's group
+  if (st->st_uid != euid) return NotOurs(what, st->st_uid, euid);
+  return fd;
+}
+
+// Gives the directory to `group` when it can (segments get the directory's group, which
+// *actual_group returns) and sets its mode to kMode; what was changed goes to *notes.
+Status FixGroupAndMode(int fd, const struct stat& st, gid_t group, bool created, const std::string& what,
+                       gid_t* actual_group, std::string* notes) {
+  *actual_group = st.st_gid;
   if (st.st_gid != group) {
-    if (::fchown(fd.get(), static_cast<uid_t>(-1), group) != 0) {  // not a member of the group
-      notes += "cannot give " + what + " to gid " + std::to_string(group) + " (" + std::strerror(errno) +
-               "), it keeps gid " + std::to_string(st.st_gid) + "; ";
+    if (::fchown(fd, static_cast<uid_t>(-1), group) != 0) {  // not a member of the group
+      *notes += "cannot give " + what + " to gid " + std::to_string(group) + " (" + std::strerror(errno) +
+                "), it keeps gid " + std::to_string(st.st_gid) + "; ";
     } else {
-      actual_group = group;
-      notes += "gave " + what + " to gid " + std::to_string(group) + "; ";
+      *actual_group = group;
+      *notes += "gave " + what + " to gid " + std::to_string(group) + "; ";
     }
   }
+  constexpr uint32_t kMode = SegmentDirectory::kMode;
   if ((st.st_mode & 07777) != kMode) {
     // Ours, so nobody else could have created entries through a bad mode unless we let
     // them: group or other write bits found here are removed, and every entry is
     // checked for owner and mode at adoption anyway.
-    if (::fchmod(fd.get(), kMode) != 0) return ErrnoError("chmod of " + what, errno);
-    if (!created) notes += "changed the mode of " + what + " from " + Octal(st.st_mode) + " to " + Octal(kMode) + "; ";
+    if (::fchmod(fd, kMode) != 0) return ErrnoError("chmod of " + what, errno);
+    if (!created) *notes += "changed the mode of " + what + " from " + Octal(st.st_mode) + " to " + Octal(kMode) + "; ";
   }
-  if (options.lock && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+  return Status::Ok();
+}
+
+// Takes the directory's lock (one ckptd per directory) when options ask for it.
+Status LockDirectory(int fd, const std::string& what, const SegmentDirectoryOptions& options) {
+  if (options.lock && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) {
       return FailedPrecondition(what + " is in use by another ckptd (it holds the directory's lock)");
     }
     return ErrnoError("locking " + what, errno);
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool IsPlainFileName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+Result<std::unique_ptr<SegmentDirectory>> SegmentDirectory::Open(const std::string& path,
+                                                                const SegmentDirectoryOptions& options,
+                                                                std::string* fixed) {
+  const std::string what = "segment directory " + path;
+  const uid_t euid = ::geteuid();
+  const gid_t group = options.group.value_or(::getegid());
+  CKPT_ASSIGN_OR_RETURN(const bool created, MakeDirectory(path, what, options));
+  // A directory made here and then refused (a lock held, ...) is removed again.
+  struct RemoveIfRefused {
+    const std::string& path;
+    bool armed;
+    ~RemoveIfRefused() {
+      if (armed) (void)::rmdir(path.c_str());
+    }
+  } remove_if_refused{path, created};
+  struct stat st;
+  CKPT_ASSIGN_OR_RETURN(UniqueFd fd, OpenOwnDirectory(path, what, options, euid, &st));
+  std::string notes;
+  gid_t actual_group = st.st_gid;
+  CKPT_RETURN_IF_ERROR(FixGroupAndMode(fd.get(), st, group, created, what, &actual_group, &notes));
+  CKPT_RETURN_IF_ERROR(LockDirectory(fd.get(), what, options));
   if (fixed != nullptr) {
     if (notes.size() >= 2) notes.resize(notes.size() - 2);
     *fixed = notes;
