@@ -10,7 +10,6 @@
 #include <system_error>
 
 #include "common/checked_math.h"
-#include "common/element_count.h"
 
 #include "shm/segment_format.h"
 #include "shm/segment_layout.h"
