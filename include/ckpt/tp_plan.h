@@ -144,6 +144,12 @@ class TpPlan {
   // a config naming no known family.
   static Result<TpPlan> ForConfig(const std::string& config_json, const Options& options);
   static Result<TpPlan> ForConfig(const std::string& config_json) { return ForConfig(config_json, Options{}); }
+  // The "hf" plan of `model_type` from an entry of transformers' plan data (the shape of
+  // src/plan/hf_tp_plans.json's entries, e.g. read from a live transformers by the Python
+  // module), for the model of `config_json`; `source` names it in messages. InvalidArgument
+  // naming the model type, the key and the style for what the engine cannot shard.
+  static Result<TpPlan> FromHfEntry(const std::string& model_type, const std::string& entry_json,
+                                    const std::string& config_json, const std::string& source);
   // The family ForConfig would pick, or InvalidArgument as ForConfig.
   static Result<std::string> FamilyOf(const std::string& config_json);
   // The families BuiltIn knows (canonical names).
@@ -169,7 +175,8 @@ class TpPlan {
   // The built-in family ("" for a plan file without "family").
   const std::string& family() const { return family_; }
 
-  struct Entry;  // internal
+  struct Entry;   // internal
+  struct Rename;  // internal
   TpPlan();
   ~TpPlan();
   TpPlan(TpPlan&&) noexcept;
@@ -183,6 +190,7 @@ class TpPlan {
   struct Requirement;
   class Resolution;  // one Resolve call's steps (src/plan/tp_plan.cc)
   std::vector<std::shared_ptr<const Requirement>> requirements_;
+  std::vector<std::shared_ptr<const Rename>> renames_;  // applied in order before the rules
   std::string json_;
   std::string family_;
   Convention convention_ = Convention::kMegatron;

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Mapping, Optional, Union
 
-from . import _ckpt
+from . import _ckpt, hf_plans
 
 TpPlan = _ckpt.TpPlan
 ShardOutput = _ckpt.ShardOutput
@@ -30,8 +30,42 @@ CONVENTIONS = ("megatron", "hf")
 
 
 def families():
-    """The built-in families (canonical names)."""
+    """The built-in families (canonical names): the "megatron" convention's, and those
+    transformers has no plan for. The "hf" convention also takes hf_model_types()."""
     return list(TpPlan.families())
+
+
+def hf_model_types():
+    """The transformers model types whose tensor-parallel plan the library carries as data
+    (src/plan/hf_tp_plans.json, from transformers hf_plans_version())."""
+    return list(TpPlan.hf_model_types())
+
+
+def hf_plans_version():
+    """The transformers version the embedded plan data was generated from."""
+    return TpPlan.hf_plans_version()
+
+
+def _live_hf_plan(config_text: str):
+    """The "hf" plan of the model `config_text` describes from the installed transformers'
+    own classes, when it is another version than the embedded data's (CKPT_HF_PLANS=live:
+    always; =data: never); None to use the data."""
+    mode = os.environ.get("CKPT_HF_PLANS", "auto")
+    if mode not in ("auto", "live", "data"):
+        raise _ckpt.InvalidArgument(f"CKPT_HF_PLANS={mode!r}: use auto, live or data")
+    installed = hf_plans.installed_transformers_version()
+    if mode == "data" or installed is None or (mode == "auto" and installed == hf_plans_version()):
+        return None
+    config = parse_config(config_text)
+    try:
+        entry = hf_plans.live_entry(config)
+    except Exception as e:
+        if mode == "live" or config.get("model_type") not in hf_model_types():
+            raise _ckpt.InvalidArgument(f"transformers {installed} cannot describe the plan of model type "
+                                        f"{config.get('model_type')!r}: {type(e).__name__}: {e}") from None
+        return None  # the data's plan (transformers hf_plans_version())
+    return TpPlan.from_hf_entry(config["model_type"], json.dumps(entry), config_text,
+                                f"transformers {installed}, live")
 
 
 def parse_config(raw: Union[bytes, bytearray, str], where: str = "the model config", error=None) -> dict:
@@ -114,6 +148,10 @@ def for_config(config, convention: str = "megatron", **options) -> TpPlan:
     text = _config_text(config)
     if not text:
         return TpPlan.for_config("", convention)  # raises: plan "auto" needs a config
+    if convention == "hf" and not any(options.values()):
+        live = _live_hf_plan(text)
+        if live is not None:
+            return live
     return TpPlan.for_config(text, convention, **options)
 
 
@@ -152,7 +190,7 @@ def make(plan, *, config=None, convention: str = "megatron", **options) -> TpPla
     if isinstance(plan, str):
         if plan == "auto":
             return for_config(config, convention, **options)
-        if plan in families() or _is_alias(plan):
+        if plan in families() or plan in hf_model_types() or _is_alias(plan):
             return builtin(plan, convention, config=config, **options)
         if os.path.isfile(plan):
             return from_file(plan)

@@ -6,6 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/hf_plans.h"
+#include "plan/plan_text.h"
+
 namespace ckpt::tp_families {
 
 namespace {
@@ -159,31 +162,8 @@ std::optional<std::string> Canonical(const std::string& name) {
   return std::nullopt;
 }
 
-// Regex-escapes a literal.
-std::string Esc(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (std::string(".^$|()[]{}*+?\\").find(c) != std::string::npos) out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-// A transformers plan key ("layers.*.self_attn.q_proj") as a regex: "*" segments are
-// layer numbers (transformers' replace_layer_number_by_wildcard: only ".N." or a final ".N").
-std::string KeyRegex(const std::string& key) {
-  std::string out;
-  size_t start = 0;
-  while (true) {
-    size_t dot = key.find('.', start);
-    std::string seg = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
-    out += seg == "*" ? "\\d+" : Esc(seg);
-    if (dot == std::string::npos) break;
-    out += "\\.";
-    start = dot + 1;
-  }
-  return out;
-}
+using plan_text::RegexEscape;
+const auto& Esc = RegexEscape;
 
 struct Builder {
   const TpPlan::Options& o;
@@ -213,21 +193,6 @@ struct Builder {
     if (!heads) return "column";
     return {{"split", 0}, {"kv_heads", *heads}};
   }
-  // The transformers plan `keys` (relative to `prefix`): exact parameter keys first, then
-  // module keys (a module's own parameters), as transformers looks them up.
-  void HfPlan(const std::string& prefix, const std::vector<std::pair<std::string, std::string>>& keys) {
-    for (const auto& [k, style] : keys) Add("^" + Esc(prefix) + KeyRegex(k) + "$", style);
-    for (const auto& [k, style] : keys) Add("^" + Esc(prefix) + KeyRegex(k) + "\\.[^.]+$", style);
-  }
-  // transformers (>= 5.15) splits a tied input embedding along the vocabulary; without a
-  // config, a checkpoint without `head` is tied.
-  void HfTiedEmbedding(const std::string& embedding, const std::string& head) {
-    if (c.tie.has_value()) {
-      if (*c.tie) Add("^" + Esc(embedding) + "\\.weight$", "embedding_rowwise");
-      return;
-    }
-    Add("^" + Esc(embedding) + "\\.weight$", "embedding_rowwise", {{"if_absent", "^" + Esc(head) + "\\.weight$"}});
-  }
   Result<std::string> Finish() const {
     json plan = {{"family", family}, {"convention", hf ? "hf" : "megatron"}, {"default", "replicate"},
                  {"rules", rules}, {"require", require}};
@@ -250,93 +215,27 @@ struct LlamaLike {
   bool mla = false;
   bool sinks = false;
   bool per_head_norms = false;  // cohere: q_norm [nh, hd], k_norm [kv, hd]
-  std::vector<std::pair<std::string, std::string>> hf;  // base_model_tp_plan (prefix "model.")
-  std::string hf_experts_gate_up;  // the style of mlp.experts.gate_up_proj ("" none)
-  std::string hf_experts_down;
 };
 
-const std::vector<std::pair<std::string, std::string>> kLlamaAttention = {
-    {"layers.*.self_attn.q_proj", "colwise"},
-    {"layers.*.self_attn.k_proj", "colwise"},
-    {"layers.*.self_attn.v_proj", "colwise"},
-    {"layers.*.self_attn.o_proj", "rowwise"}};
-const std::vector<std::pair<std::string, std::string>> kLlamaMlp = {
-    {"layers.*.mlp.gate_proj", "colwise"}, {"layers.*.mlp.up_proj", "colwise"}, {"layers.*.mlp.down_proj", "rowwise"}};
-const std::vector<std::pair<std::string, std::string>> kQkNorm = {
-    {"layers.*.self_attn.q_norm", "replicated_with_grad_allreduce"},
-    {"layers.*.self_attn.k_norm", "replicated_with_grad_allreduce"}};
-const std::vector<std::pair<std::string, std::string>> kPackedExperts = {
-    {"layers.*.mlp.experts.gate_up_proj", "packed_colwise"},
-    {"layers.*.mlp.experts.down_proj", "rowwise"},
-    {"layers.*.mlp.experts", "moe_tp_experts"}};
-
-template <typename... Lists>
-std::vector<std::pair<std::string, std::string>> Cat(const Lists&... lists) {
-  std::vector<std::pair<std::string, std::string>> out;
-  (out.insert(out.end(), lists.begin(), lists.end()), ...);
-  return out;
-}
-
+// The megatron layout of each llama-like family (transformers' own plans, for "hf", are data:
+// hf_plans.h).
 LlamaLike Describe(const std::string& f) {
   LlamaLike d;
-  d.hf = Cat(kLlamaAttention, kLlamaMlp);
-  if (f == "qwen3" || f == "gemma3") d.hf = Cat(kLlamaAttention, kQkNorm, kLlamaMlp);
   if (f == "cohere") d.per_head_norms = true;
-  if (f == "olmo2") {
-    d.hf = Cat(std::vector<std::pair<std::string, std::string>>{{"layers.*.self_attn.q_proj", "colwise_gather_output"},
-                                                                {"layers.*.self_attn.k_proj", "colwise_gather_output"},
-                                                                {"layers.*.self_attn.v_proj", "colwise_gather_output"},
-                                                                {"layers.*.self_attn.o_proj", "rowwise_split_input"}},
-               kLlamaMlp);
-  }
-  if (f == "starcoder2") {
-    d.mlp = LlamaLike::Mlp::kStarcoder2;
-    d.hf = Cat(kLlamaAttention, std::vector<std::pair<std::string, std::string>>{{"layers.*.mlp.c_fc", "colwise"},
-                                                                                 {"layers.*.mlp.c_proj", "rowwise"}});
-  }
+  if (f == "starcoder2") d.mlp = LlamaLike::Mlp::kStarcoder2;
   if (f == "phi3") {
     d.mlp = LlamaLike::Mlp::kPhi3;
     d.phi3_qkv = true;
-    d.hf = {{"layers.*.self_attn.qkv_proj", "colwise_gather_output"},
-            {"layers.*.self_attn.o_proj", "rowwise_split_input"},
-            {"layers.*.mlp.gate_up_proj", "colwise_gather_output"},
-            {"layers.*.mlp.down_proj", "rowwise_split_input"}};
   }
-  if (f == "mixtral") {
-    d.moe = LlamaLike::Moe::kMixtral;
-    d.hf = Cat(kLlamaAttention, kPackedExperts);
-    d.hf_experts_gate_up = "packed_colwise";
-    d.hf_experts_down = "rowwise";
-  }
-  if (f == "qwen2_moe") {
-    d.moe = LlamaLike::Moe::kQwen;
-    d.hf = Cat(kLlamaAttention, kLlamaMlp);  // experts are not in transformers' plan: replicated
-  }
-  if (f == "qwen3_moe") {
-    d.moe = LlamaLike::Moe::kQwen;
-    d.hf = Cat(kLlamaAttention, kQkNorm, kPackedExperts, kLlamaMlp);
-    d.hf_experts_gate_up = "packed_colwise";
-    d.hf_experts_down = "rowwise";
-  }
+  if (f == "mixtral") d.moe = LlamaLike::Moe::kMixtral;
+  if (f == "qwen2_moe" || f == "qwen3_moe") d.moe = LlamaLike::Moe::kQwen;
   if (f == "deepseek_v3") {
     d.moe = LlamaLike::Moe::kQwen;
     d.mla = true;
-    // transformers 5.17 keeps the MLA attention whole on every rank (measured with
-    // tools/gpu/check_hf_families.py against from_pretrained(tp_plan="auto")).
-    d.hf = Cat(kPackedExperts,
-               std::vector<std::pair<std::string, std::string>>{{"layers.*.mlp.shared_experts.gate_proj", "colwise"},
-                                                                {"layers.*.mlp.shared_experts.up_proj", "colwise"},
-                                                                {"layers.*.mlp.shared_experts.down_proj", "rowwise"}},
-               kLlamaMlp);
-    d.hf_experts_gate_up = "packed_colwise";
-    d.hf_experts_down = "rowwise";
   }
   if (f == "gpt_oss") {
     d.moe = LlamaLike::Moe::kGptOss;
     d.sinks = true;
-    // transformers 5.17 holds every attention and expert tensor whole on every rank
-    // (measured with tools/gpu/check_hf_families.py); only the head is split.
-    d.hf = {{"layers.*.mlp.router", "replicate"}};
   }
   return d;
 }
@@ -386,23 +285,6 @@ Result<std::string> LlamaLikePlan(Builder& b) {
   b.Require("^model\\.layers\\.\\d+\\.self_attn\\.o_proj\\.weight$", "o_proj weights");
   const std::optional<int64_t> experts = c.experts;
   const ExpertNames en = PerExpert(d.moe);
-
-  if (b.hf) {
-    // Conversions transformers applies at load, then its plan.
-    if (d.moe == LlamaLike::Moe::kMixtral || d.moe == LlamaLike::Moe::kQwen) {
-      json gu = "replicate", dn = "replicate";
-      if (d.hf_experts_gate_up == "packed_colwise") gu = {{"split", 0}};  // each expert's gate and up rows
-      if (d.hf_experts_down == "rowwise") dn = {{"split", -1}, {"uneven", "chunk"}};
-      b.Add(en.gate_up, gu, Fuse(en.gate_up_out, en.order, experts));
-      b.Add(en.down, dn, Fuse(en.down_out, en.order, experts));
-      if (d.moe == LlamaLike::Moe::kMixtral)
-        b.Add(std::string(kLayer) + ")block_sparse_moe\\.gate\\.weight$", "replicate", {{"fuse_into", "$1mlp.gate.weight"}});
-    }
-    b.HfPlan("model.", d.hf);
-    b.HfPlan("", {{"lm_head", "colwise_gather_output"}});
-    b.HfTiedEmbedding("model.embed_tokens", "lm_head");
-    return b.Finish();
-  }
 
   // megatron
   const bool have_heads = c.heads.has_value() && c.kv_heads.has_value();
@@ -584,16 +466,6 @@ Result<std::string> OlderPlan(Builder& b) {
     b.Add("^transformer\\.h\\.\\d+\\.mlp\\.dense_4h_to_h\\.(weight|bias)$", "row");
   } else if (f == "gpt_neox") {
     b.Require("^gpt_neox\\.layers\\.\\d+\\.attention\\.query_key_value\\.weight$", "query_key_value weights");
-    if (b.hf) {
-      b.HfPlan("gpt_neox.", {{"layers.*.attention.query_key_value", "colwise"},
-                             {"layers.*.attention.dense", "rowwise"},
-                             {"layers.*.mlp.dense_h_to_4h", "colwise"},
-                             {"layers.*.mlp.dense_4h_to_h", "rowwise"}});
-      // transformers 5.17 renames the head embed_out -> lm_head at load (measured).
-      b.Add("^embed_out\\.weight$", "colwise_gather_output", {{"fuse_into", "lm_head.weight"}});
-      b.HfTiedEmbedding("gpt_neox.embed_in", "embed_out");
-      return b.Finish();
-    }
     // query_key_value is [n_head, 3, head_dim]: whole heads are contiguous.
     b.Add("^gpt_neox\\.embed_in\\.weight$", "vocab");
     b.Add("^embed_out\\.weight$", "vocab");
@@ -613,18 +485,30 @@ std::vector<std::string> Names() {
   return out;
 }
 
+std::string HfOptionsError() {
+  return "fuse_qkv, fuse_gate_up, expert_parallel and fuse_experts are options of the \"megatron\" convention; "
+         "\"hf\" is transformers' own layout (its MoE experts are always fused)";
+}
+
 Result<std::string> PlanJson(const std::string& family, const TpPlan::Options& options) {
   auto canonical = Canonical(family);
-  if (!canonical) return InvalidArgument("unknown model family '" + family + "' (" + FormatHint() + ")");
+  if (!canonical) {
+    if (hf_plans::Knows(family))
+      return InvalidArgument("model type '" + family + "' has transformers' tensor-parallel plan only: use convention "
+                             "\"hf\" (the \"megatron\" convention's " + FormatHint() + ")");
+    return InvalidArgument("unknown model family '" + family + "' (" + FormatHint() + ")");
+  }
   auto config = ParseConfig(options.config_json);
   if (!config.ok()) return config.status();
   Builder b{options, *config, *canonical, options.convention == Convention::kHf};
   if (b.hf && (options.fuse_qkv || options.fuse_gate_up || options.expert_parallel || options.fuse_experts))
-    return InvalidArgument("fuse_qkv, fuse_gate_up, expert_parallel and fuse_experts are options of the \"megatron\" "
-                           "convention; \"hf\" is transformers' own layout (its MoE experts are always fused)");
+    return InvalidArgument(HfOptionsError());
   static const std::set<std::string> kOlder = {"gpt-neo", "gpt2", "gptj", "bloom", "opt", "falcon", "gpt_neox"};
   static const std::set<std::string> kNoHfPlan = {"gpt-neo", "gpt2", "gptj", "bloom", "opt", "falcon"};
-  if (b.hf && kNoHfPlan.count(*canonical)) {
+  if (b.hf && !kNoHfPlan.count(*canonical))  // TpPlan::BuiltIn takes the others from transformers' plan data
+    return InvalidArgument("family '" + *canonical + "': transformers' plan data (transformers " +
+                           hf_plans::TransformersVersion() + ") has no entry for it; use convention \"megatron\"");
+  if (b.hf) {
     // transformers has no TP plan for these: at world 1 its model holds every tensor whole;
     // beyond, there is nothing to match (use megatron). The family's requirements stay.
     Builder m{options, *config, *canonical, false};
@@ -642,25 +526,59 @@ Result<std::string> PlanJson(const std::string& family, const TpPlan::Options& o
   return LlamaLikePlan(b);
 }
 
+namespace {
+
+// A config's model_type and architectures, read without checking its other fields (an
+// "hf" plan from data needs nothing else).
+Result<std::pair<std::string, std::vector<std::string>>> TypeAndArchitectures(const std::string& config_json) {
+  const json j = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgument("config is not a JSON object");
+  std::pair<std::string, std::vector<std::string>> out;
+  if (j.contains("model_type") && j["model_type"].is_string()) out.first = j["model_type"].get<std::string>();
+  if (j.contains("architectures") && j["architectures"].is_array())
+    for (const auto& a : j["architectures"])
+      if (a.is_string()) out.second.push_back(a.get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> HfModelType(const std::string& family, const std::string& config_json) {
+  if (!config_json.empty()) {
+    CKPT_ASSIGN_OR_RETURN(auto ta, TypeAndArchitectures(config_json));
+    if (hf_plans::Knows(ta.first)) return ta.first;
+  }
+  if (hf_plans::Knows(family)) return family;
+  for (const auto& f : Table())
+    if (family == f.name && !f.model_types.empty()) return std::string(f.model_types[0]);
+  return family;
+}
+
 Result<std::string> FamilyOf(const std::string& config_json) {
   if (config_json.empty())
     return InvalidArgument("plan \"auto\" needs the checkpoint's config.json (none is stored with it); name a family "
                            "or a plan file instead (" + FormatHint() + ")");
   CKPT_ASSIGN_OR_RETURN(Config c, ParseConfig(config_json));
-  if (!c.model_type.empty()) {
-    if (auto f = Canonical(c.model_type)) return *f;
+  const std::string& model_type = c.model_type;
+  const std::vector<std::string>& architectures = c.architectures;
+  if (!model_type.empty()) {
+    if (auto f = Canonical(model_type)) return *f;
+    if (hf_plans::Knows(model_type)) return model_type;
   }
-  for (const std::string& a : c.architectures) {
+  for (const std::string& a : architectures) {
     for (const auto& f : Table()) {
       for (const char* prefix : f.architectures) {
         if (a.rfind(prefix, 0) == 0) return std::string(f.name);
       }
     }
+    if (auto mt = hf_plans::ModelTypeOfClass(a)) return *mt;
   }
   std::string arch;
-  for (const auto& a : c.architectures) arch += (arch.empty() ? "" : ", ") + a;
-  return InvalidArgument("config model_type '" + c.model_type + "' (architectures [" + arch +
-                         "]) is not a built-in family (" + FormatHint() + ")");
+  for (const auto& a : architectures) arch += (arch.empty() ? "" : ", ") + a;
+  return InvalidArgument("config model_type '" + model_type + "' (architectures [" + arch +
+                         "]) is not a built-in family nor a model type of transformers' plan data (transformers " +
+                         hf_plans::TransformersVersion() + ", " + std::to_string(hf_plans::ModelTypes().size()) +
+                         " model types; " + FormatHint() + ")");
 }
 
 }  // namespace ckpt::tp_families

@@ -17,7 +17,16 @@ std::vector<std::string> Names();
 // The plan JSON of `family` (a canonical name or an alias) under `options`.
 // InvalidArgument for an unknown family, a bad config, or a convention the family lacks.
 Result<std::string> PlanJson(const std::string& family, const TpPlan::Options& options);
-// The canonical family of a config.json text (model_type, else architectures).
+// The family of a config.json text: the built-in family of its model_type (else of its
+// architectures), else its model_type (or the model type of its architectures) where
+// transformers' plan data (hf_plans.h) has it. InvalidArgument naming both lists otherwise.
 Result<std::string> FamilyOf(const std::string& config_json);
+// The transformers model type whose plan data the "hf" convention of `family` uses: the
+// config's own model_type where the data has it (a config is authoritative: "gemma3" names
+// the Gemma 3 VLM, the built-in family "gemma3" its text model), else the family's
+// model_type, else `family` itself. InvalidArgument for a config that is not JSON.
+Result<std::string> HfModelType(const std::string& family, const std::string& config_json);
+// The message for megatron-only options passed with the "hf" convention.
+std::string HfOptionsError();
 
 }  // namespace ckpt::tp_families

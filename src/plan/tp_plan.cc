@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/hf_plans.h"
 #include "plan/output_layout.h"
 #include "plan/tp_families.h"
 #include "common/regex.h"
@@ -34,7 +35,7 @@ namespace {
 
 // A rule after parsing.
 struct Rule {
-  enum class Kind { kReplicate, kSplit, kExpert };
+  enum class Kind { kReplicate, kSplit, kExpert, kRefuse };
   enum class Vector { kSame, kReplicate, kReplicateBias, kSplit };
   struct Section {
     int64_t rows = 0;
@@ -55,6 +56,7 @@ struct Rule {
   bool experts_from_shape = false;  // grouped_gemm: `dim`'s length is the expert count
   std::vector<Section> sections;
   int expert_group = 0;  // kExpert: the capture group holding the expert index
+  std::string refusal;   // kRefuse: why no shard of a matching tensor is made
 };
 
 Rule Split(int dim, bool uneven = false, bool ceil = false, Rule::Vector vector = Rule::Vector::kSame, int chunks = 1) {
@@ -110,6 +112,13 @@ Result<int64_t> PositiveInt(const nlohmann::json& j, const std::string& key) {
 
 Result<Rule> ParseRule(const nlohmann::json& j) {
   if (j.is_string()) return NamedRule(j.get<std::string>());
+  if (j.is_object() && j.contains("refuse")) {
+    if (j.size() != 1 || !j["refuse"].is_string()) return InvalidArgument("a refusal is {\"refuse\": why}");
+    Rule r;
+    r.kind = Rule::Kind::kRefuse;
+    r.refusal = j["refuse"].get<std::string>();
+    return r;
+  }
   if (j.is_object() && j.contains("expert")) {
     Rule r;
     r.kind = Rule::Kind::kExpert;
@@ -216,6 +225,14 @@ struct TpPlan::Entry {
   std::optional<Regex> if_absent;
 };
 
+// A rename of every tensor name before the rules see it, as transformers renames checkpoint
+// keys: the first match of `search` is replaced, wherever that text occurs in the name, by
+// `to` expanded against the match ($n groups).
+struct TpPlan::Rename {
+  Regex search;
+  std::string to;
+};
+
 struct TpPlan::Requirement {
   Regex pattern;
   int64_t count = 1;
@@ -241,10 +258,11 @@ Result<int> GroupIndex(const nlohmann::json& v, const Regex& pattern, const std:
 // OK if every key of the plan object `doc` is a known one.
 Status CheckPlanKeys(const nlohmann::json& doc) {
   for (auto it = doc.begin(); it != doc.end(); ++it) {
-    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require", "max_world"};
+    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require", "max_world", "renames"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument("unknown key '" + it.key() +
-                             "' in plan (known: rules, default, convention, family, require, max_world, comment)");
+                             "' in plan (known: rules, default, convention, family, require, max_world, renames, "
+                             "comment)");
   }
   return Status::Ok();
 }
@@ -379,6 +397,31 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
   return entry;
 }
 
+// The plan's "renames": [{"search": pattern, "to": template}, ...] (none when absent).
+Result<std::vector<std::shared_ptr<const TpPlan::Rename>>> ParseRenames(const nlohmann::json& doc) {
+  std::vector<std::shared_ptr<const TpPlan::Rename>> out;
+  if (!doc.contains("renames")) return out;
+  if (!doc["renames"].is_array()) return InvalidArgument("plan \"renames\" must be an array");
+  for (const auto& r : doc["renames"]) {
+    const std::string where = "plan rename #" + std::to_string(out.size());
+    if (!r.is_object() || r.size() != 2 || !r.contains("search") || !r["search"].is_string() || !r.contains("to") ||
+        !r["to"].is_string())
+      return InvalidArgument(where + ": a rename is {\"search\": pattern, \"to\": template}");
+    auto rename = std::make_shared<TpPlan::Rename>();
+    auto compiled = Regex::Compile(r["search"].get<std::string>());
+    if (!compiled.ok()) return compiled.status().WithContext(where);
+    rename->search = std::move(*compiled);
+    rename->to = r["to"].get<std::string>();
+    auto most = Regex::MaxGroupReferenced(rename->to);
+    if (!most.ok()) return most.status().WithContext(where);
+    if (*most > rename->search.groups())
+      return InvalidArgument(where + ": \"to\" refers to group " + std::to_string(*most) + " but /" +
+                             rename->search.text() + "/ has " + std::to_string(rename->search.groups()));
+    out.push_back(std::move(rename));
+  }
+  return out;
+}
+
 }  // namespace
 
 // In named steps: parse the JSON, check its keys, read the scalars and the default rule,
@@ -413,6 +456,7 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
       plan.requirements_.push_back(std::move(req));
     }
   }
+  CKPT_ASSIGN_OR_RETURN(plan.renames_, ParseRenames(doc));
   if (doc.contains("rules")) {
     if (!doc["rules"].is_array()) return InvalidArgument("plan \"rules\" must be an array");
     int index = 0;
@@ -436,10 +480,41 @@ Result<TpPlan> TpPlan::FromJsonFile(const std::string& path) {
 
 std::vector<std::string> TpPlan::Families() { return tp_families::Names(); }
 
+namespace {
+
+// The plan of `model_type` from transformers' plan data (hf_plans.h), with `options`' config.
+Result<TpPlan> FromHfData(const std::string& model_type, const TpPlan::Options& options) {
+  if (options.fuse_qkv || options.fuse_gate_up || options.expert_parallel || options.fuse_experts)
+    return InvalidArgument(tp_families::HfOptionsError());
+  CKPT_ASSIGN_OR_RETURN(std::string entry, hf_plans::EntryJson(model_type));
+  const std::string source = "transformers " + hf_plans::TransformersVersion();
+  CKPT_ASSIGN_OR_RETURN(std::string json, hf_plans::PlanJson(model_type, entry, options.config_json, source));
+  auto plan = TpPlan::FromJson(json);
+  if (!plan.ok())
+    return plan.status().WithContext("transformers' plan of model type '" + model_type + "' (" + source +
+                                     "; for this model use convention \"megatron\" where a built-in family has it, "
+                                     "or a plan file: docs/tp-plans.md)");
+  return plan;
+}
+
+}  // namespace
+
 Result<TpPlan> TpPlan::BuiltIn(const std::string& family, const Options& options) {
+  if (options.convention == Convention::kHf) {
+    CKPT_ASSIGN_OR_RETURN(std::string model_type, tp_families::HfModelType(family, options.config_json));
+    if (hf_plans::Knows(model_type)) return FromHfData(model_type, options);
+  }
   CKPT_ASSIGN_OR_RETURN(std::string json, tp_families::PlanJson(family, options));
   auto plan = FromJson(json);
   if (!plan.ok()) return plan.status().WithContext("built-in plan '" + family + "'");  // a bug if it happens
+  return plan;
+}
+
+Result<TpPlan> TpPlan::FromHfEntry(const std::string& model_type, const std::string& entry_json,
+                                   const std::string& config_json, const std::string& source) {
+  CKPT_ASSIGN_OR_RETURN(std::string json, hf_plans::PlanJson(model_type, entry_json, config_json, source));
+  auto plan = FromJson(json);
+  if (!plan.ok()) return plan.status().WithContext("transformers' plan of model type '" + model_type + "' (" + source + ")");
   return plan;
 }
 
@@ -578,6 +653,7 @@ Result<Placement> PlaceSplit(const TensorInfo& t, const Rule& rule, int dim, int
 Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector<std::string>& groups, int rank,
                         int world) {
   const int ndim = static_cast<int>(t.shape.size());
+  if (rule.kind == Rule::Kind::kRefuse) return InvalidArgument(rule.refusal);
   if (rule.kind == Rule::Kind::kReplicate || ndim == 0) return Whole(t);
   if (rule.kind == Rule::Kind::kExpert) return PlaceExpert(t, rule, groups, rank, world);
   int dim = rule.dim;
@@ -696,11 +772,26 @@ class TpPlan::Resolution {
     return Status::Ok();
   }
 
-  Result<Match> MatchTensor(const TensorInfo& t) const {
+  // `name` after the plan's renames, in order.
+  Result<std::string> Renamed(const std::string& name) const {
+    std::string out = name;
+    for (const auto& r : plan_.renames_) {
+      CKPT_ASSIGN_OR_RETURN(auto m, r->search.Search(out));
+      if (m.empty() || m[0].empty()) continue;
+      CKPT_ASSIGN_OR_RETURN(const std::string to, r->search.Substitute(out, r->to));
+      const std::string found = m[0];
+      for (size_t at = out.find(found); at != std::string::npos; at = out.find(found, at + to.size()))
+        out.replace(at, found.size(), to);
+    }
+    return out;
+  }
+
+  // The first active entry matching `name` (a tensor's name after the renames).
+  Result<Match> MatchTensor(const std::string& name) const {
     for (size_t i = 0; i < plan_.entries_.size(); ++i) {
       if (!active_[i]) continue;
-      auto found = plan_.entries_[i]->pattern.Search(t.name);
-      if (!found.ok()) return found.status().WithContext("tensor '" + t.name + "'");
+      auto found = plan_.entries_[i]->pattern.Search(name);
+      if (!found.ok()) return found.status().WithContext("tensor '" + name + "'");
       if (!found->empty()) return Match{plan_.entries_[i].get(), std::move(*found)};
     }
     return Match{};
@@ -722,11 +813,15 @@ class TpPlan::Resolution {
 
   // Places `t` by its rule and adds its pieces to its output (made when it is the first).
   Status AddTensor(const TensorInfo& t) {
-    CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(t));
+    auto renamed = Renamed(t.name);
+    if (!renamed.ok()) return renamed.status().WithContext("tensor '" + t.name + "'");
+    const std::string& name = *renamed;
+    CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(name));
     const Entry* m = match.entry;
     if (m) any_rule_matched_ = true;
     const Entry& e = m ? *m : *plan_.default_;
-    const std::string where = "tensor '" + t.name + "'" + (m ? " (rule /" + m->pattern_text + "/)" : "");
+    const std::string where = "tensor '" + t.name + "'" + (name != t.name ? " (as '" + name + "')" : "") +
+                              (m ? " (rule /" + m->pattern_text + "/)" : "");
     auto placed = Place(t, e.rule, match.groups, rank_, world_);
     if (!placed.ok()) return placed.status().WithContext(where);
     if (!placed->owned) return Status::Ok();
@@ -734,10 +829,10 @@ class TpPlan::Resolution {
       auto layout = PieceLayout(piece, t);
       if (!layout.ok()) return layout.status().WithContext(where);
     }
-    std::string out_name = t.name;
+    std::string out_name = name;
     const bool fuse = m && !m->fuse_into.empty();
     if (fuse) {
-      auto expanded = m->pattern.Substitute(t.name, m->fuse_into);
+      auto expanded = m->pattern.Substitute(name, m->fuse_into);
       if (!expanded.ok()) return expanded.status().WithContext(where);
       out_name = std::move(*expanded);
     }

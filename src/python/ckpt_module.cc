@@ -18,6 +18,7 @@
 #include "ckpt/persist.h"
 #include "client/persist_json.h"
 #include "common/element_count.h"
+#include "plan/hf_plans.h"
 #include "ckpt/tp_plan.h"
 #include "ckpt/writer.h"
 #include "client/wire_mapping.h"
@@ -535,6 +536,16 @@ void BindPlans(py::module_& m) {
       .def_static("from_json", [](const std::string& text) { return Unwrap(ckpt::TpPlan::FromJson(text)); })
       .def_static("from_file", [](const std::string& path) { return Unwrap(ckpt::TpPlan::FromJsonFile(path)); })
       .def_static("families", &ckpt::TpPlan::Families)
+      // transformers' plans as data (src/plan/hf_plans.h): the model types, their version,
+      // one entry, and a plan from an entry (the embedded one or a live transformers').
+      .def_static("hf_model_types", [] { return ckpt::hf_plans::ModelTypes(); })
+      .def_static("hf_plans_version", [] { return ckpt::hf_plans::TransformersVersion(); })
+      .def_static("hf_entry", [](const std::string& t) { return Unwrap(ckpt::hf_plans::EntryJson(t)); })
+      .def_static(
+          "from_hf_entry",
+          [](const std::string& model_type, const std::string& entry, const std::string& config,
+             const std::string& source) { return Unwrap(ckpt::TpPlan::FromHfEntry(model_type, entry, config, source)); },
+          py::arg("model_type"), py::arg("entry"), py::arg("config") = "", py::arg("source") = "a live transformers")
       .def_property_readonly("json", &ckpt::TpPlan::json)
       .def_property_readonly("family", &ckpt::TpPlan::family)
       .def_property_readonly("convention", [](const ckpt::TpPlan& p) { return ckpt::ConventionName(p.convention()); })

@@ -1,0 +1,314 @@
+#include "plan/hf_plans.h"
+
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/plan_text.h"
+
+namespace ckpt {
+extern const char kHfTpPlansJson[];  // generated from src/plan/hf_tp_plans.json (cmake/embed_text.cmake)
+extern const size_t kHfTpPlansJsonSize;
+}  // namespace ckpt
+
+namespace ckpt::hf_plans {
+
+namespace {
+
+using json = nlohmann::json;
+using plan_text::PlanKeyRegex;
+using plan_text::RegexEscape;
+
+// The embedded data file, parsed once (a parse failure is a build bug: no model types).
+const json& Data() {
+  static const json kData = [] {
+    json j = json::parse(std::string(kHfTpPlansJson, kHfTpPlansJsonSize), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("families") || !j["families"].is_object()) return json::object();
+    return j;
+  }();
+  return kData;
+}
+
+// ---------------------------------------------------------------------------------------
+// What the plan needs of the model's config.json.
+
+struct ModelConfig {
+  std::optional<bool> tie;          // tie_word_embeddings (the text config's, for composite models)
+  std::optional<int64_t> experts;   // the routed expert count
+};
+
+std::optional<bool> TieOf(const json& c) {
+  if (c.is_object() && c.contains("tie_word_embeddings") && c["tie_word_embeddings"].is_boolean())
+    return c["tie_word_embeddings"].get<bool>();
+  return std::nullopt;
+}
+
+std::optional<int64_t> ExpertsOf(const json& c) {
+  if (!c.is_object()) return std::nullopt;
+  for (const char* k : {"num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"}) {
+    if (c.contains(k) && c[k].is_number_integer() && c[k].get<int64_t>() > 0) return c[k].get<int64_t>();
+  }
+  return std::nullopt;
+}
+
+Result<ModelConfig> ReadConfig(const std::string& config_json, const json& entry) {
+  ModelConfig mc;
+  if (config_json.empty()) return mc;
+  const json c = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (!c.is_object()) return InvalidArgument("config is not a JSON object");
+  const json* text = &c;
+  if (entry.contains("text_config") && entry["text_config"].is_string()) {
+    const std::string key = entry["text_config"].get<std::string>();
+    if (c.contains(key) && c[key].is_object()) text = &c[key];
+  }
+  mc.tie = TieOf(*text);
+  if (!mc.tie) mc.tie = TieOf(c);
+  mc.experts = ExpertsOf(*text);
+  if (!mc.experts) mc.experts = ExpertsOf(c);
+  return mc;
+}
+
+// ---------------------------------------------------------------------------------------
+// transformers' conversions (core_model_loading.py) as plan renames and fusions.
+
+// A source pattern of a WeightRenaming/WeightConverter as PCRE2: transformers compiles it as
+// Python regex with ".*." widened to r"\..*\."; PCRE2 reads that syntax the same way.
+std::string SourceRegex(const std::string& pattern) {
+  std::string out = pattern;
+  for (size_t at = out.find(".*."); at != std::string::npos; at = out.find(".*.", at + 6)) out.replace(at, 3, "\\..*\\.");
+  return out;
+}
+
+// A WeightRenaming target as a Regex::Substitute template: "\1" is group 1, the rest literal.
+std::string TargetTemplate(const std::string& target) {
+  std::string out;
+  for (size_t i = 0; i < target.size(); ++i) {
+    if (target.compare(i, 2, "\\1") == 0) {
+      out += "${1}";
+      ++i;
+    } else {
+      out += target[i] == '$' ? "$$" : std::string(1, target[i]);
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> Strings(const json& e, const char* key) {
+  std::vector<std::string> out;
+  if (e.contains(key) && e[key].is_array())
+    for (const auto& s : e[key])
+      if (s.is_string()) out.push_back(s.get<std::string>());
+  return out;
+}
+
+// The operations of a converter that the engine's fusion reproduces: MergeModulelist(dim 0)
+// (experts stacked on a new dim 0), optionally then Concatenate(dim 1) (the sources, in
+// order, along each expert's dim 0).
+bool IsExpertFusion(const json& c, bool* concatenates) {
+  const json ops = c.value("operations", json::array());
+  if (ops.empty() || ops[0].value("op", "") != "MergeModulelist" || ops[0].value("dim", 0) != 0) return false;
+  *concatenates = ops.size() == 2 && ops[1].value("op", "") == "Concatenate" && ops[1].value("dim", -1) == 1;
+  return ops.size() == 1 || *concatenates;
+}
+
+class PlanWriter {
+ public:
+  PlanWriter(const std::string& model_type, const json& entry, const ModelConfig& config, const std::string& source)
+      : model_type_(model_type), entry_(entry), config_(config), source_(source) {}
+
+  Result<std::string> Write() {
+    CKPT_ASSIGN_OR_RETURN(const json* plan, ChoosePlan());
+    plan_ = plan;
+    for (const auto& c : entry_.value("conversions", json::array())) CKPT_RETURN_IF_ERROR(AddConversion(c));
+    AddPlanKeys();
+    json doc = {{"family", model_type_}, {"convention", "hf"}, {"default", "replicate"}, {"rules", rules_},
+                {"comment", "transformers' own plan for model type '" + model_type_ + "' (" + source_ + ")"}};
+    if (!renames_.empty()) doc["renames"] = renames_;
+    return doc.dump(1);
+  }
+
+ private:
+  std::string Where() const { return "model type '" + model_type_ + "' (" + source_ + ")"; }
+
+  // The plan transformers uses for this config: the tied one when the word embeddings are
+  // tied. An entry with one plan (made for tie_default) gets transformers' tie rule
+  // (configuration_utils, >= 5.15): a tied config adds "embed_tokens": "embedding_rowwise"
+  // to its text model's plan, an untied one does not have it.
+  Result<const json*> ChoosePlan() {
+    if (!entry_.contains("tp_plan") || !entry_["tp_plan"].is_object())
+      return InvalidArgument(Where() + ": the entry has no \"tp_plan\" object");
+    const bool tie_default = entry_.value("tie_default", false);
+    const bool tie = config_.tie.value_or(tie_default);
+    if (entry_.contains("tp_plan_tied") && entry_["tp_plan_tied"].is_object())
+      return tie ? &entry_["tp_plan_tied"] : &entry_["tp_plan"];
+    if (tie == tie_default) return &entry_["tp_plan"];
+    adjusted_ = entry_["tp_plan"];
+    const std::string embedding = TextModelPrefix() + "embed_tokens";
+    if (tie) adjusted_[embedding] = "embedding_rowwise";
+    else if (adjusted_.value(embedding, std::string()) == "embedding_rowwise") adjusted_.erase(embedding);
+    return &adjusted_;
+  }
+
+  // The text model's prefix in the plan's keys ("model.", "model.language_model."): what
+  // precedes "layers.*." in the first key that has it.
+  std::string TextModelPrefix() const {
+    for (auto it = entry_["tp_plan"].begin(); it != entry_["tp_plan"].end(); ++it) {
+      const size_t at = it.key().find("layers.*.");
+      if (at != std::string::npos && (at == 0 || it.key()[at - 1] == '.')) return it.key().substr(0, at);
+    }
+    const std::string prefix = entry_.value("base_model_prefix", std::string());
+    return prefix.empty() ? prefix : prefix + ".";
+  }
+
+  Status AddConversion(const json& c) {
+    const std::string kind = c.value("kind", "");
+    const std::vector<std::string> sources = Strings(c, "source_patterns");
+    const std::vector<std::string> targets = Strings(c, "target_patterns");
+    if (kind == "WeightRenaming") {
+      if (targets.size() != 1) return Status::Ok();  // not a rename of one name into one
+      for (const std::string& s : sources) renames_.push_back({{"search", SourceRegex(s)}, {"to", TargetTemplate(targets[0])}});
+      return Status::Ok();
+    }
+    if (kind != "WeightConverter") return Status::Ok();  // PrefixChange & co: prefixes of other checkpoint layouts
+    bool concatenates = false;
+    if (targets.size() == 1 && IsExpertFusion(c, &concatenates)) return AddExpertFusion(sources, targets[0], concatenates);
+    std::string ops;
+    for (const auto& op : c.value("operations", json::array())) ops += (ops.empty() ? "" : ", ") + op.value("op", "?");
+    for (const std::string& s : sources)
+      rules_.push_back({{"pattern", "^(.*?)" + SourceRegex(s) + "$"},
+                        {"rule", {{"refuse", Where() + ": transformers converts this tensor at load (" + ops +
+                                                 ") in a way ckptd does not shard; use convention \"megatron\" "
+                                                 "where a built-in family has it, or a plan file (docs/tp-plans.md)"}}}});
+    return Status::Ok();
+  }
+
+  // The style transformers gives the fused parameter `prefix + target`: the plan's exact
+  // key, else its module's key; "" when the plan has neither.
+  std::string StyleOf(const std::string& key) const {
+    if (plan_->contains(key) && (*plan_)[key].is_string()) return (*plan_)[key].get<std::string>();
+    const size_t dot = key.rfind('.');
+    if (dot != std::string::npos && plan_->contains(key.substr(0, dot)) && (*plan_)[key.substr(0, dot)].is_string())
+      return (*plan_)[key.substr(0, dot)].get<std::string>();
+    return "";
+  }
+
+  // What each source tensor of a fused expert parameter of `style` gets.
+  Result<json> SourceRule(const std::string& style, bool concatenates, const std::string& target) const {
+    if (style.empty()) return json("replicate");
+    if (style == "packed_colwise") return concatenates ? json{{"split", 0}} : json{{"split", 0}, {"chunks", 2}};
+    if (style == "colwise" || style == "colwise_gather_output") {
+      if (concatenates)
+        return InvalidArgument(Where() + ": the fused '" + target + "' is " + style +
+                               ", a split across its concatenated sources that ckptd does not make");
+      return json{{"split", 0}, {"uneven", "chunk"}};
+    }
+    if (style == "rowwise" || style == "rowwise_split_input") return json{{"split", -1}, {"uneven", "chunk"}};
+    if (style == "grouped_gemm") {
+      if (!config_.experts)
+        return InvalidArgument(Where() + ": '" + target + "' is split by whole experts (grouped_gemm), which needs "
+                               "the expert count from the model's config.json");
+      return json{{"expert", 2}, {"experts", *config_.experts}};
+    }
+    return json(style);  // a replicated style, or one the engine names in its error
+  }
+
+  // Per-expert sources ("mlp.experts.*.gate_proj.weight", ...) fused into `target` [E, ...]:
+  // one entry per source, keyed by (expert, source order), stacked by expert. Where the plan
+  // has keys for the target, each key's prefix gets its own entry (its style), then any
+  // other prefix the target's module style (or replicate).
+  Status AddExpertFusion(const std::vector<std::string>& sources, const std::string& target, bool concatenates) {
+    std::vector<std::string> order, bodies;
+    for (const std::string& s : sources) {
+      const size_t star = s.find(".*.");
+      if (star == std::string::npos) return Status::Ok();  // not per-expert: nothing to fuse
+      order.push_back(s.substr(star + 3));
+      bodies.push_back(SourceRegex(s.substr(0, star)) + "\\.(\\d+)\\.(" + RegexEscape(s.substr(star + 3)) + ")");
+    }
+    const std::string bare = target[0] == '.' ? target.substr(1) : target;
+    std::vector<std::pair<std::string, std::string>> prefixes;  // (prefix regex, style)
+    for (auto it = plan_->begin(); it != plan_->end(); ++it) {
+      const std::string& key = it.key();
+      if (key.size() > bare.size() && key.compare(key.size() - bare.size(), bare.size(), bare) == 0 &&
+          key[key.size() - bare.size() - 1] == '.') {
+        std::string prefix = key.substr(0, key.size() - bare.size());  // "model.layers.*." (ends with '.')
+        if (target[0] == '.') prefix.pop_back();
+        prefixes.emplace_back(PlanKeyRegex(prefix), StyleOf(key));
+      }
+    }
+    prefixes.emplace_back(".*?", "");
+    for (const auto& [prefix, style] : prefixes) {
+      CKPT_ASSIGN_OR_RETURN(json rule, SourceRule(style, concatenates, target));
+      for (size_t i = 0; i < bodies.size(); ++i) {
+        json e = {{"pattern", "^(" + prefix + ")" + bodies[i] + "$"}, {"rule", rule}, {"fuse_into", "$1" + target},
+                  {"fuse_key", {2, 3}}, {"fuse_order", order}, {"stack", 2}};
+        if (config_.experts) e["stack_count"] = *config_.experts;
+        rules_.push_back(std::move(e));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The plan's keys, as transformers looks a parameter up: its generic name (layer numbers
+  // as "*") first, then its module's name.
+  void AddPlanKeys() {
+    for (auto it = plan_->begin(); it != plan_->end(); ++it)
+      rules_.push_back({{"pattern", "^" + PlanKeyRegex(it.key()) + "$"}, {"rule", it.value()}});
+    for (auto it = plan_->begin(); it != plan_->end(); ++it)
+      rules_.push_back({{"pattern", "^" + PlanKeyRegex(it.key()) + "\\.[^.]+$"}, {"rule", it.value()}});
+  }
+
+  const std::string& model_type_;
+  const json& entry_;
+  const ModelConfig& config_;
+  const std::string& source_;
+  const json* plan_ = nullptr;
+  json adjusted_;  // the plan with the tie rule applied, where ChoosePlan made one
+  json rules_ = json::array();
+  json renames_ = json::array();
+};
+
+}  // namespace
+
+const std::vector<std::string>& ModelTypes() {
+  static const std::vector<std::string> kTypes = [] {
+    std::vector<std::string> out;
+    if (Data().contains("families"))
+      for (auto it = Data()["families"].begin(); it != Data()["families"].end(); ++it) out.push_back(it.key());
+    std::sort(out.begin(), out.end());
+    return out;
+  }();
+  return kTypes;
+}
+
+bool Knows(const std::string& model_type) {
+  return Data().contains("families") && Data()["families"].contains(model_type);
+}
+
+const std::string& TransformersVersion() {
+  static const std::string kVersion = Data().value("transformers", std::string("unknown"));
+  return kVersion;
+}
+
+std::optional<std::string> ModelTypeOfClass(const std::string& class_name) {
+  for (const std::string& mt : ModelTypes())
+    if (Data()["families"][mt].value("model_class", std::string()) == class_name) return mt;
+  return std::nullopt;
+}
+
+Result<std::string> EntryJson(const std::string& model_type) {
+  if (!Knows(model_type)) return NotFound("transformers " + TransformersVersion() + " has no tensor-parallel plan for "
+                                          "model type '" + model_type + "'");
+  return Data()["families"][model_type].dump();
+}
+
+Result<std::string> PlanJson(const std::string& model_type, const std::string& entry_json,
+                             const std::string& config_json, const std::string& source) {
+  const json entry = json::parse(entry_json, nullptr, /*allow_exceptions=*/false);
+  if (!entry.is_object()) return InvalidArgument("model type '" + model_type + "' (" + source + "): entry is not a JSON object");
+  CKPT_ASSIGN_OR_RETURN(ModelConfig config, ReadConfig(config_json, entry));
+  return PlanWriter(model_type, entry, config, source).Write();
+}
+
+}  // namespace ckpt::hf_plans

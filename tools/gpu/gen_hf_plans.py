@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Writes transformers' tensor-parallel plans, for every model type that has one, as data.
+
+For each model type of the installed transformers (its CONFIG_MAPPING), a tiny model of the
+class its Auto mappings give (causal LM, else image-text-to-text, ...; tools/gpu/hf_tiny.py) is
+built, and what transformers itself says about sharding it is recorded:
+  - the model's full plan (`model.tp_plan`: base_model_tp_plan under base_model_prefix, the
+    head classes' `_tp_plan`, sub-models' plans under their attribute names), once with
+    untied and once with tied word embeddings (transformers adds an embedding rule when tied);
+  - `base_model_prefix`, the text sub-config's key for composite models (VLMs);
+  - the checkpoint conversions transformers applies at load (renames, fused MoE experts:
+    `get_model_conversion_mapping`), as source/target patterns and operations.
+Writes --out (src/plan/hf_tp_plans.json, embedded in the library by CMake) and --examples
+(each family's tiny checkpoint, as save_pretrained writes it: config and tensor names,
+dtypes, shapes; for tests/python/test_hf_plans.py). Needs transformers: run on the GPU
+machine (tools/gpu/run_checks.sh's python3).
+
+  python3 tools/gpu/gen_hf_plans.py --out src/plan/hf_tp_plans.json \\
+      --examples tests/python/data/hf_family_examples.json [--types llama,qwen2]
+"""
+import argparse
+import datetime
+import json
+import os
+import struct
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_tiny  # noqa: E402
+
+FORMAT = 1
+
+
+def _load_hf_plans():
+    """python/ckpt/hf_plans.py by path: it needs neither ckpt's extension nor a build."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "ckpt", "hf_plans.py")
+    spec = importlib.util.spec_from_file_location("ckpt_hf_plans", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hf_plans = _load_hf_plans()
+
+
+def first_line(e):
+    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+
+
+def safetensors_header(folder):
+    tensors = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(folder, name), "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+        for key, meta in header.items():
+            if key != "__metadata__":
+                tensors.append([key, meta["dtype"], meta["shape"]])
+    return sorted(tensors)
+
+
+def example_of(model_cls, config):
+    """The tiny model's checkpoint as save_pretrained writes it (config, tensors) and the
+    model's own parameter names and shapes (what transformers loads it into)."""
+    import torch
+    torch.manual_seed(0)
+    real = model_cls._from_config(config)
+    model_tensors = sorted([n, list(t.shape)] for n, t in real.state_dict().items())
+    with tempfile.TemporaryDirectory() as folder:
+        real.save_pretrained(folder)
+        with open(os.path.join(folder, "config.json")) as f:
+            saved_config = json.load(f)
+        return {"config": saved_config, "tensors": safetensors_header(folder), "model_tensors": model_tensors}
+
+
+def describe(model_type):
+    """(entry for the plan file, example for the tests)."""
+    import transformers
+    task, model_cls = hf_plans.model_class(model_type)
+    entry = {"config_class": transformers.CONFIG_MAPPING[model_type].__name__}
+    if model_cls is None:
+        entry["error"] = "no Auto model class"
+        return entry, None
+    default = transformers.AutoConfig.for_model(model_type)
+    text_key = hf_plans._text_config_key(default)
+    try:
+        config = hf_tiny.tiny_config(model_type)
+        untied = hf_tiny.tiny_config(model_type, text_key, tie_word_embeddings=False)
+        tied = hf_tiny.tiny_config(model_type, text_key, tie_word_embeddings=True)
+        tiny = True
+    except Exception as e:  # the class's defaults, on the meta device only (no example)
+        entry["tiny_error"] = first_line(e)
+        config = untied = default
+        tied, tiny = None, False
+    try:
+        entry.update(hf_plans.entry_of_model(model_cls, untied, task, tied_config=tied))
+        text = default.get_text_config() if hasattr(default, "get_text_config") else default
+        entry["tie_default"] = bool(getattr(text, "tie_word_embeddings", False))  # what a config without it means
+        if not tiny:  # the plan of the class's defaults: tied or not as they are
+            entry["tp_plan_is_for_tie"] = entry["tie_default"]
+    except Exception as e:
+        entry["error"] = f"building the model: {first_line(e)}"
+        return entry, None
+    if not entry["tp_plan"] or not tiny:
+        return entry, None
+    try:
+        return entry, example_of(model_cls, config)
+    except Exception as e:
+        entry["save_error"] = first_line(e)
+        return entry, None
+
+
+def has_plan_class(config_cls, model_cls):
+    """False only where transformers surely declares no plan for this model type: neither its
+    config class nor its model class has one, and it has no sub-configs (whose class, often
+    AutoConfig, is known only once built). Building nothing."""
+    if getattr(config_cls, "base_model_tp_plan", None) or getattr(model_cls, "_tp_plan", None):
+        return True
+    return bool(getattr(config_cls, "sub_configs", None))
+
+
+def write(args, families, examples, skipped, versions):
+    """Writes --out and --examples (again after every few model types: a cut run keeps them)."""
+    transformers_version, torch_version = versions
+    doc = {"format": FORMAT, "transformers": transformers_version, "torch": torch_version,
+           "generated": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}",
+           "generated_by": "tools/gpu/gen_hf_plans.py", "families": families,
+           "without_plan": dict(sorted(skipped.items()))}
+    with open(args.out + ".tmp", "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    os.replace(args.out + ".tmp", args.out)
+    if args.examples:
+        with open(args.examples + ".tmp", "w") as f:
+            json.dump({"transformers": transformers_version, "families": examples}, f, separators=(",", ":"),
+                      sort_keys=True)
+            f.write("\n")
+        os.replace(args.examples + ".tmp", args.examples)
+
+
+def one(mt):
+    """(model type, entry, example) in a worker process; never raises."""
+    import transformers
+    _, model_cls = hf_plans.model_class(mt)
+    if not has_plan_class(transformers.CONFIG_MAPPING[mt], model_cls):
+        return mt, {"error": "no tensor-parallel plan"}, None
+    try:
+        entry, example = describe(mt)
+    except Exception as e:
+        entry, example = {"error": first_line(e)}, None
+    return mt, entry, example
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--examples")
+    ap.add_argument("--types", default="", help="comma-separated model types (default: all)")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
+    ap.add_argument("--deadline", type=float, default=0, help="seconds: write what is done by then and stop")
+    args = ap.parse_args()
+    import concurrent.futures
+    import multiprocessing
+    import torch
+    import transformers
+    t0 = time.time()
+    versions = (transformers.__version__, torch.__version__.split("+")[0])
+    types = [t for t in args.types.split(",") if t] or sorted(transformers.CONFIG_MAPPING.keys())
+    families, examples, skipped = {}, {}, {}
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        futures = [pool.submit(one, mt) for mt in types]
+        try:
+            for future in concurrent.futures.as_completed(futures, timeout=args.deadline or None):
+                mt, entry, example = future.result()
+                if entry.get("tp_plan"):
+                    families[mt] = entry
+                    if example:
+                        examples[mt] = example
+                else:
+                    skipped[mt] = entry.get("error") or "no tensor-parallel plan"
+                problems = "; ".join(f"{k}: {entry[k]}" for k in ("error", "tiny_error", "save_error",
+                                                                  "conversions_error") if entry.get(k))
+                print(f"{mt}: {'plan' if entry.get('tp_plan') else 'skip'} {entry.get('model_class', '')} "
+                      f"{len(entry.get('tp_plan') or {})} rules" + (f" ({problems})" if problems else ""), flush=True)
+        except concurrent.futures.TimeoutError:
+            unfinished = sorted(mt for mt, f in zip(types, futures) if not f.done())
+            print(f"deadline: {len(unfinished)} model types unfinished: {unfinished}", flush=True)
+            for mt in unfinished:
+                skipped[mt] = "not described: the generator's deadline passed"
+            write(args, dict(sorted(families.items())), examples, skipped, versions)
+            os._exit(3)
+    write(args, dict(sorted(families.items())), examples, skipped, versions)
+    print(f"{len(families)} model types with a plan, {len(examples)} examples, {len(skipped)} without; "
+          f"transformers {transformers.__version__}; {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Tiny random models of any transformers model type, for the plan generator and the family check.
+
+`tiny_config(model_type)` takes the config class's defaults and shrinks every size field it
+knows (in the config and each of its sub-configs: text, vision, audio) to a few dozen units:
+hidden 64, 2 layers, 8 heads, 4 key/value heads, 4 experts, vocabulary 128 (or just above the
+largest special token id). Needs transformers (the GPU machine); nothing here is used by ckpt
+itself (the model class for a model type: python/ckpt/hf_plans.py's model_class).
+"""
+
+# Field -> tiny value. A field is set only where the config already has it.
+SIZES = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 8,
+    "num_key_value_heads": 4, "head_dim": 8, "max_position_embeddings": 128,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "expert_intermediate_size": 32,
+    "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_topk": 2,
+    "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
+    "n_embd": 64, "n_layer": 2, "n_head": 8, "n_inner": 128, "d_model": 64, "num_layers": 2, "num_heads": 8,
+    "ffn_dim": 128, "d_ff": 128, "n_positions": 128, "sliding_window": 32, "decoder_sparse_step": 1,
+    "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
+    "num_kv_heads": 4, "n_head_kv": 4, "rotary_dim": 4, "partial_rotary_factor": 0.5,
+    "word_embed_proj_dim": 64, "embedding_size": 64, "projection_dim": 64, "attention_window": 32,
+    # vision / audio towers
+    "image_size": 32, "patch_size": 8, "num_channels": 3, "depth": 2, "embed_dim": 64, "out_hidden_size": 64,
+    "spatial_merge_size": 2, "temporal_patch_size": 2, "vision_feature_layer": -1, "num_mel_bins": 16,
+}
+LIST_PER_LAYER = ("layer_types", "mlp_only_layers_list", "attention_types_per_layer")
+TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id")
+VOCAB = 128
+
+
+def _special_ids(d):
+    """Token ids a model embeds (image/video/audio placeholders and the like), anywhere in the
+    config dict: the vocabulary must exceed them."""
+    ids = []
+    for key, value in d.items():
+        if isinstance(value, dict):
+            ids += _special_ids(value)
+        elif isinstance(key, str) and key.endswith(("_token_id", "_token_index")) and isinstance(value, int) and not isinstance(value, bool) \
+                and value >= 0:
+            ids.append(value)
+    return ids
+
+
+def shrink_dict(d, vocab):
+    """The config dict `d` (config.to_dict()) with every known size field shrunk, recursively
+    through sub-config dicts; a field is changed only where the dict has it. A list as long
+    as the layer count (layer_types, mlp_layer_types, ...) is cut to the new count."""
+    old_layers = d.get("num_hidden_layers") or d.get("num_layers")
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = shrink_dict(value, vocab)
+        elif key in SIZES and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = type(value)(SIZES[key])
+        elif key == "vocab_size" and isinstance(value, int):
+            out[key] = vocab
+        else:
+            out[key] = value
+    layers = out.get("num_hidden_layers") or out.get("num_layers")
+    for key, value in list(out.items()):
+        if isinstance(value, list) and layers and value and (key in LIST_PER_LAYER or len(value) == old_layers):
+            out[key] = (value * layers)[:layers]
+    if out.get("mlp_only_layers"):
+        out["mlp_only_layers"] = []
+    for key in TOKEN_FIELDS:
+        if isinstance(out.get(key), int) and out[key] >= vocab:
+            out[key] = 0 if key == "pad_token_id" else 2
+    return out
+
+
+def tiny_config(model_type, text_config_key=None, **overrides):
+    """A config of `model_type` with transformers' defaults shrunk (see SIZES); `overrides`
+    given to the constructor (so that what the config derives from them at init, such as the
+    tied-embedding plan rule, follows), at the top and in the `text_config_key` sub-config."""
+    import transformers
+    default = transformers.AutoConfig.for_model(model_type)
+    d = default.to_dict()
+    vocab = max([VOCAB] + [i + 1 for i in _special_ids(d)])
+    d = shrink_dict(d, vocab)
+    d.pop("transformers_version", None)
+    d.update(overrides)
+    if text_config_key and isinstance(d.get(text_config_key), dict):
+        d[text_config_key].update(overrides)
+    try:
+        config = type(default).from_dict(d)
+    except Exception as first:  # a config class whose from_dict refuses its own to_dict: top-level kwargs
+        flat = {k: v for k, v in d.items() if not isinstance(v, dict) and k not in ("model_type", "architectures")}
+        try:
+            config = transformers.AutoConfig.for_model(model_type, **flat)
+        except Exception as second:
+            raise RuntimeError(f"from_dict: {first}; for_model(**sizes): {second}") from second
+    return config
