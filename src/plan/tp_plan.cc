@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "plan/block_scales.h"
 #include "plan/output_layout.h"
 #include "plan/tp_families.h"
 #include "common/regex.h"
@@ -216,6 +217,10 @@ struct TpPlan::Entry {
   std::optional<Regex> if_absent;
 };
 
+struct TpPlan::ScaleSettings {
+  BlockScales value;
+};
+
 struct TpPlan::Requirement {
   Regex pattern;
   int64_t count = 1;
@@ -241,10 +246,12 @@ Result<int> GroupIndex(const nlohmann::json& v, const Regex& pattern, const std:
 // OK if every key of the plan object `doc` is a known one.
 Status CheckPlanKeys(const nlohmann::json& doc) {
   for (auto it = doc.begin(); it != doc.end(); ++it) {
-    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require", "max_world"};
+    static const char* kKeys[] = {"rules",   "default",   "comment",     "convention",
+                                  "family",  "require",   "max_world",   "block_scales"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument("unknown key '" + it.key() +
-                             "' in plan (known: rules, default, convention, family, require, max_world, comment)");
+                             "' in plan (known: rules, default, convention, family, require, max_world, "
+                             "block_scales, comment)");
   }
   return Status::Ok();
 }
@@ -397,6 +404,11 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
   CKPT_RETURN_IF_ERROR(
       ParsePlanScalars(doc, &plan.convention_, &plan.family_, &plan.max_world_, &plan.max_world_why_));
   CKPT_ASSIGN_OR_RETURN(plan.default_, ParseDefault(doc));
+  auto scales = std::make_shared<ScaleSettings>();
+  if (doc.contains("block_scales")) {
+    CKPT_ASSIGN_OR_RETURN(scales->value, ParseBlockScales(doc["block_scales"]));
+  }
+  plan.block_scales_ = std::move(scales);
   if (doc.contains("require")) {
     if (!doc["require"].is_array()) return InvalidArgument("plan \"require\" must be an array");
     for (const auto& q : doc["require"]) {
@@ -436,8 +448,28 @@ Result<TpPlan> TpPlan::FromJsonFile(const std::string& path) {
 
 std::vector<std::string> TpPlan::Families() { return tp_families::Names(); }
 
+namespace {
+
+// `plan_json` with "block_scales" set from config.json's quantization_config.weight_block_size
+// (unchanged when the config names none).
+Result<std::string> WithConfigBlockSize(std::string plan_json, const std::string& config_json) {
+  CKPT_ASSIGN_OR_RETURN(auto block, ConfigBlockSize(config_json));
+  if (!block) return plan_json;
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(plan_json);
+  } catch (const std::exception& e) {
+    return Internal(std::string("built-in plan is not JSON: ") + e.what());
+  }
+  doc["block_scales"] = {{"block", {(*block)[0], (*block)[1]}}};
+  return doc.dump(1);
+}
+
+}  // namespace
+
 Result<TpPlan> TpPlan::BuiltIn(const std::string& family, const Options& options) {
-  CKPT_ASSIGN_OR_RETURN(std::string json, tp_families::PlanJson(family, options));
+  CKPT_ASSIGN_OR_RETURN(std::string generated, tp_families::PlanJson(family, options));
+  CKPT_ASSIGN_OR_RETURN(std::string json, WithConfigBlockSize(std::move(generated), options.config_json));
   auto plan = FromJson(json);
   if (!plan.ok()) return plan.status().WithContext("built-in plan '" + family + "'");  // a bug if it happens
   return plan;
@@ -720,8 +752,49 @@ class TpPlan::Resolution {
     return key;
   }
 
-  // Places `t` by its rule and adds its pieces to its output (made when it is the first).
+  // The plan's "block_scales" setting.
+  const BlockScales& Scales() const {
+    static const BlockScales kDefaults;
+    return plan_.block_scales_ ? plan_.block_scales_->value : kDefaults;
+  }
+
+  // Places FP8 block scale `t` from the placement of its weight `weight_name` (the weight's
+  // entry decides; fused weights are refused) into an output of its own name.
+  Status AddScale(const TensorInfo& t, const std::string& weight_name) {
+    auto found = names_.find(weight_name);
+    if (found == names_.end())
+      return InvalidArgument("FP8 block scales: tensor '" + t.name + "' ends with \"" + Scales().suffix +
+                             "\" but the checkpoint has no weight '" + weight_name +
+                             "' for it to scale (a plan with \"block_scales\": false places it by its own rule)");
+    const TensorInfo& w = *found->second;
+    CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(w));
+    const Entry& e = match.entry ? *match.entry : *plan_.default_;
+    if (!e.fuse_into.empty()) {
+      auto into = e.pattern.Substitute(w.name, e.fuse_into);
+      return InvalidArgument("FP8 block scales: weight '" + w.name + "' is fused into '" +
+                             (into.ok() ? *into : e.fuse_into) + "' (rule /" + e.pattern_text +
+                             "/); fusing its block scale '" + t.name +
+                             "' is not supported: use a plan or options that keep FP8 weights unfused (megatron "
+                             "without fuse_qkv / fuse_gate_up / fuse_experts)");
+    }
+    auto placed = Place(w, e.rule, match.groups, rank_, world_);
+    if (!placed.ok()) return placed.status().WithContext("weight '" + w.name + "' of block scale '" + t.name + "'");
+    if (!placed->owned) return Status::Ok();
+    CKPT_ASSIGN_OR_RETURN(auto pieces, ScalePieces(w, t, placed->pieces, Scales(), rank_, world_));
+    if (by_name_.count(t.name)) return InvalidArgument("output name '" + t.name + "' is already taken");
+    by_name_.emplace(t.name, outputs_.size());
+    ShardOutput out;
+    out.name = t.name;
+    out.pieces = std::move(pieces);
+    out.transpose = e.transpose;
+    outputs_.push_back(std::move(out));
+    return Status::Ok();
+  }
+
+  // Places `t` by its rule and adds its pieces to its output (made when it is the first);
+  // an FP8 block scale by its weight's (AddScale).
   Status AddTensor(const TensorInfo& t) {
+    if (auto weight = ScaleWeightName(Scales(), t.name)) return AddScale(t, *weight);
     CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(t));
     const Entry* m = match.entry;
     if (m) any_rule_matched_ = true;
