@@ -75,9 +75,12 @@
 // of its weight shard (a replicated weight: the whole scale). "block_scales": {"suffix":
 // "_scale_inv", "block": [128, 128]} (either key optional; these are the defaults) or false
 // (off: such tensors follow their own rules). Built-in plans take "block" from config.json's
-// quantization_config.weight_block_size. Resolve's InvalidArgument names the weight when a
-// rank's range of it cuts a block, the scale is not its weight's block grid or has no
-// weight, or the weight is fused (fuse_into) with others.
+// quantization_config.weight_block_size. A fused weight's scale goes into the fused output's
+// name + suffix (e.g. "...qkv_proj.weight_scale_inv", "...experts.gate_up_proj_scale_inv"),
+// its pieces fused and stacked as the weights'. Resolve's InvalidArgument names the weight
+// when a rank's range of it cuts a block, the scale is not its weight's block grid or has no
+// weight, a fused weight's rank part is not whole blocks of rows, or a fused output mixes
+// weights with and without scales.
 #pragma once
 
 #include <memory>

@@ -2,7 +2,7 @@
 // F8_E4M3 [out, in]) stored with `P.weight_scale_inv` [ceil(out / b0), ceil(in / b1)],
 // element [i, j] scaling the weight's block rows [b0 i, b0 (i + 1)), cols [b1 j, b1 (j + 1)).
 // The plan engine places such a scale from its weight's shard: each rank's scale holds
-// exactly the blocks of its weight shard.
+// exactly the blocks of its weight shard (fused weights: TpPlan::Resolution::AddScale).
 #pragma once
 
 #include <array>

@@ -650,6 +650,7 @@ class TpPlan::Resolution {
     CKPT_RETURN_IF_ERROR(FindActiveEntries());
     for (const TensorInfo& t : tensors_) CKPT_RETURN_IF_ERROR(AddTensor(t));
     CKPT_RETURN_IF_ERROR(CheckSomeRuleMatched());
+    CKPT_RETURN_IF_ERROR(CheckFusedScales());
     CKPT_RETURN_IF_ERROR(OrderAndStackFused());
     CKPT_RETURN_IF_ERROR(CheckOutputsFit());
     return std::move(outputs_);
@@ -759,7 +760,8 @@ class TpPlan::Resolution {
   }
 
   // Places FP8 block scale `t` from the placement of its weight `weight_name` (the weight's
-  // entry decides; fused weights are refused) into an output of its own name.
+  // entry decides) into an output of its own name, or, for a fused weight, into the fused
+  // output's name + suffix, in the weight's order (each weight piece whole blocks of rows).
   Status AddScale(const TensorInfo& t, const std::string& weight_name) {
     auto found = names_.find(weight_name);
     if (found == names_.end())
@@ -769,26 +771,26 @@ class TpPlan::Resolution {
     const TensorInfo& w = *found->second;
     CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(w));
     const Entry& e = match.entry ? *match.entry : *plan_.default_;
-    if (!e.fuse_into.empty()) {
-      auto into = e.pattern.Substitute(w.name, e.fuse_into);
-      return InvalidArgument("FP8 block scales: weight '" + w.name + "' is fused into '" +
-                             (into.ok() ? *into : e.fuse_into) + "' (rule /" + e.pattern_text +
-                             "/); fusing its block scale '" + t.name +
-                             "' is not supported: use a plan or options that keep FP8 weights unfused (megatron "
-                             "without fuse_qkv / fuse_gate_up / fuse_experts)");
-    }
+    const std::string where = "block scale '" + t.name + "' of weight '" + w.name + "'";
     auto placed = Place(w, e.rule, match.groups, rank_, world_);
-    if (!placed.ok()) return placed.status().WithContext("weight '" + w.name + "' of block scale '" + t.name + "'");
+    if (!placed.ok()) return placed.status().WithContext(where);
     if (!placed->owned) return Status::Ok();
     CKPT_ASSIGN_OR_RETURN(auto pieces, ScalePieces(w, t, placed->pieces, Scales(), rank_, world_));
-    if (by_name_.count(t.name)) return InvalidArgument("output name '" + t.name + "' is already taken");
-    by_name_.emplace(t.name, outputs_.size());
-    ShardOutput out;
-    out.name = t.name;
-    out.pieces = std::move(pieces);
-    out.transpose = e.transpose;
-    outputs_.push_back(std::move(out));
-    return Status::Ok();
+    if (!e.fuse_into.empty()) {
+      for (const ShardPiece& piece : placed->pieces) {
+        auto layout = PieceLayout(piece, w);
+        if (!layout.ok()) return layout.status().WithContext(where);
+        if (layout->shape[0] % Scales().block[0] != 0)
+          return InvalidArgument("FP8 block scales: weight '" + w.name + "' is fused along dim 0 (rule /" +
+                                 e.pattern_text + "/) and rank " + std::to_string(rank_) + " of world " +
+                                 std::to_string(world_) + " holds " + std::to_string(layout->shape[0]) +
+                                 " rows of it, not whole blocks of " + std::to_string(Scales().block[0]) +
+                                 ": the fused scale's blocks would not line up (use options or a plan that keep "
+                                 "it unfused, e.g. megatron without fuse_qkv / fuse_gate_up / fuse_experts)");
+      }
+      scaled_.emplace_back(t.name, w.name);
+    }
+    return AddPieces(t.name, w.name, Scales().suffix, match, std::move(pieces), where);
   }
 
   // Places `t` by its rule and adds its pieces to its output (made when it is the first);
@@ -807,12 +809,21 @@ class TpPlan::Resolution {
       auto layout = PieceLayout(piece, t);
       if (!layout.ok()) return layout.status().WithContext(where);
     }
-    std::string out_name = t.name;
+    return AddPieces(t.name, t.name, "", match, std::move(placed->pieces), where);
+  }
+
+  // Adds `pieces` to their output (made when it is the first): `own`, or, when `match`'s
+  // entry fuses, its fuse_into expanded from `key` (the matched name) + `suffix`, the pieces
+  // sorted later by their fuse key.
+  Status AddPieces(const std::string& own, const std::string& key, const std::string& suffix, const Match& match,
+                   std::vector<ShardPiece> pieces, const std::string& where) {
+    const Entry* m = match.entry;
+    std::string out_name = own;
     const bool fuse = m && !m->fuse_into.empty();
     if (fuse) {
-      auto expanded = m->pattern.Substitute(t.name, m->fuse_into);
+      auto expanded = m->pattern.Substitute(key, m->fuse_into);
       if (!expanded.ok()) return expanded.status().WithContext(where);
-      out_name = std::move(*expanded);
+      out_name = std::move(*expanded) + suffix;
     }
     auto it = by_name_.find(out_name);
     if (it == by_name_.end()) {
@@ -828,16 +839,34 @@ class TpPlan::Resolution {
     }
     ShardOutput& out = outputs_[it->second];
     if (!fuse) {
-      for (const ShardPiece& piece : placed->pieces) out.pieces.push_back(piece);
+      for (ShardPiece& piece : pieces) out.pieces.push_back(std::move(piece));
       return Status::Ok();
     }
+    output_of_[own] = out_name;
     Fused& f = fused_[out_name];
     if (!f.entry) f.entry = m;
-    const std::vector<KeyPart> key = FuseKey(*m, match.groups, t.name);
+    const std::vector<KeyPart> key_parts = FuseKey(*m, match.groups, key);
     if (m->stack) f.stack_values.insert(match.groups[m->stack]);
-    for (const ShardPiece& piece : placed->pieces) {
-      f.keys.push_back({key, out.pieces.size()});
-      out.pieces.push_back(piece);
+    for (ShardPiece& piece : pieces) {
+      f.keys.push_back({key_parts, out.pieces.size()});
+      out.pieces.push_back(std::move(piece));
+    }
+    return Status::Ok();
+  }
+
+  // OK if every fused output of FP8 weights has a scale for each of its weights (a scale
+  // output missing some would put the others' blocks at the wrong rows).
+  Status CheckFusedScales() const {
+    for (const auto& [scale, weight] : scaled_) {
+      const std::string& scale_out = output_of_.at(scale);
+      const ShardOutput& weights = outputs_[by_name_.at(output_of_.at(weight))];
+      for (const ShardPiece& piece : weights.pieces) {
+        if (!names_.count(piece.source + Scales().suffix))
+          return InvalidArgument("FP8 block scales: fused output '" + weights.name + "' holds weight '" +
+                                 piece.source + "', which has no block scale '" + piece.source + Scales().suffix +
+                                 "', next to FP8 weights that do ('" + weight + "'): '" + scale_out +
+                                 "' cannot be fused (keep these weights unfused)");
+      }
     }
     return Status::Ok();
   }
@@ -902,6 +931,8 @@ class TpPlan::Resolution {
   std::unordered_map<std::string, Fused> fused_;     // by output name
   std::unordered_map<std::string, const TensorInfo*> names_;  // every source, by name
   bool any_rule_matched_ = false;
+  std::vector<std::pair<std::string, std::string>> scaled_;  // (scale, weight) of fused FP8 weights
+  std::unordered_map<std::string, std::string> output_of_;   // fused source -> its output
 };
 
 Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const {

@@ -6,6 +6,8 @@
 // same with real F8_E4M3 bytes, dequantized.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iterator>
 #include <map>
 #include <numeric>
 
@@ -28,15 +30,26 @@ void AddWeight(std::vector<TensorInfo>* ts, const std::string& name, int64_t out
   ts->push_back(T(name + ".weight_scale_inv", {Ceil(out, b), Ceil(in, b)}, DType::kI32));
 }
 
-// Source bytes: every I32 tensor holds 0, 1, 2, ... (its flat index).
+// Source bytes: each tensor holds consecutive numbers from its own base (the sum of the
+// element counts before it), so a gathered value names its tensor and its place in it.
 struct Sources {
   explicit Sources(const std::vector<TensorInfo>& ts) {
+    int64_t base = 0;
     for (const auto& t : ts) {
       auto& v = data[t.name];
       v.resize(NumElements(t.shape));
-      std::iota(v.begin(), v.end(), 0);
+      std::iota(v.begin(), v.end(), static_cast<int32_t>(base));
+      bases[base] = &t;
+      base_of[t.name] = base;
+      base += static_cast<int64_t>(v.size());
     }
   }
+  // The tensor holding value `g`, and g's flat index in it.
+  std::pair<const TensorInfo*, int64_t> Locate(int64_t g) const {
+    auto it = std::prev(bases.upper_bound(g));
+    return {it->second, g - it->first};
+  }
+  // The output gathered by GatherOutput, and its shape.
   std::vector<int32_t> Gather(const ShardOutput& o, const std::vector<TensorInfo>& ts, std::vector<int64_t>* shape) {
     auto layout = PlanOutput(o, ts);
     EXPECT_TRUE(layout.ok()) << layout.status().ToString();
@@ -49,38 +62,62 @@ struct Sources {
     return out;
   }
   std::map<std::string, std::vector<int32_t>> data;
+  std::map<int64_t, const TensorInfo*> bases;
+  std::map<std::string, int64_t> base_of;
 };
 
-// Every element of each weight's rank shard finds its own block's scale at its local block.
+// [rows, cols] of a (possibly stacked) output: all dims but the last as rows.
+std::pair<int64_t, int64_t> Flat(const std::vector<int64_t>& shape) {
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  return {rows, shape.back()};
+}
+
+// Every element of each (fused or not) weight output of the rank finds its own block's scale
+// at its local block of the rank's scale output; `scales` outputs are expected in all.
 void ExpectScalesFollow(const TpPlan& plan, const std::vector<TensorInfo>& ts, int world, int64_t b0 = 128,
-                        int64_t b1 = 128) {
+                        int64_t b1 = 128, size_t scales = 0) {
   Sources src(ts);
   std::map<std::string, const TensorInfo*> infos;
   for (const auto& t : ts) infos[t.name] = &t;
+  const std::string suffix = "_scale_inv";
   for (int rank = 0; rank < world; ++rank) {
     auto outs = plan.Resolve(ts, rank, world);
     ASSERT_TRUE(outs.ok()) << "rank " << rank << "/" << world << ": " << outs.status().ToString();
     std::map<std::string, const ShardOutput*> by;
     for (const auto& o : *outs) by[o.name] = &o;
-    for (const auto& t : ts) {
-      const std::string suffix = ".weight_scale_inv";
-      if (t.name.size() < suffix.size() || t.name.compare(t.name.size() - suffix.size(), suffix.size(), suffix)) continue;
-      const std::string w = t.name.substr(0, t.name.size() - suffix.size()) + ".weight";
+    size_t seen = 0;
+    for (const auto& o : *outs) {
+      if (o.name.size() < suffix.size() || o.name.compare(o.name.size() - suffix.size(), suffix.size(), suffix)) continue;
+      const std::string w = o.name.substr(0, o.name.size() - suffix.size());
       SCOPED_TRACE(w + " rank " + std::to_string(rank) + "/" + std::to_string(world));
-      ASSERT_TRUE(by.count(w) && by.count(t.name));
+      ASSERT_TRUE(by.count(w));
+      ++seen;
       std::vector<int64_t> ws, ss;
       auto wv = src.Gather(*by[w], ts, &ws);
-      auto sv = src.Gather(*by[t.name], ts, &ss);
-      ASSERT_EQ(ws.size(), 2u);
-      ASSERT_EQ(ss, (std::vector<int64_t>{Ceil(ws[0], b0), Ceil(ws[1], b1)}));
-      const int64_t in = infos[w]->shape[1], s1 = t.shape[1];
-      for (int64_t i = 0; i < ws[0]; ++i) {
-        for (int64_t j = 0; j < ws[1]; ++j) {
-          const int64_t g = wv[i * ws[1] + j], gi = g / in, gj = g % in;
-          ASSERT_EQ(sv[(i / b0) * ss[1] + j / b1], (gi / b0) * s1 + gj / b1) << "at " << i << ", " << j;
+      auto sv = src.Gather(o, ts, &ss);
+      ASSERT_EQ(ws.size(), ss.size());
+      const auto [wr, wc] = Flat(ws);
+      const auto [sr, sc] = Flat(ss);
+      ASSERT_EQ(sr, Ceil(wr, b0));
+      ASSERT_EQ(sc, Ceil(wc, b1));
+      std::map<const TensorInfo*, std::pair<const TensorInfo*, int64_t>> scale_of;  // weight -> scale, its base
+      for (int64_t i = 0; i < wr; ++i) {
+        for (int64_t j = 0; j < wc; ++j) {
+          const auto [t, idx] = src.Locate(wv[i * wc + j]);
+          auto sc_it = scale_of.find(t);
+          if (sc_it == scale_of.end()) {
+            const TensorInfo* scale = infos.at(t->name + suffix);
+            sc_it = scale_of.emplace(t, std::make_pair(scale, src.base_of.at(scale->name))).first;
+          }
+          const auto [scale, base] = sc_it->second;
+          const int64_t gi = idx / t->shape[1], gj = idx % t->shape[1];
+          const int64_t want = base + (gi / b0) * scale->shape[1] + gj / b1;
+          ASSERT_EQ(sv[(i / b0) * sc + j / b1], want) << "at " << i << ", " << j << " of " << t->name;
         }
       }
     }
+    if (scales) EXPECT_EQ(seen, scales);
   }
 }
 
@@ -90,8 +127,8 @@ TpPlan::Options Hf() {
   return o;
 }
 
-std::string Cfg(const std::string& extra = "") {
-  return R"({"model_type": "llama", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
+std::string Cfg(const std::string& extra = "", const std::string& type = "llama") {
+  return R"({"model_type": ")" + type + R"(", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
              "head_dim": 128, "intermediate_size": 2048, "num_hidden_layers": 1, "vocab_size": 256,
              "tie_word_embeddings": false)" + extra + "}";
 }
@@ -285,17 +322,90 @@ TEST(Fp8BlockScalesTest, ReplicatedWeightGivesTheWholeScale) {
   ExpectScalesFollow(*whole, ts, 8);
 }
 
-TEST(Fp8BlockScalesTest, FusedWeightIsAClearError) {
+TEST(Fp8BlockScalesTest, MegatronFusedQkvAndGateUpFuseTheirScales) {
   TpPlan::Options o;
-  o.fuse_qkv = true;
+  o.fuse_qkv = o.fuse_gate_up = true;
   auto plan = TpPlan::ForConfig(Cfg(), o);
   ASSERT_TRUE(plan.ok());
-  auto outs = plan->Resolve(Llama(), 0, 2);
-  ASSERT_FALSE(outs.ok());
-  const std::string m = outs.status().message();
-  EXPECT_NE(m.find("weight 'model.layers.0.self_attn.q_proj.weight' is fused into "
-                   "'model.layers.0.self_attn.qkv_proj.weight'"), std::string::npos) << m;
-  EXPECT_NE(m.find("'model.layers.0.self_attn.q_proj.weight_scale_inv'"), std::string::npos) << m;
+  for (int world : {1, 2, 4, 8}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    ExpectScalesFollow(*plan, Llama(), world, 128, 128, 4);  // qkv, o, gate_up, down
+  }
+  auto outs = plan->Resolve(Llama(), 1, 4);
+  ASSERT_TRUE(outs.ok());
+  for (const auto& out : *outs) {
+    if (out.name == "model.layers.0.self_attn.qkv_proj.weight_scale_inv") {
+      EXPECT_EQ(PlanOutput(out, Llama())->shape, (std::vector<int64_t>{4 + 2 + 2, 8}));  // q 4, k 2, v 2 blocks
+    }
+  }
+}
+
+// A qwen3_moe layer with FP8 experts (E 4, moe_intermediate 1024): hf fuses them into 3-d.
+std::vector<TensorInfo> Qwen3Moe() {
+  std::vector<TensorInfo> ts = Llama();
+  ts.erase(std::remove_if(ts.begin(), ts.end(), [](const TensorInfo& t) { return t.name.find(".mlp.") != std::string::npos; }),
+           ts.end());
+  ts.push_back(T("model.layers.0.self_attn.q_norm.weight", {128}, DType::kBF16));
+  ts.push_back(T("model.layers.0.self_attn.k_norm.weight", {128}, DType::kBF16));
+  ts.push_back(T("model.layers.0.mlp.gate.weight", {4, 1024}, DType::kBF16));
+  for (int e = 0; e < 4; ++e) {
+    const std::string p = "model.layers.0.mlp.experts." + std::to_string(e) + ".";
+    AddWeight(&ts, p + "gate_proj", 1024, 1024);
+    AddWeight(&ts, p + "up_proj", 1024, 1024);
+    AddWeight(&ts, p + "down_proj", 1024, 1024);
+  }
+  return ts;
+}
+
+TEST(Fp8BlockScalesTest, HfFusedMoeExpertsFuseTheirScales) {
+  const std::string cfg = Cfg(R"(, "num_experts": 4, "moe_intermediate_size": 1024)", "qwen3_moe");
+  for (bool hf : {true, false}) {
+    TpPlan::Options o;
+    if (hf) o.convention = Convention::kHf;
+    o.fuse_experts = !hf;
+    auto plan = TpPlan::ForConfig(cfg, o);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (int world : {1, 2, 4, 8}) {
+      SCOPED_TRACE(std::string(hf ? "hf" : "megatron") + " world " + std::to_string(world));
+      ExpectScalesFollow(*plan, Qwen3Moe(), world, 128, 128, 4 + 2);  // q, k, v, o; gate_up, down
+    }
+    auto outs = plan->Resolve(Qwen3Moe(), 0, 2);
+    ASSERT_TRUE(outs.ok());
+    for (const auto& out : *outs) {
+      if (out.name == "model.layers.0.mlp.experts.gate_up_proj_scale_inv") {
+        EXPECT_EQ(PlanOutput(out, Qwen3Moe())->shape, (std::vector<int64_t>{4, 8, 8}));  // [E, 2 * 512 / 128, 8]
+      }
+      if (out.name == "model.layers.0.mlp.experts.down_proj_scale_inv") {
+        EXPECT_EQ(PlanOutput(out, Qwen3Moe())->shape, (std::vector<int64_t>{4, 8, 4}));
+      }
+    }
+  }
+}
+
+TEST(Fp8BlockScalesTest, FusingPartBlocksOrUnscaledWeightsIsAClearError) {
+  const std::string fuse = R"({"rules": [{"pattern": "^(a|b)\\.weight$", "rule": "colwise", "fuse_into": "ab.weight",
+                                "fuse_key": 1}]})";
+  std::vector<TensorInfo> ts;
+  AddWeight(&ts, "a", 256, 256);
+  AddWeight(&ts, "b", 256, 256);
+  EXPECT_TRUE(ResolveStatus(fuse, ts, 1, 2).ok());
+  Status s = ResolveStatus(fuse, ts, 1, 4);  // 64 rows of each: blocks cut (and not whole blocks to fuse)
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("'a.weight'"), std::string::npos) << s.ToString();
+  std::vector<TensorInfo> part;
+  AddWeight(&part, "a", 192, 256);  // 192 rows end at the dim end, but fused they would misplace b's blocks
+  AddWeight(&part, "b", 192, 256);
+  s = ResolveStatus(fuse, part, 0, 1);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("weight 'a.weight' is fused along dim 0"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("holds 192 rows of it, not whole blocks of 128"), std::string::npos) << s.ToString();
+  std::vector<TensorInfo> mixed;
+  AddWeight(&mixed, "a", 256, 256);
+  mixed.push_back(T("b.weight", {256, 256}));  // no scale
+  s = ResolveStatus(fuse, mixed, 0, 2);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("holds weight 'b.weight', which has no block scale 'b.weight_scale_inv'"),
+            std::string::npos) << s.ToString();
 }
 
 }  // namespace

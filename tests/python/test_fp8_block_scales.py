@@ -29,7 +29,7 @@ PROJ = {
     "self_attn.k_proj": ((KV_HEADS * HEAD_DIM, HIDDEN), 0, torch.float32),
     "self_attn.v_proj": ((KV_HEADS * HEAD_DIM, HIDDEN), 0, torch.float32),
     "self_attn.o_proj": ((HIDDEN, HEADS * HEAD_DIM), 1, torch.float32),
-    "mlp.gate_proj": ((INTER, HIDDEN), 0, torch.float32),
+    "mlp.gate_proj": ((INTER, HIDDEN), 0, torch.bfloat16),  # fused with up: one dtype
     "mlp.up_proj": ((INTER, HIDDEN), 0, torch.bfloat16),
     "mlp.down_proj": ((HIDDEN, INTER), 1, torch.bfloat16),
 }
@@ -149,6 +149,23 @@ class Fp8BlockScalesTest(unittest.TestCase):
                             want = whole[name].chunk(world, dim)[rank]
                             self.assertEqual(tuple(w.shape), tuple(want.shape))
                             self.assertTrue(torch.equal(dequantize(w, s), want))
+
+    def test_megatron_fused_qkv_and_gate_up_fuse_their_scales(self):
+        model = self.client.attach("fp8")
+        p = "model.layers.0."
+        whole = {n: dequantize(self.sd[p + n + ".weight"], self.sd[p + n + ".weight_scale_inv"]) for n in PROJ}
+        fused = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                 "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+        for world in (2, 4, 8):
+            for rank in range(world):
+                outs = {o.name: o for o in model.resolve(rank, world, "auto", config=CONFIG, fuse_qkv=True,
+                                                         fuse_gate_up=True)}
+                for name, parts in fused.items():
+                    with self.subTest(world=world, rank=rank, tensor=name):
+                        w = raw_output(model, outs[p + name + ".weight"])
+                        s = raw_output(model, outs[p + name + ".weight_scale_inv"])
+                        want = torch.cat([whole[n].chunk(world, 0)[rank] for n in parts])
+                        self.assertTrue(torch.equal(dequantize(w, s), want))
 
     def test_block_cut_by_an_uneven_split_is_a_clear_error(self):
         model = self.client.attach("fp8.odd")
