@@ -68,7 +68,19 @@
 // no tensor of the checkpoint matches that pattern (e.g. a tied embedding: no lm_head).
 // Plan keys besides rules/default: "require": [{"pattern": p, "count": n, "what": text}]
 // (p must match at least n tensors, else an error naming `what`), "max_world": {"world": n,
-// "why": text} (larger worlds refused), "family", "comment".
+// "why": text} (larger worlds refused), "family", "comment", "block_scales" (below).
+// FP8 block scales: a 2-d tensor named <weight> + "_scale_inv" of a 2-d <weight> in the
+// checkpoint ([ceil(out / b0), ceil(in / b1)], one element per [b0, b1] block) is placed from
+// its weight's shard, whatever rule its own name matches: each rank holds exactly the blocks
+// of its weight shard (a replicated weight: the whole scale). "block_scales": {"suffix":
+// "_scale_inv", "block": [128, 128]} (either key optional; these are the defaults) or false
+// (off: such tensors follow their own rules). Built-in plans take "block" from config.json's
+// quantization_config.weight_block_size. A fused weight's scale goes into the fused output's
+// name + suffix (e.g. "...qkv_proj.weight_scale_inv", "...experts.gate_up_proj_scale_inv"),
+// its pieces fused and stacked as the weights'. Resolve's InvalidArgument names the weight
+// when a rank's range of it cuts a block, the scale is not its weight's block grid or has no
+// weight, a fused weight's rank part is not whole blocks of rows, or a fused output mixes
+// weights with and without scales.
 #pragma once
 
 #include <memory>
@@ -165,7 +177,8 @@ class TpPlan {
   // fit a tensor (dim out of range, a dimension world does not divide, heads or experts that
   // do not divide over world or disagree with the tensor's shape), rank/world are out of
   // range, fused pieces disagree in dtype or trailing shape, a "require" entry is not met,
-  // or no rule of a plan with rules matches any tensor (a wrong family). A plan is
+  // or no rule of a plan with rules matches any tensor (a wrong family), and for FP8 block
+  // scales as above. A plan is
   // immutable: Resolve may run on several threads at once, and copies share the patterns.
   Result<std::vector<ShardOutput>> Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const;
 
@@ -196,6 +209,8 @@ class TpPlan {
   Convention convention_ = Convention::kMegatron;
   int max_world_ = 0;  // > 0: Resolve refuses larger worlds, saying max_world_why_
   std::string max_world_why_;
+  struct ScaleSettings;  // "block_scales" (src/plan/block_scales.h); null: the defaults
+  std::shared_ptr<const ScaleSettings> block_scales_;
 };
 
 // The dense layout of an output: dtype and shape of the concatenated (and transposed or

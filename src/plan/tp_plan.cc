@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/hf_plans.h"
+#include "plan/block_scales.h"
 #include "plan/output_layout.h"
 #include "plan/tp_families.h"
 #include "common/regex.h"
@@ -233,6 +234,10 @@ struct TpPlan::Rename {
   std::string to;
 };
 
+struct TpPlan::ScaleSettings {
+  BlockScales value;
+};
+
 struct TpPlan::Requirement {
   Regex pattern;
   int64_t count = 1;
@@ -258,11 +263,12 @@ Result<int> GroupIndex(const nlohmann::json& v, const Regex& pattern, const std:
 // OK if every key of the plan object `doc` is a known one.
 Status CheckPlanKeys(const nlohmann::json& doc) {
   for (auto it = doc.begin(); it != doc.end(); ++it) {
-    static const char* kKeys[] = {"rules", "default", "comment", "convention", "family", "require", "max_world", "renames"};
+    static const char* kKeys[] = {"rules",     "default", "comment", "convention",  "family",
+                                  "require",   "max_world", "renames", "block_scales"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument("unknown key '" + it.key() +
                              "' in plan (known: rules, default, convention, family, require, max_world, renames, "
-                             "comment)");
+                             "block_scales, comment)");
   }
   return Status::Ok();
 }
@@ -440,6 +446,11 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
   CKPT_RETURN_IF_ERROR(
       ParsePlanScalars(doc, &plan.convention_, &plan.family_, &plan.max_world_, &plan.max_world_why_));
   CKPT_ASSIGN_OR_RETURN(plan.default_, ParseDefault(doc));
+  auto scales = std::make_shared<ScaleSettings>();
+  if (doc.contains("block_scales")) {
+    CKPT_ASSIGN_OR_RETURN(scales->value, ParseBlockScales(doc["block_scales"]));
+  }
+  plan.block_scales_ = std::move(scales);
   if (doc.contains("require")) {
     if (!doc["require"].is_array()) return InvalidArgument("plan \"require\" must be an array");
     for (const auto& q : doc["require"]) {
@@ -482,13 +493,34 @@ std::vector<std::string> TpPlan::Families() { return tp_families::Names(); }
 
 namespace {
 
+// `plan_json` with "block_scales" set from config.json's quantization_config.weight_block_size
+// (unchanged when the config names none).
+Result<std::string> WithConfigBlockSize(std::string plan_json, const std::string& config_json) {
+  CKPT_ASSIGN_OR_RETURN(auto block, ConfigBlockSize(config_json));
+  if (!block) return plan_json;
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(plan_json);
+  } catch (const std::exception& e) {
+    return Internal(std::string("built-in plan is not JSON: ") + e.what());
+  }
+  doc["block_scales"] = {{"block", {(*block)[0], (*block)[1]}}};
+  return doc.dump(1);
+}
+
 // The plan of `model_type` from transformers' plan data (hf_plans.h), with `options`' config.
-Result<TpPlan> FromHfData(const std::string& model_type, const TpPlan::Options& options) {
+Result<TpPlan> FromHfData(const std::string& family, const std::string& model_type, const TpPlan::Options& options) {
   if (options.fuse_qkv || options.fuse_gate_up || options.expert_parallel || options.fuse_experts)
     return InvalidArgument(tp_families::HfOptionsError());
   CKPT_ASSIGN_OR_RETURN(std::string entry, hf_plans::EntryJson(model_type));
   const std::string source = "transformers " + hf_plans::TransformersVersion();
-  CKPT_ASSIGN_OR_RETURN(std::string json, hf_plans::PlanJson(model_type, entry, options.config_json, source));
+  CKPT_ASSIGN_OR_RETURN(std::string generated, hf_plans::PlanJson(model_type, entry, options.config_json, source));
+  CKPT_ASSIGN_OR_RETURN(std::string json, WithConfigBlockSize(std::move(generated), options.config_json));
+  if (family != model_type) {  // the name the caller knows it by (the built-in "gemma3": gemma3_text's plan)
+    nlohmann::json doc = nlohmann::json::parse(json);
+    doc["family"] = family;
+    json = doc.dump(1);
+  }
   auto plan = TpPlan::FromJson(json);
   if (!plan.ok())
     return plan.status().WithContext("transformers' plan of model type '" + model_type + "' (" + source +
@@ -497,14 +529,16 @@ Result<TpPlan> FromHfData(const std::string& model_type, const TpPlan::Options& 
   return plan;
 }
 
+
 }  // namespace
 
 Result<TpPlan> TpPlan::BuiltIn(const std::string& family, const Options& options) {
   if (options.convention == Convention::kHf) {
     CKPT_ASSIGN_OR_RETURN(std::string model_type, tp_families::HfModelType(family, options.config_json));
-    if (hf_plans::Knows(model_type)) return FromHfData(model_type, options);
+    if (hf_plans::Knows(model_type)) return FromHfData(family, model_type, options);
   }
-  CKPT_ASSIGN_OR_RETURN(std::string json, tp_families::PlanJson(family, options));
+  CKPT_ASSIGN_OR_RETURN(std::string generated, tp_families::PlanJson(family, options));
+  CKPT_ASSIGN_OR_RETURN(std::string json, WithConfigBlockSize(std::move(generated), options.config_json));
   auto plan = FromJson(json);
   if (!plan.ok()) return plan.status().WithContext("built-in plan '" + family + "'");  // a bug if it happens
   return plan;
@@ -694,6 +728,7 @@ class TpPlan::Resolution {
     CKPT_RETURN_IF_ERROR(FindActiveEntries());
     for (const TensorInfo& t : tensors_) CKPT_RETURN_IF_ERROR(AddTensor(t));
     CKPT_RETURN_IF_ERROR(CheckSomeRuleMatched());
+    CKPT_RETURN_IF_ERROR(CheckFusedScales());
     CKPT_RETURN_IF_ERROR(OrderAndStackFused());
     CKPT_RETURN_IF_ERROR(CheckOutputsFit());
     return std::move(outputs_);
@@ -811,8 +846,52 @@ class TpPlan::Resolution {
     return key;
   }
 
-  // Places `t` by its rule and adds its pieces to its output (made when it is the first).
+  // The plan's "block_scales" setting.
+  const BlockScales& Scales() const {
+    static const BlockScales kDefaults;
+    return plan_.block_scales_ ? plan_.block_scales_->value : kDefaults;
+  }
+
+  // Places FP8 block scale `t` from the placement of its weight `weight_name` (the weight's
+  // entry decides) into an output of its own name, or, for a fused weight, into the fused
+  // output's name + suffix, in the weight's order (each weight piece whole blocks of rows).
+  Status AddScale(const TensorInfo& t, const std::string& weight_name) {
+    auto found = names_.find(weight_name);
+    if (found == names_.end())
+      return InvalidArgument("FP8 block scales: tensor '" + t.name + "' ends with \"" + Scales().suffix +
+                             "\" but the checkpoint has no weight '" + weight_name +
+                             "' for it to scale (a plan with \"block_scales\": false places it by its own rule)");
+    const TensorInfo& w = *found->second;
+    CKPT_ASSIGN_OR_RETURN(const std::string weight_key, Renamed(w.name));
+    CKPT_ASSIGN_OR_RETURN(const std::string own, Renamed(t.name));
+    CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(weight_key));
+    const Entry& e = match.entry ? *match.entry : *plan_.default_;
+    const std::string where = "block scale '" + t.name + "' of weight '" + w.name + "'";
+    auto placed = Place(w, e.rule, match.groups, rank_, world_);
+    if (!placed.ok()) return placed.status().WithContext(where);
+    if (!placed->owned) return Status::Ok();
+    CKPT_ASSIGN_OR_RETURN(auto pieces, ScalePieces(w, t, placed->pieces, Scales(), rank_, world_));
+    if (!e.fuse_into.empty()) {
+      for (const ShardPiece& piece : placed->pieces) {
+        auto layout = PieceLayout(piece, w);
+        if (!layout.ok()) return layout.status().WithContext(where);
+        if (layout->shape[0] % Scales().block[0] != 0)
+          return InvalidArgument("FP8 block scales: weight '" + w.name + "' is fused along dim 0 (rule /" +
+                                 e.pattern_text + "/) and rank " + std::to_string(rank_) + " of world " +
+                                 std::to_string(world_) + " holds " + std::to_string(layout->shape[0]) +
+                                 " rows of it, not whole blocks of " + std::to_string(Scales().block[0]) +
+                                 ": the fused scale's blocks would not line up (use options or a plan that keep "
+                                 "it unfused, e.g. megatron without fuse_qkv / fuse_gate_up / fuse_experts)");
+      }
+      scaled_.emplace_back(t.name, w.name);
+    }
+    return AddPieces(own, weight_key, Scales().suffix, match, std::move(pieces), where);
+  }
+
+  // Places `t` by its rule and adds its pieces to its output (made when it is the first);
+  // an FP8 block scale by its weight's (AddScale).
   Status AddTensor(const TensorInfo& t) {
+    if (auto weight = ScaleWeightName(Scales(), t.name)) return AddScale(t, *weight);
     auto renamed = Renamed(t.name);
     if (!renamed.ok()) return renamed.status().WithContext("tensor '" + t.name + "'");
     const std::string& name = *renamed;
@@ -829,12 +908,21 @@ class TpPlan::Resolution {
       auto layout = PieceLayout(piece, t);
       if (!layout.ok()) return layout.status().WithContext(where);
     }
-    std::string out_name = name;
+    return AddPieces(name, name, "", match, std::move(placed->pieces), where);
+  }
+
+  // Adds `pieces` to their output (made when it is the first): `own`, or, when `match`'s
+  // entry fuses, its fuse_into expanded from `key` (the matched name) + `suffix`, the pieces
+  // sorted later by their fuse key.
+  Status AddPieces(const std::string& own, const std::string& key, const std::string& suffix, const Match& match,
+                   std::vector<ShardPiece> pieces, const std::string& where) {
+    const Entry* m = match.entry;
+    std::string out_name = own;
     const bool fuse = m && !m->fuse_into.empty();
     if (fuse) {
-      auto expanded = m->pattern.Substitute(name, m->fuse_into);
+      auto expanded = m->pattern.Substitute(key, m->fuse_into);
       if (!expanded.ok()) return expanded.status().WithContext(where);
-      out_name = std::move(*expanded);
+      out_name = std::move(*expanded) + suffix;
     }
     auto it = by_name_.find(out_name);
     if (it == by_name_.end()) {
@@ -850,16 +938,34 @@ class TpPlan::Resolution {
     }
     ShardOutput& out = outputs_[it->second];
     if (!fuse) {
-      for (const ShardPiece& piece : placed->pieces) out.pieces.push_back(piece);
+      for (ShardPiece& piece : pieces) out.pieces.push_back(std::move(piece));
       return Status::Ok();
     }
+    output_of_[own] = out_name;
     Fused& f = fused_[out_name];
     if (!f.entry) f.entry = m;
-    const std::vector<KeyPart> key = FuseKey(*m, match.groups, t.name);
+    const std::vector<KeyPart> key_parts = FuseKey(*m, match.groups, key);
     if (m->stack) f.stack_values.insert(match.groups[m->stack]);
-    for (const ShardPiece& piece : placed->pieces) {
-      f.keys.push_back({key, out.pieces.size()});
-      out.pieces.push_back(piece);
+    for (ShardPiece& piece : pieces) {
+      f.keys.push_back({key_parts, out.pieces.size()});
+      out.pieces.push_back(std::move(piece));
+    }
+    return Status::Ok();
+  }
+
+  // OK if every fused output of FP8 weights has a scale for each of its weights (a scale
+  // output missing some would put the others' blocks at the wrong rows).
+  Status CheckFusedScales() const {
+    for (const auto& [scale, weight] : scaled_) {
+      const std::string& scale_out = output_of_.at(scale);
+      const ShardOutput& weights = outputs_[by_name_.at(output_of_.at(weight))];
+      for (const ShardPiece& piece : weights.pieces) {
+        if (!names_.count(piece.source + Scales().suffix))
+          return InvalidArgument("FP8 block scales: fused output '" + weights.name + "' holds weight '" +
+                                 piece.source + "', which has no block scale '" + piece.source + Scales().suffix +
+                                 "', next to FP8 weights that do ('" + weight + "'): '" + scale_out +
+                                 "' cannot be fused (keep these weights unfused)");
+      }
     }
     return Status::Ok();
   }
@@ -867,7 +973,8 @@ class TpPlan::Resolution {
   Status CheckSomeRuleMatched() const {
     if (plan_.entries_.empty() || any_rule_matched_ || tensors_.empty()) return Status::Ok();
     return InvalidArgument(PlanName("the plan") + ": none of its rules matches any tensor of the checkpoint (first: '" +
-                           tensors_[0].name + "'), so every tensor would be a full replica" + Known());
+                           tensors_[0].name + "'), so every tensor would be a full replica: is this checkpoint of another family?" +
+                           Known());
   }
 
   // Orders each fused output's pieces by their keys, then views stacked outputs.
@@ -924,6 +1031,8 @@ class TpPlan::Resolution {
   std::unordered_map<std::string, Fused> fused_;     // by output name
   std::unordered_map<std::string, const TensorInfo*> names_;  // every source, by name
   bool any_rule_matched_ = false;
+  std::vector<std::pair<std::string, std::string>> scaled_;  // (scale, weight) of fused FP8 weights
+  std::unordered_map<std::string, std::string> output_of_;   // fused source -> its output
 };
 
 Result<std::vector<ShardOutput>> TpPlan::Resolve(const std::vector<TensorInfo>& tensors, int rank, int world) const {
