@@ -1,0 +1,183 @@
+"""transformers' plans as data (issue 25), without transformers: the plan engine over the
+embedded data file against a Python reference of transformers' split rules.
+
+tests/python/data/hf_family_examples.json holds, for model types of the data, a tiny model as
+transformers' save_pretrained wrote it (config.json, checkpoint tensor names and shapes) and
+the names and shapes of the model's own parameters (tools/gpu/gen_hf_plans.py, GPU machine).
+For each: at world 1 the "hf" outputs are the model's parameters (renames and expert fusions
+applied), at worlds 2 and 4 each output's pieces split as transformers' style for its name
+says (the reference: STYLE_SPLITS below, from integrations/tensor_parallel.py). Plus the
+data's own shape and the bad inputs."""
+import json
+import os
+import re
+import unittest
+
+import ckpt
+import ckpt.plans
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLES = os.path.join(HERE, "data", "hf_family_examples.json")
+
+# transformers' style -> (dim of a >= 2-d parameter, dim of a 1-d "bias", dim of another 1-d
+# parameter); None: whole on every rank.
+STYLE_SPLITS = {
+    "colwise": (-2, -1, -1), "colwise_gather_output": (-2, -1, -1),
+    "rowwise": (-1, None, -1), "rowwise_split_input": (-1, None, -1),
+    "packed_colwise": (-2, -1, -1), "packed_rowwise": (-1, None, None),
+    "embedding_rowwise": (0, -1, None), "embedding_colwise": (1, None, None),
+    "grouped_gemm": (0, 0, 0),
+}
+
+
+def generic(name):
+    """transformers 5's replace_layer_number_by_wildcard: ".N." and a final ".N" become "*"."""
+    return re.sub(r"\.\d+(?=\.|$)", ".*", name)
+
+
+def style_of(plan, name):
+    """transformers' lookup: the parameter's generic name, else its module's."""
+    g = generic(name)
+    if g in plan:
+        return plan[g]
+    return plan.get(g.rsplit(".", 1)[0]) if "." in g else None
+
+
+def expected_dim(style, name, ndim):
+    """The dim transformers splits `name` along (normalized), or None for whole."""
+    if style not in STYLE_SPLITS:
+        return None
+    weight, bias, other = STYLE_SPLITS[style]
+    d = weight if ndim >= 2 else (bias if name.endswith("bias") else other)
+    return None if d is None else d % ndim
+
+
+# Model types whose saved checkpoints the interpreter does not map to the model's names yet
+# (issue 25, open): transformers 5.17's save_pretrained writes composite models under their
+# legacy names ("language_model.model.*") and its load-time renames of these types chain in a
+# way core_model_loading.py decides and the data does not yet describe (aria, gemma3:
+# "none of its rules matches", a clear error, nothing silent); deepseek_v4's rename chain
+# gives some wrong names; aya_vision is missing from the data (its generation timed out).
+KNOWN_GAPS = {"aria", "gemma3", "deepseek_v4", "aya_vision"}
+
+
+def load_examples():
+    with open(EXAMPLES) as f:
+        return json.load(f)
+
+
+class HfPlanDataTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.examples = load_examples()["families"]
+        cls.types = ckpt.plans.hf_model_types()
+
+    def test_the_data_covers_many_model_types_and_names_its_transformers(self):
+        self.assertGreaterEqual(len(self.types), 150)
+        self.assertRegex(ckpt.plans.hf_plans_version(), r"^5\.\d+")
+        for mt in ("llama", "qwen3_moe", "mixtral", "deepseek_v3", "gemma3", "llava", "qwen2_5_vl", "gpt_oss"):
+            self.assertIn(mt, self.types)
+        self.assertEqual(load_examples()["transformers"], ckpt.plans.hf_plans_version())
+
+    def test_every_entry_gives_a_plan_whose_styles_the_engine_knows(self):
+        for mt in self.types:
+            with self.subTest(model_type=mt):
+                entry = json.loads(ckpt.plans.TpPlan.hf_entry(mt))
+                plan = ckpt.plans.builtin(mt, "hf", config={"model_type": mt})
+                self.assertEqual(plan.convention, "hf")
+                self.assertTrue(entry["tp_plan"])
+
+    def test_world_1_outputs_are_the_models_own_parameters(self):
+        self.assertGreaterEqual(len(self.examples), 30)
+        for mt, ex in sorted(self.examples.items()):
+            if mt in KNOWN_GAPS:
+                continue
+            with self.subTest(model_type=mt):
+                tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+                plan = ckpt.plans.for_config(ex["config"], "hf")
+                outs = plan.resolve(tensors, 0, 1)
+                model = {n: s for n, s in ex["model_tensors"]}
+                shapes = {t["name"]: t["shape"] for t in tensors}
+                for o in outs:
+                    self.assertIn(o.name, model, f"{o.name}: not a parameter of transformers' model")
+                    shape = list(o.view) if o.view else shapes[o.pieces[0]["source"]]
+                    if len(o.pieces) == 1 and not o.view:
+                        self.assertEqual(shape, model[o.name], o.name)
+
+    def test_worlds_2_and_4_split_as_transformers_styles_say(self):
+        for mt, ex in sorted(self.examples.items()):
+            if mt in KNOWN_GAPS:
+                continue
+            entry = json.loads(ckpt.plans.TpPlan.hf_entry(mt))
+            tie = ex["config"].get("tie_word_embeddings", entry.get("tie_default"))
+            plan_keys = entry.get("tp_plan_tied") if tie and entry.get("tp_plan_tied") else entry["tp_plan"]
+            tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+            shapes = {t["name"]: t["shape"] for t in tensors}
+            plan = ckpt.plans.for_config(ex["config"], "hf")
+            for world in (2, 4):
+                for rank in range(world):
+                    with self.subTest(model_type=mt, world=world, rank=rank):
+                        try:
+                            outs = plan.resolve(tensors, rank, world)
+                        except ckpt.InvalidArgument as e:  # tiny shapes a world does not divide: said clearly
+                            self.assertRegex(str(e), r"tensor '|world")
+                            continue
+                        for o in outs:
+                            if len(o.pieces) != 1 or o.view or o.pieces[0]["source"] != o.name:
+                                continue  # fused or renamed: covered by the fusion tests of test_plans.py
+                            p, ndim = o.pieces[0], len(shapes[o.name])
+                            style = style_of(plan_keys, o.name)
+                            want = expected_dim(style, o.name, ndim) if ndim else None
+                            got = None if p["kind"] == "replicate" else p["dim"] % max(ndim, 1)
+                            self.assertEqual(got, want, f"{o.name} ({style}): split dim {got}, transformers {want}")
+
+    def test_known_gaps_fail_loudly_where_they_fail(self):
+        for mt in ("aria", "gemma3"):
+            ex = self.examples[mt]
+            tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+            with self.assertRaisesRegex(ckpt.InvalidArgument, r"none of its rules matches"):
+                ckpt.plans.for_config(ex["config"], "hf").resolve(tensors, 0, 2)
+
+    def test_bad_inputs_name_the_model_type_and_the_rule(self):
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"not a built-in family nor a model type of transformers"):
+            ckpt.plans.for_config({"model_type": "no_such_model"}, "hf")
+        entry = json.loads(ckpt.plans.TpPlan.hf_entry("llama"))
+        entry["tp_plan"]["model.layers.*.self_attn.q_proj"] = "colwise_fancy"
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"llama.*unknown sharding rule 'colwise_fancy'"):
+            ckpt.plans.TpPlan.from_hf_entry("llama", json.dumps(entry), "", "a test")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"apertus.*transformers' tensor-parallel plan only.*hf"):
+            ckpt.plans.builtin("apertus", "megatron")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"megatron"):
+            ckpt.plans.builtin("llama", "hf", fuse_qkv=True)
+
+    def test_an_unsupported_conversion_refuses_naming_the_model_type(self):
+        entry = {"tp_plan": {"model.layers.*.mlp.w": "colwise"},
+                 "conversions": [{"kind": "WeightConverter", "source_patterns": ["mlp.w_in"],
+                                  "target_patterns": ["mlp.w"], "operations": [{"op": "Chunk", "dim": 0}]}]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        tensors = [{"name": "model.layers.0.mlp.w_in", "dtype": "F32", "shape": [8, 4]}]
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"model.layers.0.mlp.w_in.*model type 'toy'.*Chunk"):
+            plan.resolve(tensors, 0, 2)
+
+    def test_renames_apply_before_the_plan(self):
+        entry = {"tp_plan": {"lm_head": "colwise_gather_output"},
+                 "conversions": [{"kind": "WeightRenaming", "source_patterns": ["^embed_out\\."],
+                                  "target_patterns": ["lm_head."]}]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        outs = plan.resolve([{"name": "embed_out.weight", "dtype": "F32", "shape": [8, 4]}], 1, 2)
+        self.assertEqual([o.name for o in outs], ["lm_head.weight"])
+        self.assertEqual((outs[0].pieces[0]["kind"], outs[0].pieces[0]["dim"] % 2), ("split", 0))
+
+    def test_tie_rule_adds_or_drops_the_embedding_split(self):
+        tensors = [{"name": "model.embed_tokens.weight", "dtype": "F32", "shape": [16, 4]},
+                   {"name": "model.layers.0.self_attn.q_proj.weight", "dtype": "F32", "shape": [8, 4]}]
+        for mt, tie, split in (("llama", True, True), ("llama", False, False), ("gemma", False, False),
+                               ("gemma", True, True)):
+            with self.subTest(model_type=mt, tie=tie):
+                plan = ckpt.plans.for_config({"model_type": mt, "tie_word_embeddings": tie}, "hf")
+                emb = [o for o in plan.resolve(tensors, 0, 2) if o.name == "model.embed_tokens.weight"][0]
+                self.assertEqual(emb.pieces[0]["kind"] == "split", split)
+
+
+if __name__ == "__main__":
+    unittest.main()
