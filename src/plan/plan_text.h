@@ -1,4 +1,4 @@
-// Text helpers shared by the plan generators (tp_families.cc, hf_plans.cc): regex-escaping
+// Text helpers of the plan generators (hf_plans.cc): regex-escaping
 // and transformers' plan keys as patterns.
 #pragma once
 

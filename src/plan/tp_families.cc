@@ -7,7 +7,6 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/hf_plans.h"
-#include "plan/plan_text.h"
 
 namespace ckpt::tp_families {
 
@@ -161,9 +160,6 @@ std::optional<std::string> Canonical(const std::string& name) {
   }
   return std::nullopt;
 }
-
-using plan_text::RegexEscape;
-const auto& Esc = RegexEscape;
 
 struct Builder {
   const TpPlan::Options& o;
