@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Issue 16, "What must be shown": every model family, sharded exactly as transformers shards it.
+"""Issues 16 and 25, "What must be shown": every model type transformers shards, sharded as it does.
 
-For each family a tiny random model is built from transformers' own config class (hidden 64,
-2 layers, 8 heads, vocabulary 128), saved with save_pretrained and loaded into a ckptd started
-here (`ckptctl load FOLDER`). Then, one process per rank:
+The model types are those of the plan data (src/plan/hf_tp_plans.json, tools/gpu/gen_hf_plans.py:
+every model type of the installed transformers with a tensor-parallel plan), plus the families
+ckptd serves with no transformers plan (NO_PLAN_FAMILIES). For each, a tiny random model of the
+data's model class is built from transformers' own config class (tools/gpu/hf_tiny.py: hidden
+64, 2 layers, 8 heads, ...), saved with save_pretrained and loaded into a ckptd started here
+(`ckptctl load FOLDER`). Then, one process per rank:
   - world 1, on the GPU (cuda:0): the "hf" state dict (state_dict(0, 1, plan="auto",
     convention="hf", device="cuda:0")) against from_pretrained(folder, device_map="cuda:0")'s
     tensors, and ckpt.transformers.load_model's logits against from_pretrained's;
@@ -12,13 +15,15 @@ here (`ckptctl load FOLDER`). Then, one process per rank:
     convention="hf") against from_pretrained(folder, tp_plan="auto")'s local parameter tensors
     (DTensor.to_local() where transformers holds DTensors), names, shapes, dtypes and bytes;
     load_model's logits against from_pretrained(tp_plan="auto")'s at world 2 and 4 (--logits-worlds).
-Writes a markdown table (family x world) to --out and prints a traceback for everything that
-failed. A family whose config class or TP plan the installed transformers lacks is reported as
-such; one family failing (or hanging: each rank group has a time limit) does not stop the others.
+    (A base model without an LM head: its last hidden state stands for the logits.)
+Writes a markdown table (model type x world) to --out and prints a traceback for everything
+that failed. A model type transformers itself cannot build, save or shard is listed with
+transformers' own error. One family failing or hanging (--family-timeout without progress)
+does not stop the others; the families are spread over --shards rank groups per world.
 
   python3 tools/gpu/check_hf_families.py --ckptd build-gpu/bin/ckptd --out /tmp/hf_families.md
       [--worlds 2,4] [--logits-worlds 2,4] [--families llama,gpt2] [--workdir /tmp/hf-families]
-      [--no-gpu] [--group-timeout 240]
+      [--no-gpu] [--shards 2] [--family-timeout 120] [--data src/plan/hf_tp_plans.json]
 No network: nothing is downloaded. Needs transformers and torch >= 2.5 (torch.distributed).
 """
 import argparse
@@ -33,41 +38,17 @@ import sys
 import time
 import traceback
 
-COMMON = dict(vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
-LLAMA_LIKE = dict(COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
-                  num_key_value_heads=4, max_position_embeddings=128)
-MOE = dict(num_experts_per_tok=2)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_tiny  # noqa: E402
 
-# (family, transformers config class, its kwargs). Sizes: heads and key/value heads divide 4.
-FAMILIES = [
-    ("llama", "LlamaConfig", LLAMA_LIKE),
-    ("mistral", "MistralConfig", LLAMA_LIKE),
-    ("mixtral", "MixtralConfig", dict(LLAMA_LIKE, num_local_experts=4, **MOE)),
-    ("qwen2", "Qwen2Config", LLAMA_LIKE),
-    ("qwen2_moe", "Qwen2MoeConfig", dict(LLAMA_LIKE, num_experts=4, moe_intermediate_size=32,
-                                         shared_expert_intermediate_size=64, decoder_sparse_step=1, **MOE)),
-    ("qwen3", "Qwen3Config", dict(LLAMA_LIKE, head_dim=8)),
-    ("qwen3_moe", "Qwen3MoeConfig", dict(LLAMA_LIKE, head_dim=8, num_experts=4, moe_intermediate_size=32,
-                                         decoder_sparse_step=1, mlp_only_layers=[], **MOE)),
-    ("gemma", "GemmaConfig", dict(LLAMA_LIKE, head_dim=8)),
-    ("gemma2", "Gemma2Config", dict(LLAMA_LIKE, head_dim=8, query_pre_attn_scalar=8, sliding_window=32)),
-    ("gemma3", "Gemma3TextConfig", dict(LLAMA_LIKE, head_dim=8, query_pre_attn_scalar=8, sliding_window=32)),
-    ("phi3", "Phi3Config", dict(LLAMA_LIKE, original_max_position_embeddings=128, sliding_window=None)),
-    ("olmo2", "Olmo2Config", LLAMA_LIKE),
-    ("starcoder2", "Starcoder2Config", dict(LLAMA_LIKE, sliding_window=None)),
-    ("granite", "GraniteConfig", LLAMA_LIKE),
-    ("cohere", "CohereConfig", LLAMA_LIKE),
-    ("gpt_neox", "GPTNeoXConfig", dict(COMMON, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=8, max_position_embeddings=128)),
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+COMMON = dict(vocab_size=128, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+# Families ckptd serves that transformers has no tensor-parallel plan for (world 1 only under
+# "hf"): (row name, config class, its kwargs); causal LMs.
+NO_PLAN_FAMILIES = [
     ("falcon", "FalconConfig", dict(COMMON, hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
                                     new_decoder_architecture=True, num_kv_heads=4)),
-    ("deepseek_v3", "DeepseekV3Config", dict(LLAMA_LIKE, num_key_value_heads=8, moe_intermediate_size=32,
-                                             n_routed_experts=4, n_shared_experts=1, n_group=1, topk_group=1,
-                                             first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
-                                             qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
-                                             rope_scaling=None, **MOE)),
-    ("gpt_oss", "GptOssConfig", dict(LLAMA_LIKE, intermediate_size=64, head_dim=8, num_local_experts=4,
-                                     sliding_window=32, **MOE)),
     ("gpt-neo", "GPTNeoConfig", dict(COMMON, hidden_size=64, num_layers=2, num_heads=8, intermediate_size=128,
                                      attention_types=[[["global", "local"], 1]], max_position_embeddings=128,
                                      window_size=32)),
@@ -92,41 +73,90 @@ def first_line(e):
 # ---------------------------------------------------------------------------------------
 # Parent: models, daemon, rank groups, table.
 
-def make_models(families, workdir):
-    """{family: {"status": "ok" | "absent" | "error", "folder", "detail", "tp_plan"}}"""
-    import torch
-    import transformers
-    out = {}
-    for fam, config_name, kwargs in families:
-        folder = os.path.join(workdir, "models", fam)
-        entry = {"folder": folder, "status": "ok", "detail": "", "tp_plan": None}
-        out[fam] = entry
-        config_cls = getattr(transformers, config_name, None)
-        if config_cls is None:
-            entry.update(status="absent", detail=f"transformers {transformers.__version__} has no {config_name}")
-            log(f"{fam}: {entry['detail']}")
-            continue
+def family_specs(data_path):
+    """[(row name, spec)]: every model type of the plan data (spec {"model_class", "task"}),
+    then NO_PLAN_FAMILIES (spec {"config_class", "kwargs"})."""
+    with open(data_path) as f:
+        data = json.load(f)
+    specs = [(mt, {"model_class": e.get("model_class"), "task": e.get("task")})
+             for mt, e in sorted(data["families"].items())]
+    specs += [(name, {"config_class": cls, "kwargs": kwargs}) for name, cls, kwargs in NO_PLAN_FAMILIES]
+    return specs, data.get("transformers")
+
+
+def make_model(item):
+    """(row name, entry) for one family: builds its tiny model and saves it; never raises.
+    entry: {"status": "ok" | "absent" | "error", "folder", "detail", "tp_plan", "class"}."""
+    fam, spec, folder = item
+    entry = {"folder": folder, "status": "ok", "detail": "", "tp_plan": None}
+    try:
+        import torch
+        import transformers
+        if "config_class" in spec:
+            config_cls = getattr(transformers, spec["config_class"], None)
+            if config_cls is None:
+                entry.update(status="absent", detail=f"transformers {transformers.__version__} has no "
+                             f"{spec['config_class']}")
+                return fam, entry
+            config = config_cls(**spec["kwargs"])
+            class_name = "AutoModelForCausalLM"
+
+            def build():
+                return transformers.AutoModelForCausalLM.from_config(config)
+        else:
+            model_cls = getattr(transformers, spec["model_class"] or "", None)
+            if model_cls is None:
+                entry.update(status="absent", detail=f"transformers {transformers.__version__} has no "
+                             f"{spec['model_class']}")
+                return fam, entry
+            try:
+                config = hf_tiny.tiny_config(fam)
+            except Exception as e:
+                entry.update(status="error", detail=f"transformers' config class: {first_line(e)}")
+                return fam, entry
+            class_name = model_cls.__name__
+
+            def build():
+                return model_cls._from_config(config)
+        torch.manual_seed(0)
         try:
-            config = config_cls(**kwargs)
-            torch.manual_seed(0)
-            model = transformers.AutoModelForCausalLM.from_config(config)
-            with torch.no_grad():  # every tensor random (biases and norms too), so a wrong slice shows
-                for p in model.parameters():
-                    if p.is_floating_point():
-                        p.normal_(0.0, 0.2)
-            plan = dict(getattr(model, "tp_plan", None) or {}) or dict(getattr(type(config), "base_model_tp_plan", None) or {})
-            entry["tp_plan"] = plan
-            entry["class"] = type(model).__name__
-            shutil.rmtree(folder, ignore_errors=True)
-            model.save_pretrained(folder)
-            files = sorted(os.listdir(folder))
-            log(f"{fam}: {type(model).__name__} saved ({', '.join(files)}); transformers TP plan: "
-                f"{len(plan)} rules" if plan else f"{fam}: {type(model).__name__} saved; transformers has NO TP plan")
+            model = build()
         except Exception as e:
-            entry.update(status="error", detail=f"building/saving the model: {first_line(e)}")
-            log(f"{fam}: FAILED to build or save")
+            entry.update(status="error", detail=f"transformers builds no {class_name}: {first_line(e)}")
             traceback.print_exc()
-            sys.stdout.flush()
+            return fam, entry
+        with torch.no_grad():  # every tensor random (biases and norms too), so a wrong slice shows
+            for p in model.parameters():
+                if p.is_floating_point():
+                    p.normal_(0.0, 0.2)
+        entry["tp_plan"] = dict(getattr(model, "tp_plan", None) or {})
+        entry["class"] = type(model).__name__
+        shutil.rmtree(folder, ignore_errors=True)
+        try:
+            model.save_pretrained(folder)
+        except Exception as e:
+            entry.update(status="error", detail=f"transformers' save_pretrained: {first_line(e)}")
+            traceback.print_exc()
+            return fam, entry
+        log(f"{fam}: {entry['class']} saved ({', '.join(sorted(os.listdir(folder)))}); transformers TP plan: "
+            f"{len(entry['tp_plan'])} rules")
+    except Exception as e:
+        entry.update(status="error", detail=f"building/saving the model: {first_line(e)}")
+        traceback.print_exc()
+    sys.stdout.flush()
+    return fam, entry
+
+
+def make_models(families, workdir, jobs):
+    """{family: entry} (make_model), built by `jobs` processes side by side."""
+    import concurrent.futures
+    import multiprocessing
+    items = [(fam, spec, os.path.join(workdir, "models", fam)) for fam, spec in families]
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        out = dict(pool.map(make_model, items))
+    for fam, entry in out.items():
+        if entry["status"] != "ok":
+            log(f"{fam}: {entry['detail']}")
     return out
 
 
@@ -164,15 +194,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_group(args, world, families, device, logits, results_dir):
+def run_group(args, world, families, device, logits, results_dir, shard=0):
     """Runs `world` worker processes over `families`; returns {family: [per-rank results]}.
-    A group that dies or exceeds --group-timeout is restarted without the family it was on."""
+    A group that dies, or whose ranks write no result for --family-timeout seconds, is
+    restarted without the family it was on."""
     remaining = list(families)
     collected = {}
     attempt = 0
     while remaining and attempt < len(families) + 1:
         attempt += 1
-        tag = f"w{world}-{device}-a{attempt}"
+        tag = f"w{world}-{device}-s{shard}-a{attempt}"
         port = free_port()
         procs = []
         paths = []
@@ -194,9 +225,15 @@ def run_group(args, world, families, device, logits, results_dir):
                    str(args.collective_timeout)] + (["--logits"] if logits else [])
             out = open(os.path.join(results_dir, f"{tag}-r{rank}.log"), "w")
             procs.append((subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT), out))
-        deadline = time.time() + args.group_timeout
-        while time.time() < deadline and any(p.poll() is None for p, _ in procs):
-            time.sleep(0.2)
+        def progress():
+            return sum(os.path.getsize(p) for p in paths if os.path.exists(p))
+        seen, last = progress(), time.time()
+        while time.time() - last < args.family_timeout and time.time() < args.deadline_at \
+                and any(p.poll() is None for p, _ in procs):
+            time.sleep(0.5)
+            now = progress()
+            if now != seen:
+                seen, last = now, time.time()
         timed_out = any(p.poll() is None for p, _ in procs)
         for p, out in procs:
             if p.poll() is None:
@@ -218,7 +255,7 @@ def run_group(args, world, families, device, logits, results_dir):
         for rank in range(world):  # the ranks' logs: tracebacks per family are in them
             with open(os.path.join(results_dir, f"{tag}-r{rank}.log")) as f:
                 text = f.read()
-            if text.strip():
+            if text.strip() and (args.verbose or "Traceback" in text):
                 print(f"----- {tag} rank {rank} log -----\n{text}", flush=True)
         done = [fam for fam in remaining if all(fam in rows for rows in per_rank)]
         for fam in done:
@@ -231,6 +268,9 @@ def run_group(args, world, families, device, logits, results_dir):
             for fam in remaining:
                 collected[fam] = [{"family": fam, "rank": r, "error": "the rank group failed before its first "
                                    "family (see its log)"} for r in range(world)]
+            break
+        if remaining and time.time() >= args.deadline_at:
+            log(f"world {world} on {device}: the check's deadline passed; {len(remaining)} families not run")
             break
         if remaining:
             stuck = remaining.pop(0)
@@ -275,7 +315,7 @@ def esc(text):
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def write_table(path, models, results, worlds, logits_worlds, gpu, versions):
+def write_table(path, models, results, worlds, logits_worlds, gpu, versions, with_plan):
     cols = []
     if gpu:
         cols += [("gpu", 1, "tensors"), ("gpu", 1, "logits")]
@@ -284,13 +324,20 @@ def write_table(path, models, results, worlds, logits_worlds, gpu, versions):
         if w in logits_worlds:
             cols.append(("cpu", w, "logits"))
     head = ["family"] + [f"{'GPU' if d == 'gpu' else 'CPU/gloo'} TP={w} {k}" for d, w, k in cols]
+    counts = {}
+    for fam, entry in models.items():
+        if fam in with_plan:
+            key = "equal" if entry["status"] == "ok" and all(
+                summarize_tensors(results.get((d, w), {}).get(fam) or [{"error": "not run"}]).startswith("equal")
+                for d, w, k in cols if k == "tensors") else "other"
+            counts[key] = counts.get(key, 0) + 1
     lines = [f"Generated by `tools/gpu/check_hf_families.py` on "
              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; "
-             f"{versions}.", "",
+             f"{versions}. {len(with_plan)} model types with a transformers TP plan: "
+             f"{counts.get('equal', 0)} with every rank's tensors equal at every world, "
+             f"{counts.get('other', 0)} not (each row says why).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for fam, _, _ in FAMILIES:
-        if fam not in models:
-            continue
+    for fam in models:
         entry = models[fam]
         if entry["status"] != "ok":
             lines.append(f"| {fam} | " + " | ".join([esc(entry["detail"])] + ["-"] * (len(cols) - 1)) + " |")
@@ -316,13 +363,20 @@ def parent(args):
     versions = f"transformers {transformers.__version__}, torch {torch.__version__}"
     log(versions)
     os.makedirs(args.workdir, exist_ok=True)
-    wanted = [f for f in args.families.split(",") if f] if args.families else [f for f, _, _ in FAMILIES]
-    unknown = [f for f in wanted if f not in {n for n, _, _ in FAMILIES}]
+    specs, data_version = family_specs(args.data)
+    if data_version != transformers.__version__:
+        log(f"note: the plan data is for transformers {data_version}, this is {transformers.__version__}")
+    known = [f for f, _ in specs]
+    wanted = [f for f in args.families.split(",") if f] if args.families else known
+    unknown = [f for f in wanted if f not in known]
     if unknown:
-        sys.exit(f"unknown families {unknown}; known: {[n for n, _, _ in FAMILIES]}")
-    families = [f for f in FAMILIES if f[0] in wanted]
+        sys.exit(f"unknown families {unknown}; known: {known}")
+    families = [(f, spec) for f, spec in specs if f in wanted]
+    with_plan = {f for f, spec in families if "model_class" in spec}
     t0 = time.time()
-    models = make_models(families, args.workdir)
+    models = make_models(families, args.workdir, args.jobs)
+    log(f"{sum(e['status'] == 'ok' for e in models.values())} of {len(models)} models built and saved "
+        f"({time.time() - t0:.0f} s)")
     args.models_json = os.path.join(args.workdir, "models.json")
     with open(args.models_json, "w") as f:
         json.dump(models, f)
@@ -341,25 +395,28 @@ def parent(args):
         groups = ([("gpu", 1, "cuda", True)] if gpu else []) + [("cpu", w, "cpu", w in args.logits_worlds)
                                                                for w in args.worlds]
 
-        def run(key, world, device, logits):  # the groups run side by side (16 cores: 1 + 2 + 4 ranks)
+        def run(key, world, device, logits, shard, fams):  # the groups run side by side
             try:
-                results[(key, world)] = run_group(args, world, ok, device, logits, results_dir)
+                got = run_group(args, world, fams, device, logits, results_dir, shard)
+                results.setdefault((key, world), {}).update(got)
             except Exception:
-                log(f"world {world} on {device}: the driver failed")
+                log(f"world {world} on {device}, shard {shard}: the driver failed")
                 traceback.print_exc()
 
         import threading
         threads = []
         for key, world, device, logits in groups:
-            log(f"world {world} on {device}: {len(ok)} families")
-            threads.append(threading.Thread(target=run, args=(key, world, device, logits)))
-            threads[-1].start()
+            for shard in range(args.shards):
+                fams = ok[shard::args.shards]
+                log(f"world {world} on {device}, shard {shard}: {len(fams)} families")
+                threads.append(threading.Thread(target=run, args=(key, world, device, logits, shard, fams)))
+                threads[-1].start()
         for t in threads:
             t.join()
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=30)
-    write_table(args.out, models, results, args.worlds, args.logits_worlds, gpu, versions)
+    write_table(args.out, models, results, args.worlds, args.logits_worlds, gpu, versions, with_plan)
     log(f"table written to {args.out} ({time.time() - t0:.0f} s)")
     with open(args.out) as f:
         print(f.read(), flush=True)
@@ -406,6 +463,13 @@ def compare(ours, ref_model):
     return diffs
 
 
+def output_of(model, ids):
+    """The model's logits for `ids`, or its last hidden state where it has no LM head."""
+    out = model(input_ids=ids)
+    logits = getattr(out, "logits", None)
+    return local(logits if logits is not None else out.last_hidden_state)
+
+
 def worker(args):
     import torch
     import torch.distributed as dist
@@ -421,7 +485,8 @@ def worker(args):
         models = json.load(f)
     client = ckpt.connect(args.socket)
     out = open(args.results, "a")
-    ids = torch.randint(0, COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1234)).to(device)
+    # Ordinary token ids: above the special ones (pad/bos/eos 0-2), below the tiny vocabulary.
+    ids = torch.randint(3, COMMON["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1234)).to(device)
     for fam in args.families.split(","):
         entry = models[fam]
         row = {"family": fam, "rank": rank, "world": world}
@@ -430,7 +495,7 @@ def worker(args):
         ref = None
         try:
             kwargs = {"tp_plan": "auto"} if world > 1 else {"device_map": str(device)}
-            ref = transformers.AutoModelForCausalLM.from_pretrained(entry["folder"], **kwargs).eval()
+            ref = getattr(transformers, entry["class"]).from_pretrained(entry["folder"], **kwargs).eval()
         except Exception as e:
             row["error"] = f"transformers' from_pretrained({'tp_plan=auto' if world > 1 else ''}): {first_line(e)}"
             traceback.print_exc()
@@ -461,8 +526,8 @@ def worker(args):
                     row["fill"] = getattr(model, "ckpt_fill", "?")
                     row["model_diff"] = compare({n: t for n, t in model.state_dict().items()}, ref)
                     with torch.no_grad():
-                        got = model(input_ids=ids).logits
-                        want = ref(input_ids=ids).logits
+                        got = output_of(model, ids)
+                        want = output_of(ref, ids)
                     row["logits_equal"] = bool(torch.equal(got, want))
                     row["logits_max_diff"] = float((got.float() - want.float()).abs().max().item())
                     del model
@@ -495,7 +560,16 @@ def main():
     ap.add_argument("--logits-worlds", default="2,4", help="CPU TP degrees that also compare load_model's logits")
     ap.add_argument("--families", default="", help="comma-separated subset (default: all)")
     ap.add_argument("--no-gpu", action="store_true", help="skip the world-1 GPU column")
-    ap.add_argument("--group-timeout", type=float, default=240, help="seconds a rank group may run")
+    ap.add_argument("--family-timeout", type=float, default=120,
+                    help="seconds a rank group may run without finishing a family")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds: stop the rank groups then and write the table of what is done")
+    ap.add_argument("--shards", type=int, default=2, help="rank groups per world, side by side")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2),
+                    help="processes building the models")
+    ap.add_argument("--data", default=os.path.join(ROOT, "src", "plan", "hf_tp_plans.json"),
+                    help="the plan data whose model types are checked")
+    ap.add_argument("--verbose", action="store_true", help="print every rank log, not only those with tracebacks")
     ap.add_argument("--collective-timeout", type=float, default=60, help="gloo timeout in the workers")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--socket", help=argparse.SUPPRESS)
@@ -511,6 +585,7 @@ def main():
         ap.error("--ckptd and --out are required")
     args.worlds = [int(w) for w in args.worlds.split(",") if w]
     args.logits_worlds = [int(w) for w in args.logits_worlds.split(",") if w]
+    args.deadline_at = time.time() + args.deadline if args.deadline else float("inf")
     parent(args)
 
 

@@ -112,7 +112,7 @@ for step in $steps; do
     log "model families against transformers (CPU/gloo TP, world 1 on the GPU)"
     python3 -X faulthandler tools/gpu/check_hf_families.py --ckptd build-gpu/bin/ckptd --workdir /tmp/hf-families \
       --worlds "$(echo ${HF_WORLDS:-2 4} | tr ' ' ,)" --logits-worlds "$(echo ${HF_LOGITS_WORLDS:-${HF_WORLDS:-2 4}} | tr ' ' ,)" \
-      ${HF_FAMILIES:+--families "$HF_FAMILIES"} --out "$out/hf_families.md" > "$out/hf_families.log" 2>&1
+      ${HF_FAMILIES:+--families "$HF_FAMILIES"} ${HF_SHARDS:+--shards "$HF_SHARDS"} ${HF_DEADLINE:+--deadline "$HF_DEADLINE"} --out "$out/hf_families.md" > "$out/hf_families.log" 2>&1
     log "rc=$?" ;;
   benchlm)
     log "load_model benchmark, GPT-Neo ${BENCH_SHAPE:-2.7B}"
