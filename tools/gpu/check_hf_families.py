@@ -39,6 +39,7 @@ import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import forked  # noqa: E402
 import hf_tiny  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -88,6 +89,7 @@ def make_model(item):
     """(row name, entry) for one family: builds its tiny model and saves it; never raises.
     entry: {"status": "ok" | "absent" | "error", "folder", "detail", "tp_plan", "class"}."""
     fam, spec, folder = item
+    spec = json.loads(spec)
     entry = {"folder": folder, "status": "ok", "detail": "", "tp_plan": None}
     try:
         import torch
@@ -117,7 +119,7 @@ def make_model(item):
             class_name = model_cls.__name__
 
             def build():
-                return model_cls._from_config(config)
+                return hf_tiny.tiny_model(model_cls, config)
         torch.manual_seed(0)
         try:
             model = build()
@@ -147,13 +149,14 @@ def make_model(item):
     return fam, entry
 
 
-def make_models(families, workdir, jobs):
-    """{family: entry} (make_model), built by `jobs` processes side by side."""
-    import concurrent.futures
-    import multiprocessing
-    items = [(fam, spec, os.path.join(workdir, "models", fam)) for fam, spec in families]
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        out = dict(pool.map(make_model, items))
+def make_models(families, workdir, jobs, deadline_at):
+    """{family: entry} (make_model), built by `jobs` forked processes side by side."""
+    items = [(fam, json.dumps(spec), os.path.join(workdir, "models", fam)) for fam, spec in families]
+
+    def failed(item, why):
+        return item[0], {"folder": item[2], "status": "error", "detail": f"building the model: {why}", "tp_plan": None}
+    built = dict(result for _, result in forked.forked(items, make_model, jobs, deadline_at, 180, failed))
+    out = {fam: built[fam] for fam, _ in families}
     for fam, entry in out.items():
         if entry["status"] != "ok":
             log(f"{fam}: {entry['detail']}")
@@ -374,7 +377,7 @@ def parent(args):
     families = [(f, spec) for f, spec in specs if f in wanted]
     with_plan = {f for f, spec in families if "model_class" in spec}
     t0 = time.time()
-    models = make_models(families, args.workdir, args.jobs)
+    models = make_models(families, args.workdir, args.jobs, args.deadline_at)
     log(f"{sum(e['status'] == 'ok' for e in models.values())} of {len(models)} models built and saved "
         f"({time.time() - t0:.0f} s)")
     args.models_json = os.path.join(args.workdir, "models.json")

@@ -28,6 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import forked  # noqa: E402
 import hf_tiny  # noqa: E402
 
 FORMAT = 1
@@ -69,7 +70,7 @@ def example_of(model_cls, config):
     model's own parameter names and shapes (what transformers loads it into)."""
     import torch
     torch.manual_seed(0)
-    real = model_cls._from_config(config)
+    real = hf_tiny.tiny_model(model_cls, config)
     model_tensors = sorted([n, list(t.shape)] for n, t in real.state_dict().items())
     with tempfile.TemporaryDirectory() as folder:
         real.save_pretrained(folder)
@@ -163,37 +164,31 @@ def main():
     ap.add_argument("--types", default="", help="comma-separated model types (default: all)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--deadline", type=float, default=0, help="seconds: write what is done by then and stop")
+    ap.add_argument("--type-timeout", type=float, default=120, help="seconds one model type may take")
     args = ap.parse_args()
-    import concurrent.futures
-    import multiprocessing
     import torch
     import transformers
     t0 = time.time()
     versions = (transformers.__version__, torch.__version__.split("+")[0])
     types = [t for t in args.types.split(",") if t] or sorted(transformers.CONFIG_MAPPING.keys())
     families, examples, skipped = {}, {}, {}
-    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = [pool.submit(one, mt) for mt in types]
-        try:
-            for future in concurrent.futures.as_completed(futures, timeout=args.deadline or None):
-                mt, entry, example = future.result()
-                if entry.get("tp_plan"):
-                    families[mt] = entry
-                    if example:
-                        examples[mt] = example
-                else:
-                    skipped[mt] = entry.get("error") or "no tensor-parallel plan"
-                problems = "; ".join(f"{k}: {entry[k]}" for k in ("error", "tiny_error", "save_error",
-                                                                  "conversions_error") if entry.get(k))
-                print(f"{mt}: {'plan' if entry.get('tp_plan') else 'skip'} {entry.get('model_class', '')} "
-                      f"{len(entry.get('tp_plan') or {})} rules" + (f" ({problems})" if problems else ""), flush=True)
-        except concurrent.futures.TimeoutError:
-            unfinished = sorted(mt for mt, f in zip(types, futures) if not f.done())
-            print(f"deadline: {len(unfinished)} model types unfinished: {unfinished}", flush=True)
-            for mt in unfinished:
-                skipped[mt] = "not described: the generator's deadline passed"
+    deadline = t0 + args.deadline if args.deadline else float("inf")
+    def failed(mt, why):
+        return mt, {"error": f"not described: {why}"}, None
+    runs = forked.forked(types, one, args.jobs, deadline, args.type_timeout, failed)
+    for done, (_, (mt, entry, example)) in enumerate(runs):
+        if entry.get("tp_plan"):
+            families[mt] = entry
+            if example:
+                examples[mt] = example
+        else:
+            skipped[mt] = entry.get("error") or "no tensor-parallel plan"
+        problems = "; ".join(f"{k}: {entry[k]}" for k in ("error", "tiny_error", "save_error",
+                                                          "conversions_error") if entry.get(k))
+        print(f"{mt}: {'plan' if entry.get('tp_plan') else 'skip'} {entry.get('model_class', '')} "
+              f"{len(entry.get('tp_plan') or {})} rules" + (f" ({problems})" if problems else ""), flush=True)
+        if done % 25 == 24:  # a cut run keeps what it has
             write(args, dict(sorted(families.items())), examples, skipped, versions)
-            os._exit(3)
     write(args, dict(sorted(families.items())), examples, skipped, versions)
     print(f"{len(families)} model types with a plan, {len(examples)} examples, {len(skipped)} without; "
           f"transformers {transformers.__version__}; {time.time() - t0:.0f} s", flush=True)

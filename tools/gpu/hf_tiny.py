@@ -23,7 +23,12 @@ SIZES = {
     # vision / audio towers
     "image_size": 32, "patch_size": 8, "num_channels": 3, "depth": 2, "embed_dim": 64, "out_hidden_size": 64,
     "spatial_merge_size": 2, "temporal_patch_size": 2, "vision_feature_layer": -1, "num_mel_bins": 16,
+    "hidden_size_per_layer_input": 8, "text_hidden_size": 64, "vision_hidden_size": 64, "audio_hidden_size": 64,
+    "encoder_hidden_size": 64, "projector_hidden_size": 64, "mm_hidden_size": 64,
 }
+# A tiny model above this many parameters means a size field SIZES does not know: refused
+# (tiny_model) rather than filling the machine's memory and disk.
+MAX_PARAMETERS = 64 << 20
 LIST_PER_LAYER = ("layer_types", "mlp_only_layers_list", "attention_types_per_layer")
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id")
 VOCAB = 128
@@ -49,11 +54,11 @@ def shrink_dict(d, vocab):
     old_layers = d.get("num_hidden_layers") or d.get("num_layers")
     out = {}
     for key, value in d.items():
-        if isinstance(value, dict) and "model_type" in value:
+        if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")):
             out[key] = shrink_dict(value, vocab)
         elif key in SIZES and isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = type(value)(SIZES[key])
-        elif key == "vocab_size" and isinstance(value, int):
+        elif key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
             out[key] = vocab
         else:
             out[key] = value
@@ -83,11 +88,29 @@ def tiny_config(model_type, text_config_key=None, **overrides):
     if text_config_key and isinstance(d.get(text_config_key), dict):
         d[text_config_key].update(overrides)
     try:
-        config = type(default).from_dict(d)
-    except Exception as first:  # a config class whose from_dict refuses its own to_dict: top-level kwargs
-        flat = {k: v for k, v in d.items() if not isinstance(v, dict) and k not in ("model_type", "architectures")}
+        return type(default).from_dict(d)
+    except Exception as first:  # a config class whose from_dict refuses its own to_dict: kwargs
+        kwargs = {k: v for k, v in d.items() if k not in ("model_type", "architectures")}
         try:
-            config = transformers.AutoConfig.for_model(model_type, **flat)
-        except Exception as second:
-            raise RuntimeError(f"from_dict: {first}; for_model(**sizes): {second}") from second
-    return config
+            return transformers.AutoConfig.for_model(model_type, **kwargs)
+        except Exception:  # sub-configs as the class's defaults
+            flat = {k: v for k, v in kwargs.items() if not isinstance(v, dict)}
+            try:
+                return transformers.AutoConfig.for_model(model_type, **flat)
+            except Exception as second:
+                raise RuntimeError(f"from_dict: {first}; for_model(**sizes): {second}") from second
+
+
+def tiny_model(model_cls, config):
+    """model_cls._from_config(config), first counted on the meta device: ValueError where it
+    would exceed MAX_PARAMETERS (naming the largest tensors), so that no huge model is built."""
+    import torch
+    with torch.device("meta"):
+        meta = model_cls._from_config(config)
+    sizes = sorted(((p.numel(), n) for n, p in meta.named_parameters()), reverse=True)
+    total = sum(n for n, _ in sizes)
+    if total > MAX_PARAMETERS:
+        raise ValueError(f"the tiny config is not tiny: {total / 1e6:.0f}M parameters (largest: "
+                         + ", ".join(f"{n} {c / 1e6:.1f}M" for c, n in sizes[:3]) + "); hf_tiny.SIZES lacks a size field")
+    del meta
+    return model_cls._from_config(config)
