@@ -46,20 +46,32 @@ def _plain(value):
     return None
 
 
+def _attributes(obj):
+    """obj's instance attributes: its __dict__ and its classes' __slots__ (transformers'
+    WeightTransform classes are slotted)."""
+    out = dict(getattr(obj, "__dict__", {}))
+    for cls in type(obj).__mro__:
+        slots = getattr(cls, "__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if name not in out and not name.startswith("__") and hasattr(obj, name):
+                out[name] = getattr(obj, name)
+    return out
+
+
 def _conversion(c):
     """One WeightRenaming / WeightConverter (transformers.core_model_loading) as data."""
     out = {"kind": type(c).__name__}
     for attr in ("source_patterns", "target_patterns"):
         v = getattr(c, attr, None)
         out[attr] = [v] if isinstance(v, str) else list(v or [])
-    for attr, v in getattr(c, "__dict__", {}).items():  # scope and prefix fields, as far as they are plain data
+    for attr, v in _attributes(c).items():  # scope and prefix fields, as far as they are plain data
         if not attr.startswith("_") and attr not in out and attr not in ("operations", "collected_tensors",
                                                                             "layer_targets", "compiled_sources"):
             if _plain(v) is not None:
                 out[attr] = _plain(v)
     ops = []
     for op in getattr(c, "operations", None) or []:
-        fields = {k: _plain(v) for k, v in getattr(op, "__dict__", {}).items()
+        fields = {k: _plain(v) for k, v in _attributes(op).items()
                   if not k.startswith("_") and _plain(v) is not None}
         ops.append({"op": type(op).__name__, **fields})
     if ops:
