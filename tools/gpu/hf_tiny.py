@@ -2,7 +2,7 @@
 
 `tiny_config(model_type)` takes the config class's defaults and shrinks every size field it
 knows (in the config and each of its sub-configs: text, vision, audio) to a few dozen units:
-hidden 64, 2 layers, 8 heads, 4 key/value heads, 4 experts, vocabulary 128 (or just above the
+hidden 64, 2 layers, 8 heads, 4 key/value heads, 4 experts, vocabulary 128 (or the multiple of 64 above the
 largest special token id). Needs transformers (the GPU machine); nothing here is used by ckpt
 itself (the model class for a model type: python/ckpt/hf_plans.py's model_class).
 """
@@ -24,6 +24,8 @@ SIZES = {
     "image_size": 32, "patch_size": 8, "num_channels": 3, "depth": 2, "embed_dim": 64, "out_hidden_size": 64,
     "spatial_merge_size": 2, "temporal_patch_size": 2, "vision_feature_layer": -1, "num_mel_bins": 16,
     "hidden_size_per_layer_input": 8, "text_hidden_size": 64, "vision_hidden_size": 64, "audio_hidden_size": 64,
+    "encoder_attention_heads": 8, "decoder_attention_heads": 8, "encoder_layers": 2, "decoder_layers": 2,
+    "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "moe_ffn_hidden_size": 32, "expert_ffn_hidden_size": 32,
     "encoder_hidden_size": 64, "projector_hidden_size": 64, "mm_hidden_size": 64,
 }
 # A tiny model above this many parameters means a size field SIZES does not know: refused
@@ -81,7 +83,7 @@ def tiny_config(model_type, text_config_key=None, **overrides):
     import transformers
     default = transformers.AutoConfig.for_model(model_type)
     d = default.to_dict()
-    vocab = max([VOCAB] + [i + 1 for i in _special_ids(d)])
+    vocab = -(-max([VOCAB] + [i + 1 for i in _special_ids(d)]) // 64) * 64  # a multiple of 64: any TP size divides it
     d = shrink_dict(d, vocab)
     d.pop("transformers_version", None)
     d.update(overrides)
