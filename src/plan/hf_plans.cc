@@ -1,5 +1,6 @@
 #include "plan/hf_plans.h"
 
+#include <cctype>
 #include <algorithm>
 #include <optional>
 #include <set>
@@ -81,13 +82,15 @@ std::string SourceRegex(const std::string& pattern) {
   return out;
 }
 
-// A WeightRenaming target as a Regex::Substitute template: "\1" is group 1, the rest literal.
+// A WeightRenaming target as a Regex::Substitute template: "\N" is group N, the rest literal.
 std::string TargetTemplate(const std::string& target) {
   std::string out;
   for (size_t i = 0; i < target.size(); ++i) {
-    if (target.compare(i, 2, "\\1") == 0) {
-      out += "${1}";
-      ++i;
+    if (target[i] == '\\' && i + 1 < target.size() && std::isdigit(static_cast<unsigned char>(target[i + 1]))) {
+      size_t end = i + 1;
+      while (end < target.size() && std::isdigit(static_cast<unsigned char>(target[end]))) ++end;
+      out += "${" + target.substr(i + 1, end - i - 1) + "}";
+      i = end - 1;
     } else {
       out += target[i] == '$' ? "$$" : std::string(1, target[i]);
     }
@@ -166,12 +169,22 @@ class PlanWriter {
     const std::string kind = c.value("kind", "");
     const std::vector<std::string> sources = Strings(c, "source_patterns");
     const std::vector<std::string> targets = Strings(c, "target_patterns");
-    if (kind == "WeightRenaming") {
+    if (kind == "WeightRenaming" || kind == "PrefixChange") {  // PrefixChange: a renaming of a prefix
       if (targets.size() != 1) return Status::Ok();  // not a rename of one name into one
-      for (const std::string& s : sources) renames_.push_back({{"search", SourceRegex(s)}, {"to", TargetTemplate(targets[0])}});
+      for (const std::string& s : sources) {
+        json rename = {{"search", SourceRegex(s)}, {"to", TargetTemplate(targets[0])}};
+        if (c.contains("scope_prefix") && c["scope_prefix"].is_string()) {  // a sub-model's transform
+          rename["scope"] = c["scope_prefix"];
+          if (c.contains("base_model_prefix") && c["base_model_prefix"].is_string())
+            rename["base_prefix"] = c["base_model_prefix"];
+        }
+        renames_.push_back(std::move(rename));
+      }
       return Status::Ok();
     }
-    if (kind != "WeightConverter") return Status::Ok();  // PrefixChange & co: prefixes of other checkpoint layouts
+    // GroupWeightRename (its later sources apply only once its first was seen) is not
+    // reproduced: its model types (kimi_k25's vision tower) keep the names as saved.
+    if (kind != "WeightConverter") return Status::Ok();
     bool concatenates = false;
     if (targets.size() == 1 && IsExpertFusion(c, &concatenates)) return AddExpertFusion(sources, targets[0], concatenates);
     std::string ops;

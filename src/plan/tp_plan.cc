@@ -226,12 +226,17 @@ struct TpPlan::Entry {
   std::optional<Regex> if_absent;
 };
 
-// A rename of every tensor name before the rules see it, as transformers renames checkpoint
-// keys: the first match of `search` is replaced, wherever that text occurs in the name, by
-// `to` expanded against the match ($n groups).
+// A rename of every tensor name before the rules see it, as transformers' WeightTransform
+// renames checkpoint keys: the matched text (the first match of `search`) is replaced, at its
+// first occurrence in the name, by `to` expanded against the match ($n groups). With a
+// `scope` (a sub-model's transforms), only names under it are renamed: the name loses
+// "base_prefix.scope." (else "scope.") before the search and gets it back after; a name
+// under neither is left as it is. An empty scope: under base_prefix or anywhere.
 struct TpPlan::Rename {
   Regex search;
   std::string to;
+  std::optional<std::string> scope;
+  std::string base_prefix;
 };
 
 struct TpPlan::ScaleSettings {
@@ -410,10 +415,18 @@ Result<std::vector<std::shared_ptr<const TpPlan::Rename>>> ParseRenames(const nl
   if (!doc["renames"].is_array()) return InvalidArgument("plan \"renames\" must be an array");
   for (const auto& r : doc["renames"]) {
     const std::string where = "plan rename #" + std::to_string(out.size());
-    if (!r.is_object() || r.size() != 2 || !r.contains("search") || !r["search"].is_string() || !r.contains("to") ||
-        !r["to"].is_string())
-      return InvalidArgument(where + ": a rename is {\"search\": pattern, \"to\": template}");
+    const auto is_string_or_absent = [&](const char* key) { return !r.contains(key) || r[key].is_string(); };
+    size_t known = 0;
+    if (r.is_object())
+      for (const char* key : {"search", "to", "scope", "base_prefix"}) known += r.contains(key) ? 1 : 0;
+    if (!r.is_object() || known != r.size() || !r.contains("search") || !r["search"].is_string() ||
+        !r.contains("to") || !r["to"].is_string() || !is_string_or_absent("scope") ||
+        !is_string_or_absent("base_prefix") || (r.contains("base_prefix") && !r.contains("scope")))
+      return InvalidArgument(where + ": a rename is {\"search\": pattern, \"to\": template[, \"scope\": "
+                                     "prefix[, \"base_prefix\": prefix]]}");
     auto rename = std::make_shared<TpPlan::Rename>();
+    if (r.contains("scope")) rename->scope = r["scope"].get<std::string>();
+    rename->base_prefix = r.value("base_prefix", std::string());
     auto compiled = Regex::Compile(r["search"].get<std::string>());
     if (!compiled.ok()) return compiled.status().WithContext(where);
     rename->search = std::move(*compiled);
@@ -807,16 +820,24 @@ class TpPlan::Resolution {
     return Status::Ok();
   }
 
-  // `name` after the plan's renames, in order.
+  // `name` after the plan's renames, in order (each sees the previous one's result).
   Result<std::string> Renamed(const std::string& name) const {
     std::string out = name;
     for (const auto& r : plan_.renames_) {
-      CKPT_ASSIGN_OR_RETURN(auto m, r->search.Search(out));
+      std::string prefix;  // what the scope takes off before the search and puts back after
+      if (r->scope) {
+        const std::string scope = r->scope->empty() ? "" : *r->scope + ".";
+        const std::string base = r->base_prefix.empty() ? "" : r->base_prefix + ".";
+        if (out.compare(0, base.size() + scope.size(), base + scope) == 0) prefix = base + scope;
+        else if (out.compare(0, scope.size(), scope) == 0) prefix = scope;
+        else continue;
+      }
+      std::string key = out.substr(prefix.size());
+      CKPT_ASSIGN_OR_RETURN(auto m, r->search.Search(key));
       if (m.empty() || m[0].empty()) continue;
-      CKPT_ASSIGN_OR_RETURN(const std::string to, r->search.Substitute(out, r->to));
-      const std::string found = m[0];
-      for (size_t at = out.find(found); at != std::string::npos; at = out.find(found, at + to.size()))
-        out.replace(at, found.size(), to);
+      CKPT_ASSIGN_OR_RETURN(const std::string to, r->search.Substitute(key, r->to));
+      key.replace(key.find(m[0]), m[0].size(), to);  // str.replace(found, to, 1), as transformers
+      out = prefix + key;
     }
     return out;
   }

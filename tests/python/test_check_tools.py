@@ -3,6 +3,7 @@ comparison helpers, and one end-to-end run (models saved, `ckptctl load`ed into 
 ckptd, rank groups spawned, a rank group that hangs restarted without its family, the
 markdown table) against a stand-in `transformers` package written below. What the tool checks
 about transformers itself only the GPU machine can show."""
+import json
 import os
 import subprocess
 import sys
@@ -37,13 +38,27 @@ STAND_IN = textwrap.dedent('''
             d.pop("model_type", None)
             return cls(**d)
 
+        def to_dict(self):
+            return dict(self.__dict__, model_type=self.model_type)
+
     class LlamaConfig(PretrainedConfig):
         model_type = "llama"
 
-    class MistralConfig(PretrainedConfig):
+        def __init__(self, vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=4, **kw):  # sizes the tool's hf_tiny shrinks
+            super().__init__(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+                             num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+                             num_key_value_heads=num_key_value_heads, **kw)
+
+    class MistralConfig(LlamaConfig):
         model_type = "mistral"
 
     CONFIG_MAPPING = {"llama": LlamaConfig, "mistral": MistralConfig}
+
+    class AutoConfig:
+        @staticmethod
+        def for_model(model_type, **kw):
+            return CONFIG_MAPPING[model_type](**kw)
 
     class Attention(nn.Module):  # llama's projection names and shapes, a toy forward
         def __init__(self, c):
@@ -181,12 +196,18 @@ class EndToEndTest(unittest.TestCase):
             with open(os.path.join(pkg, "__init__.py"), "w") as f:
                 f.write(STAND_IN)
             table = os.path.join(tmp, "table.md")
+            data = os.path.join(tmp, "plans.json")  # the plan data's model types, as the generator writes them
+            with open(data, "w") as f:
+                json.dump({"transformers": "0.0+ckpt-test-stand-in", "families": {
+                    "llama": {"model_class": "LlamaForCausalLM", "task": "causal_lm"},
+                    "mistral": {"model_class": "MistralForCausalLM", "task": "causal_lm"}}}, f)
             env = dict(os.environ, PYTHONPATH=os.path.join(tmp, "standin") + os.pathsep + os.environ["PYTHONPATH"])
-            # The tool's families are those of the issue; llama and mistral exist in the stand-in
-            # (mistral hangs), gpt2 does not.
+            # The tool's families are the data's model types and its no-plan families; llama and
+            # mistral exist in the stand-in (mistral hangs), gpt2 does not.
             r = subprocess.run([sys.executable, TOOL, "--ckptd", os.environ["CKPTD_BIN"], "--out", table,
                                 "--workdir", os.path.join(tmp, "work"), "--families", "llama,mistral,gpt2",
-                                "--worlds", "1", "--logits-worlds", "1", "--no-gpu", "--group-timeout", "20"],
+                                "--data", data, "--worlds", "1", "--logits-worlds", "1", "--no-gpu",
+                                "--family-timeout", "20", "--jobs", "2", "--shards", "1"],
                                env=env, capture_output=True, text=True, timeout=240)
             self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
             with open(table) as f:
@@ -197,6 +218,7 @@ class EndToEndTest(unittest.TestCase):
         self.assertIn("rank group timed out during this family", rows["mistral"])
         self.assertIn("has no GPT2Config", rows["gpt2"])
         self.assertIn("loaded into ckptd as hf-llama", r.stdout)
+        self.assertIn("2 model types with a transformers TP plan: 1 with every rank's tensors equal", text)
 
 
 if __name__ == "__main__":

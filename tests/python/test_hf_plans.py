@@ -52,13 +52,49 @@ def expected_dim(style, name, ndim):
     return None if d is None else d % ndim
 
 
-# Model types whose saved checkpoints the interpreter does not map to the model's names yet
-# (issue 25, open): transformers 5.17's save_pretrained writes composite models under their
-# legacy names ("language_model.model.*") and its load-time renames of these types chain in a
-# way core_model_loading.py decides and the data does not yet describe (aria, gemma3:
-# "none of its rules matches", a clear error, nothing silent); deepseek_v4's rename chain
-# gives some wrong names; aya_vision is missing from the data (its generation timed out).
-KNOWN_GAPS = {"aria", "gemma3", "deepseek_v4", "aya_vision"}
+# Model types whose checkpoints, as transformers' save_pretrained writes them, the interpreter
+# does not map to the model's names; each fails loudly (see test_known_gaps_fail_loudly), or
+# follows transformers' own loader where that loader is wrong:
+KNOWN_GAPS = {
+    # GroupWeightRename (its later sources apply only once its first was seen in the load) is
+    # not reproduced: the vision tower keeps its saved names (fc0/fc1, norm0/norm1).
+    "kimi_k25": "GroupWeightRename",
+    # its plan's only rule is lm_head, which a tied checkpoint lacks: refused as "none of its
+    # rules matches" (the guard against another family's checkpoint).
+    "lfm2": "none of its rules matches",
+    # routed experts beside "zero" (identity) experts: the stack counts 260 tensors where the
+    # config names 4 routed experts; refused naming the output.
+    "longcat_flash": "stacks 260 experts",
+    # an entry carried from the earlier generator run (no rename scopes) with that run's
+    # example: its audio and vision towers' saved names are not mapped; refused.
+    "gemma3n": "none of its rules matches",
+    # conversions the engine does not shard (a Chunk/Transpose/Concatenate transformers does
+    # at load): refused, naming the tensor, the model type and the operation.
+    "hrm_text": "model type 'hrm_text'.*transformers converts this tensor at load",
+    "kimi_linear": "model type 'kimi_linear'.*transformers converts this tensor at load",
+    "minimax_m3_vl": "model type 'minimax_m3_vl'.*transformers converts this tensor at load",
+}
+# Where ckptd renames as transformers' loader does, but that loader maps a key to a name the
+# model lacks (5.17: deepseek_v4's "\.norm\." -> ".kv_norm." renames the final norm too,
+# so from_pretrained leaves model.norm.weight initialized at random).
+LOADER_BUGS = {"deepseek_v4"}
+
+
+def tie_of(config, entry):
+    """transformers' tie for the plan's tie rule: the text config's tie_word_embeddings
+    (composite models), else the config's, else the model type's default."""
+    text = config.get(entry.get("text_config") or "", None)
+    for c in (text if isinstance(text, dict) else {}, config):
+        if isinstance(c.get("tie_word_embeddings"), bool):
+            return c["tie_word_embeddings"]
+    return entry.get("tie_default", False)
+
+
+def tied_aliases(ex):
+    """The model's tied output embedding, which its checkpoint holds once (as embed_tokens)."""
+    names = {n for n, _ in ex["model_tensors"]}
+    return {n for n in names if n.endswith("lm_head.weight")} if not any(
+        t[0].endswith("lm_head.weight") for t in ex["tensors"]) else set()
 
 
 def load_examples():
@@ -99,6 +135,8 @@ class HfPlanDataTest(unittest.TestCase):
                 model = {n: s for n, s in ex["model_tensors"]}
                 shapes = {t["name"]: t["shape"] for t in tensors}
                 for o in outs:
+                    if mt in LOADER_BUGS:
+                        continue
                     self.assertIn(o.name, model, f"{o.name}: not a parameter of transformers' model")
                     shape = list(o.view) if o.view else shapes[o.pieces[0]["source"]]
                     if len(o.pieces) == 1 and not o.view:
@@ -109,7 +147,7 @@ class HfPlanDataTest(unittest.TestCase):
             if mt in KNOWN_GAPS:
                 continue
             entry = json.loads(ckpt.plans.TpPlan.hf_entry(mt))
-            tie = ex["config"].get("tie_word_embeddings", entry.get("tie_default"))
+            tie = tie_of(ex["config"], entry)
             plan_keys = entry.get("tp_plan_tied") if tie and entry.get("tp_plan_tied") else entry["tp_plan"]
             tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
             shapes = {t["name"]: t["shape"] for t in tensors}
@@ -132,11 +170,70 @@ class HfPlanDataTest(unittest.TestCase):
                             self.assertEqual(got, want, f"{o.name} ({style}): split dim {got}, transformers {want}")
 
     def test_known_gaps_fail_loudly_where_they_fail(self):
-        for mt in ("aria", "gemma3"):
-            ex = self.examples[mt]
-            tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
-            with self.assertRaisesRegex(ckpt.InvalidArgument, r"none of its rules matches"):
-                ckpt.plans.for_config(ex["config"], "hf").resolve(tensors, 0, 2)
+        for mt, why in KNOWN_GAPS.items():
+            if why == "GroupWeightRename":
+                continue  # resolves, with the vision tower's saved names (kimi_k25)
+            with self.subTest(model_type=mt):
+                ex = self.examples[mt]
+                tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+                with self.assertRaisesRegex(ckpt.InvalidArgument, why):
+                    ckpt.plans.for_config(ex["config"], "hf").resolve(tensors, 0, 2)
+
+    def test_every_name_is_renamed_as_transformers_loader_renames_it(self):
+        """Each output's name is what transformers' own rename_source_key (legacy, scoped and
+        prefix renamings, then the first converter) makes of each of its pieces' checkpoint
+        names: the examples record that map from the GPU machine's transformers."""
+        checked = 0
+        for mt, ex in sorted(self.examples.items()):
+            if mt in KNOWN_GAPS or "renamed" not in ex:
+                continue
+            checked += 1
+            with self.subTest(model_type=mt):
+                tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+                outs = ckpt.plans.for_config(ex["config"], "hf").resolve(tensors, 0, 1)
+                model = {n for n, _ in ex["model_tensors"]}
+                for o in outs:
+                    for p in o.pieces:
+                        want = ex["renamed"][p["source"]]
+                        if want not in model and want.split(".", 1)[-1] in model:
+                            want = want.split(".", 1)[-1]  # transformers strips the base-model prefix
+                        self.assertEqual(o.name, want, f"{p['source']}: ckptd {o.name}, transformers {want}")
+                if mt not in LOADER_BUGS:
+                    self.assertEqual(sorted(model - {o.name for o in outs} - tied_aliases(ex)), [],
+                                     "model parameters no output fills")
+        self.assertGreaterEqual(checked, 100)
+
+    def test_scoped_renames_apply_under_their_sub_model_only(self):
+        # A sub-model's renaming (transformers sets scope_prefix/base_model_prefix on it):
+        # under "model.language_model." or "language_model." only, the prefix kept.
+        entry = {"tp_plan": {"model.language_model.layers.*.mlp.up_proj": "colwise"},
+                 "conversions": [{"kind": "WeightRenaming", "source_patterns": ["^blocks\\."],
+                                  "target_patterns": ["layers."], "scope_prefix": "language_model",
+                                  "base_model_prefix": "model"}]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        names = ["model.language_model.blocks.0.mlp.up_proj.weight", "language_model.blocks.1.mlp.up_proj.weight",
+                 "vision.blocks.0.mlp.up_proj.weight"]
+        outs = plan.resolve([{"name": n, "dtype": "F32", "shape": [8, 4]} for n in names], 0, 2)
+        self.assertEqual(sorted(o.name for o in outs), ["language_model.layers.1.mlp.up_proj.weight",
+                                                        "model.language_model.layers.0.mlp.up_proj.weight",
+                                                        "vision.blocks.0.mlp.up_proj.weight"])
+        # the first occurrence of the matched text is replaced, once (str.replace(..., 1))
+        entry = {"tp_plan": {}, "conversions": [{"kind": "WeightRenaming", "source_patterns": ["x\\.y$"],
+                                                 "target_patterns": ["z"]}]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        outs = plan.resolve([{"name": "x.y.x.y", "dtype": "F32", "shape": [2]}], 0, 1)
+        self.assertEqual([o.name for o in outs], ["z.x.y"])
+
+    def test_bad_renames_in_a_plan_file_are_errors(self):
+        base = {"convention": "hf", "rules": [{"pattern": "^w$", "rule": "column"}]}
+        for renames, why in (([{"search": "(", "to": "x"}], r"rename #0"),
+                             ([{"search": "a", "to": "${2}"}], r"group 2"),
+                             ([{"search": "a", "to": "b", "scope": 3}], r"a rename is"),
+                             ([{"search": "a", "to": "b", "base_prefix": "model"}], r"a rename is"),
+                             ([{"search": "a", "to": "b", "extra": 1}], r"a rename is")):
+            with self.subTest(renames=renames):
+                with self.assertRaisesRegex(ckpt.InvalidArgument, why):
+                    ckpt.plans.TpPlan.from_json(json.dumps(dict(base, renames=renames)))
 
     def test_bad_inputs_name_the_model_type_and_the_rule(self):
         with self.assertRaisesRegex(ckpt.InvalidArgument, r"not a built-in family nor a model type of transformers"):

@@ -522,7 +522,15 @@ def worker(args):
             except Exception as e:
                 row["tensors_error"] = f"ckpt state_dict(plan=auto, convention=hf): {first_line(e)}"
                 traceback.print_exc()
+            want = None
             if args.logits:
+                try:  # transformers' own forward first: a model it cannot run is its row's cause
+                    with torch.no_grad():
+                        want = output_of(ref, ids)
+                except Exception as e:
+                    row["logits_error"] = f"transformers' own forward: {first_line(e)}"
+                    traceback.print_exc()
+            if want is not None:
                 try:
                     model = ckpt.transformers.load_model(f"hf-{fam}", rank=rank, world=world, device=device,
                                                          client=client, config=config)
@@ -530,7 +538,6 @@ def worker(args):
                     row["model_diff"] = compare({n: t for n, t in model.state_dict().items()}, ref)
                     with torch.no_grad():
                         got = output_of(model, ids)
-                        want = output_of(ref, ids)
                     row["logits_equal"] = bool(torch.equal(got, want))
                     row["logits_max_diff"] = float((got.float() - want.float()).abs().max().item())
                     del model

@@ -107,8 +107,11 @@ def tiny_model(model_cls, config):
     """model_cls._from_config(config), first counted on the meta device: ValueError where it
     would exceed MAX_PARAMETERS (naming the largest tensors), so that no huge model is built."""
     import torch
-    with torch.device("meta"):
+    if not hasattr(torch.device, "__enter__"):  # torch < 2.0: no meta-device context; build and count
         meta = model_cls._from_config(config)
+    else:
+        with torch.device("meta"):
+            meta = model_cls._from_config(config)
     sizes = sorted(((p.numel(), n) for n, p in meta.named_parameters()), reverse=True)
     total = sum(n for n, _ in sizes)
     if total > MAX_PARAMETERS:
