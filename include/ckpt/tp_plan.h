@@ -69,11 +69,13 @@
 // Plan keys besides rules/default: "require": [{"pattern": p, "count": n, "what": text}]
 // (p must match at least n tensors, else an error naming `what`), "max_world": {"world": n,
 // "why": text} (larger worlds refused), "family", "comment", "block_scales" (below), and
-// "renames": [{"search": pattern, "to": template, "scope": prefix, "base_prefix": prefix}]
-// (scope and base_prefix optional): applied in order to every tensor name before the rules,
-// as transformers' WeightRenaming: the matched text's first occurrence becomes `to` ($n
-// groups); with a scope only names under "base_prefix.scope." or "scope." are renamed, the
-// prefix kept. The outputs keep the renamed names; two names renamed into one are an error.
+// "renames": [{"search": pattern, "to": template, "scope": prefix, "base_prefix": prefix,
+// "if_any": pattern}] (all but search/to optional; search and to may be equal-length lists,
+// the branch matching leftmost applies): applied in order to every tensor name before the
+// rules, as transformers' WeightRenaming: the matched text's first occurrence becomes `to`
+// ($n groups); with a scope only names under "base_prefix.scope." or "scope." are renamed,
+// the prefix kept; with if_any only in a checkpoint where some name matches it. The outputs
+// keep the renamed names; two names renamed into one are an error.
 // FP8 block scales: a 2-d tensor named <weight> + "_scale_inv" of a 2-d <weight> in the
 // checkpoint ([ceil(out / b0), ceil(in / b1)], one element per [b0, b1] block) is placed from
 // its weight's shard, whatever rule its own name matches: each rank holds exactly the blocks

@@ -169,28 +169,34 @@ class PlanWriter {
     const std::string kind = c.value("kind", "");
     const std::vector<std::string> sources = Strings(c, "source_patterns");
     const std::vector<std::string> targets = Strings(c, "target_patterns");
-    if (kind == "WeightRenaming" || kind == "PrefixChange") {  // PrefixChange: a renaming of a prefix
-      if (targets.size() != 1) return Status::Ok();  // not a rename of one name into one
-      for (const std::string& s : sources) {
-        json rename = {{"search", SourceRegex(s)}, {"to", TargetTemplate(targets[0])}};
-        if (c.contains("scope_prefix") && c["scope_prefix"].is_string()) {  // a sub-model's transform
-          rename["scope"] = c["scope_prefix"];
-          if (c.contains("base_model_prefix") && c["base_model_prefix"].is_string())
-            rename["base_prefix"] = c["base_model_prefix"];
-        }
-        renames_.push_back(std::move(rename));
+    if (kind == "WeightRenaming" || kind == "PrefixChange" || kind == "GroupWeightRename") {
+      // One rename whose branches are the sources (the leftmost match applies): a renaming's
+      // sources all go to its first target; a GroupWeightRename's source i to its target i,
+      // and only in a checkpoint that has its first source (transformers: once it was seen).
+      const bool group = kind == "GroupWeightRename";
+      if (sources.empty() || targets.empty() || (group && targets.size() != sources.size())) return Status::Ok();
+      json search = json::array(), to = json::array();
+      for (size_t i = 0; i < sources.size(); ++i) {
+        search.push_back(SourceRegex(sources[i]));
+        to.push_back(TargetTemplate(targets[group ? i : 0]));
       }
+      json rename = {{"search", search}, {"to", to}};
+      if (group) rename["if_any"] = SourceRegex(sources[0]);
+      if (c.contains("scope_prefix") && c["scope_prefix"].is_string()) {  // a sub-model's transform
+        rename["scope"] = c["scope_prefix"];
+        if (c.contains("base_model_prefix") && c["base_model_prefix"].is_string())
+          rename["base_prefix"] = c["base_model_prefix"];
+      }
+      renames_.push_back(std::move(rename));
       return Status::Ok();
     }
-    // GroupWeightRename (its later sources apply only once its first was seen) is not
-    // reproduced: its model types (kimi_k25's vision tower) keep the names as saved.
     if (kind != "WeightConverter") return Status::Ok();
     bool concatenates = false;
     if (targets.size() == 1 && IsExpertFusion(c, &concatenates)) return AddExpertFusion(sources, targets[0], concatenates);
     std::string ops;
     for (const auto& op : c.value("operations", json::array())) ops += (ops.empty() ? "" : ", ") + op.value("op", "?");
     for (const std::string& s : sources)
-      rules_.push_back({{"pattern", "^(.*?)" + SourceRegex(s) + "$"},
+      rules_.push_back({{"pattern", SourceRegex(s)},  // searched anywhere in the name, as transformers does
                         {"rule", {{"refuse", Where() + ": transformers converts this tensor at load (" + ops +
                                                  ") in a way ckptd does not shard; use convention \"megatron\" "
                                                  "where a built-in family has it, or a plan file (docs/tp-plans.md)"}}}});

@@ -227,16 +227,22 @@ struct TpPlan::Entry {
 };
 
 // A rename of every tensor name before the rules see it, as transformers' WeightTransform
-// renames checkpoint keys: the matched text (the first match of `search`) is replaced, at its
-// first occurrence in the name, by `to` expanded against the match ($n groups). With a
-// `scope` (a sub-model's transforms), only names under it are renamed: the name loses
-// "base_prefix.scope." (else "scope.") before the search and gets it back after; a name
-// under neither is left as it is. An empty scope: under base_prefix or anywhere.
+// renames checkpoint keys: of its branches, the one whose match starts leftmost (ties: the
+// first) applies; the matched text, at its first occurrence in the name, becomes the
+// branch's `to` expanded against the match ($n groups). With a `scope` (a sub-model's
+// transforms), only names under it are renamed: the name loses "base_prefix.scope." (else
+// "scope.") before the search and gets it back after; a name under neither is left as it
+// is (an empty scope: under base_prefix or anywhere). With `if_any` (transformers'
+// GroupWeightRename), the rename applies only to a checkpoint where some name matches it.
 struct TpPlan::Rename {
-  Regex search;
-  std::string to;
+  struct Branch {
+    Regex search;
+    std::string to;
+  };
+  std::vector<Branch> branches;
   std::optional<std::string> scope;
   std::string base_prefix;
+  std::optional<Regex> if_any;
 };
 
 struct TpPlan::ScaleSettings {
@@ -408,34 +414,59 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
   return entry;
 }
 
-// The plan's "renames": [{"search": pattern, "to": template}, ...] (none when absent).
+// The plan's "renames" (none when absent): [{"search": pattern | [pattern, ...], "to":
+// template | [template, ...] (one per pattern), "scope": prefix, "base_prefix": prefix,
+// "if_any": pattern}, ...]; all but search and to optional, base_prefix only with a scope.
 Result<std::vector<std::shared_ptr<const TpPlan::Rename>>> ParseRenames(const nlohmann::json& doc) {
   std::vector<std::shared_ptr<const TpPlan::Rename>> out;
   if (!doc.contains("renames")) return out;
   if (!doc["renames"].is_array()) return InvalidArgument("plan \"renames\" must be an array");
   for (const auto& r : doc["renames"]) {
     const std::string where = "plan rename #" + std::to_string(out.size());
+    const auto strings = [](const nlohmann::json& v) {
+      std::vector<std::string> list;
+      if (v.is_string()) list.push_back(v.get<std::string>());
+      if (v.is_array())
+        for (const auto& e : v) list.push_back(e.is_string() ? e.get<std::string>() : std::string(1, '\0'));
+      return list;
+    };
     const auto is_string_or_absent = [&](const char* key) { return !r.contains(key) || r[key].is_string(); };
     size_t known = 0;
     if (r.is_object())
-      for (const char* key : {"search", "to", "scope", "base_prefix"}) known += r.contains(key) ? 1 : 0;
-    if (!r.is_object() || known != r.size() || !r.contains("search") || !r["search"].is_string() ||
-        !r.contains("to") || !r["to"].is_string() || !is_string_or_absent("scope") ||
-        !is_string_or_absent("base_prefix") || (r.contains("base_prefix") && !r.contains("scope")))
-      return InvalidArgument(where + ": a rename is {\"search\": pattern, \"to\": template[, \"scope\": "
-                                     "prefix[, \"base_prefix\": prefix]]}");
+      for (const char* key : {"search", "to", "scope", "base_prefix", "if_any"}) known += r.contains(key) ? 1 : 0;
+    std::vector<std::string> searches, tos;
+    if (r.is_object() && r.contains("search") && r.contains("to")) {
+      searches = strings(r["search"]);
+      tos = strings(r["to"]);
+    }
+    const auto bad_string = [](const std::vector<std::string>& v) {
+      return std::any_of(v.begin(), v.end(), [](const std::string& x) { return x.find('\0') != std::string::npos; });
+    };
+    if (!r.is_object() || known != r.size() || searches.empty() || searches.size() != tos.size() ||
+        r["search"].is_string() != r["to"].is_string() || bad_string(searches) || bad_string(tos) ||
+        !is_string_or_absent("scope") || !is_string_or_absent("base_prefix") || !is_string_or_absent("if_any") ||
+        (r.contains("base_prefix") && !r.contains("scope")))
+      return InvalidArgument(where + ": a rename is {\"search\": pattern or [patterns], \"to\": template or "
+                                     "[one per pattern][, \"scope\": prefix[, \"base_prefix\": prefix]]"
+                                     "[, \"if_any\": pattern]}");
     auto rename = std::make_shared<TpPlan::Rename>();
     if (r.contains("scope")) rename->scope = r["scope"].get<std::string>();
     rename->base_prefix = r.value("base_prefix", std::string());
-    auto compiled = Regex::Compile(r["search"].get<std::string>());
-    if (!compiled.ok()) return compiled.status().WithContext(where);
-    rename->search = std::move(*compiled);
-    rename->to = r["to"].get<std::string>();
-    auto most = Regex::MaxGroupReferenced(rename->to);
-    if (!most.ok()) return most.status().WithContext(where);
-    if (*most > rename->search.groups())
-      return InvalidArgument(where + ": \"to\" refers to group " + std::to_string(*most) + " but /" +
-                             rename->search.text() + "/ has " + std::to_string(rename->search.groups()));
+    if (r.contains("if_any")) {
+      auto guard = Regex::Compile(r["if_any"].get<std::string>());
+      if (!guard.ok()) return guard.status().WithContext(where + " if_any");
+      rename->if_any = std::move(*guard);
+    }
+    for (size_t i = 0; i < searches.size(); ++i) {
+      auto compiled = Regex::Compile(searches[i]);
+      if (!compiled.ok()) return compiled.status().WithContext(where);
+      auto most = Regex::MaxGroupReferenced(tos[i]);
+      if (!most.ok()) return most.status().WithContext(where);
+      if (*most > compiled->groups())
+        return InvalidArgument(where + ": \"to\" refers to group " + std::to_string(*most) + " but /" +
+                               compiled->text() + "/ has " + std::to_string(compiled->groups()));
+      rename->branches.push_back({std::move(*compiled), tos[i]});
+    }
     out.push_back(std::move(rename));
   }
   return out;
@@ -739,6 +770,7 @@ class TpPlan::Resolution {
     CKPT_RETURN_IF_ERROR(CheckWorld());
     CKPT_RETURN_IF_ERROR(CheckRequirements());
     CKPT_RETURN_IF_ERROR(FindActiveEntries());
+    CKPT_RETURN_IF_ERROR(FindActiveRenames());
     for (const TensorInfo& t : tensors_) CKPT_RETURN_IF_ERROR(AddTensor(t));
     CKPT_RETURN_IF_ERROR(CheckSomeRuleMatched());
     CKPT_RETURN_IF_ERROR(CheckFusedScales());
@@ -820,10 +852,25 @@ class TpPlan::Resolution {
     return Status::Ok();
   }
 
-  // `name` after the plan's renames, in order (each sees the previous one's result).
+  // Which of the plan's renames this checkpoint activates (if_any: some name matches).
+  Status FindActiveRenames() {
+    for (const auto& r : plan_.renames_) {
+      bool active = !r->if_any;
+      for (size_t i = 0; !active && i < tensors_.size(); ++i) {
+        CKPT_ASSIGN_OR_RETURN(auto m, r->if_any->Search(tensors_[i].name));
+        active = !m.empty();
+      }
+      active_renames_.push_back(active);
+    }
+    return Status::Ok();
+  }
+
+  // `name` after the plan's active renames, in order (each sees the previous one's result).
   Result<std::string> Renamed(const std::string& name) const {
     std::string out = name;
-    for (const auto& r : plan_.renames_) {
+    for (size_t i = 0; i < plan_.renames_.size(); ++i) {
+      const auto& r = plan_.renames_[i];
+      if (!active_renames_[i]) continue;
       std::string prefix;  // what the scope takes off before the search and puts back after
       if (r->scope) {
         const std::string scope = r->scope->empty() ? "" : *r->scope + ".";
@@ -833,10 +880,22 @@ class TpPlan::Resolution {
         else continue;
       }
       std::string key = out.substr(prefix.size());
-      CKPT_ASSIGN_OR_RETURN(auto m, r->search.Search(key));
-      if (m.empty() || m[0].empty()) continue;
-      CKPT_ASSIGN_OR_RETURN(const std::string to, r->search.Substitute(key, r->to));
-      key.replace(key.find(m[0]), m[0].size(), to);  // str.replace(found, to, 1), as transformers
+      const Rename::Branch* branch = nullptr;
+      std::string found;
+      size_t at = std::string::npos;
+      for (const auto& b : r->branches) {
+        CKPT_ASSIGN_OR_RETURN(auto m, b.search.Search(key));
+        if (m.empty() || m[0].empty()) continue;
+        const size_t where = key.find(m[0]);
+        if (branch == nullptr || where < at) {
+          branch = &b;
+          found = m[0];
+          at = where;
+        }
+      }
+      if (branch == nullptr) continue;
+      CKPT_ASSIGN_OR_RETURN(const std::string to, branch->search.Substitute(key, branch->to));
+      key.replace(at, found.size(), to);  // str.replace(found, to, 1), as transformers does
       out = prefix + key;
     }
     return out;
@@ -1052,6 +1111,7 @@ class TpPlan::Resolution {
   std::unordered_map<std::string, Fused> fused_;     // by output name
   std::unordered_map<std::string, const TensorInfo*> names_;  // every source, by name
   bool any_rule_matched_ = false;
+  std::vector<bool> active_renames_;  // per plan rename (FindActiveRenames)
   std::vector<std::pair<std::string, std::string>> scaled_;  // (scale, weight) of fused FP8 weights
   std::unordered_map<std::string, std::string> output_of_;   // fused source -> its output
 };

@@ -56,9 +56,6 @@ def expected_dim(style, name, ndim):
 # does not map to the model's names; each fails loudly (see test_known_gaps_fail_loudly), or
 # follows transformers' own loader where that loader is wrong:
 KNOWN_GAPS = {
-    # GroupWeightRename (its later sources apply only once its first was seen in the load) is
-    # not reproduced: the vision tower keeps its saved names (fc0/fc1, norm0/norm1).
-    "kimi_k25": "GroupWeightRename",
     # its plan's only rule is lm_head, which a tied checkpoint lacks: refused as "none of its
     # rules matches" (the guard against another family's checkpoint).
     "lfm2": "none of its rules matches",
@@ -73,6 +70,7 @@ KNOWN_GAPS = {
     "hrm_text": "model type 'hrm_text'.*transformers converts this tensor at load",
     "kimi_linear": "model type 'kimi_linear'.*transformers converts this tensor at load",
     "minimax_m3_vl": "model type 'minimax_m3_vl'.*transformers converts this tensor at load",
+    "kimi_k25": "model type 'kimi_k25'.*transformers converts this tensor at load",  # its vision wqkv
 }
 # Where ckptd renames as transformers' loader does, but that loader maps a key to a name the
 # model lacks (5.17: deepseek_v4's "\.norm\." -> ".kv_norm." renames the final norm too,
@@ -171,8 +169,6 @@ class HfPlanDataTest(unittest.TestCase):
 
     def test_known_gaps_fail_loudly_where_they_fail(self):
         for mt, why in KNOWN_GAPS.items():
-            if why == "GroupWeightRename":
-                continue  # resolves, with the vision tower's saved names (kimi_k25)
             with self.subTest(model_type=mt):
                 ex = self.examples[mt]
                 tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
@@ -224,13 +220,30 @@ class HfPlanDataTest(unittest.TestCase):
         outs = plan.resolve([{"name": "x.y.x.y", "dtype": "F32", "shape": [2]}], 0, 1)
         self.assertEqual([o.name for o in outs], ["z.x.y"])
 
+    def test_a_group_rename_takes_one_branch_and_only_where_its_first_source_is(self):
+        # transformers' GroupWeightRename (kimi_k25): fc0 -> fc1 and fc1 -> fc2 in one pass, not
+        # chained; a checkpoint without fc0 is already in the new names and stays as it is.
+        entry = {"tp_plan": {}, "conversions": [{"kind": "GroupWeightRename",
+                                                 "source_patterns": ["blocks.(\\d+).fc0", "blocks.(\\d+).fc1"],
+                                                 "target_patterns": ["blocks.\\1.fc1", "blocks.\\1.fc2"]}]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        old = plan.resolve([{"name": n, "dtype": "F32", "shape": [2]} for n in ("blocks.0.fc0", "blocks.0.fc1")], 0, 1)
+        self.assertEqual(sorted(o.name for o in old), ["blocks.0.fc1", "blocks.0.fc2"])
+        new = plan.resolve([{"name": n, "dtype": "F32", "shape": [2]} for n in ("blocks.0.fc1", "blocks.0.fc2")], 0, 1)
+        self.assertEqual(sorted(o.name for o in new), ["blocks.0.fc1", "blocks.0.fc2"])
+
     def test_bad_renames_in_a_plan_file_are_errors(self):
         base = {"convention": "hf", "rules": [{"pattern": "^w$", "rule": "column"}]}
         for renames, why in (([{"search": "(", "to": "x"}], r"rename #0"),
                              ([{"search": "a", "to": "${2}"}], r"group 2"),
                              ([{"search": "a", "to": "b", "scope": 3}], r"a rename is"),
                              ([{"search": "a", "to": "b", "base_prefix": "model"}], r"a rename is"),
-                             ([{"search": "a", "to": "b", "extra": 1}], r"a rename is")):
+                             ([{"search": "a", "to": "b", "extra": 1}], r"a rename is"),
+                             ([{"search": ["a", "b"], "to": ["c"]}], r"a rename is"),
+                             ([{"search": ["a"], "to": "c"}], r"a rename is"),
+                             ([{"search": [], "to": []}], r"a rename is"),
+                             ([{"search": ["a", 3], "to": ["c", "d"]}], r"a rename is"),
+                             ([{"search": "a", "to": "b", "if_any": "("}], r"if_any")):
             with self.subTest(renames=renames):
                 with self.assertRaisesRegex(ckpt.InvalidArgument, why):
                     ckpt.plans.TpPlan.from_json(json.dumps(dict(base, renames=renames)))
