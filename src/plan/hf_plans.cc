@@ -135,11 +135,27 @@ class PlanWriter {
  private:
   std::string Where() const { return "model type '" + model_type_ + "' (" + source_ + ")"; }
 
+  // The plan for this config (ChooseTiedOrNot). A tied config's plan that shards only the
+  // output embedding (lfm2) has nothing to shard in a checkpoint, which holds that weight
+  // once, as the replicated input embedding: it is then the empty plan (all replicated).
+  Result<const json*> ChoosePlan() {
+    CKPT_ASSIGN_OR_RETURN(const json* plan, ChooseTiedOrNot());
+    const bool tie = config_.tie.value_or(entry_.value("tie_default", false));
+    const auto output_embedding = [](const std::string& k) {
+      return k == "lm_head" || (k.size() > 8 && k.compare(k.size() - 8, 8, ".lm_head") == 0);
+    };
+    bool only_output_embedding = tie && !plan->empty();
+    for (auto it = plan->begin(); it != plan->end(); ++it) only_output_embedding &= output_embedding(it.key());
+    if (!only_output_embedding) return plan;
+    adjusted_ = json::object();
+    return &adjusted_;
+  }
+
   // The plan transformers uses for this config: the tied one when the word embeddings are
   // tied. An entry with one plan (made for tie_default) gets transformers' tie rule
   // (configuration_utils, >= 5.15): a tied config adds "embed_tokens": "embedding_rowwise"
   // to its text model's plan, an untied one does not have it.
-  Result<const json*> ChoosePlan() {
+  Result<const json*> ChooseTiedOrNot() {
     if (!entry_.contains("tp_plan") || !entry_["tp_plan"].is_object())
       return InvalidArgument(Where() + ": the entry has no \"tp_plan\" object");
     const bool tie_default = entry_.value("tie_default", false);

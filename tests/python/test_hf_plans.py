@@ -56,9 +56,6 @@ def expected_dim(style, name, ndim):
 # does not map to the model's names; each fails loudly (see test_known_gaps_fail_loudly), or
 # follows transformers' own loader where that loader is wrong:
 KNOWN_GAPS = {
-    # its plan's only rule is lm_head, which a tied checkpoint lacks: refused as "none of its
-    # rules matches" (the guard against another family's checkpoint).
-    "lfm2": "none of its rules matches",
     # routed experts beside "zero" (identity) experts: the stack counts 260 tensors where the
     # config names 4 routed experts; refused naming the output.
     "longcat_flash": "stacks 260 experts",
