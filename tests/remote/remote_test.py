@@ -441,7 +441,7 @@ http {{
                 self.assertIn(cause, msg)
                 self.assertIn("s3://models/one.safetensors", msg)
                 self.assertLess(time.monotonic() - t, 30)
-        self.proxy_s3.set([None, "lie"])
+        self.proxy_s3.set(always="lie")
         msg = self.load(d, "s3://models/one.safetensors", ok=False)
         self.assertIn("disagrees with Content-Range", msg)
         self.proxy_s3.set()
@@ -506,9 +506,21 @@ class PausePoint:
         os.mkfifo(self.resume)
         return self
 
-    def wait_reached(self):
-        with open(self.reached, "rb") as f:  # blocks until the daemon opens it
-            f.read(1)
+    def wait_reached(self, timeout_s=60):
+        # Non-blocking, so a daemon that never gets there fails the test instead of hanging it.
+        fd = os.open(self.reached, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                try:
+                    if os.read(fd, 1):
+                        return
+                except BlockingIOError:
+                    pass
+                time.sleep(0.02)
+            raise AssertionError("the daemon never reached the pause point")
+        finally:
+            os.close(fd)
 
     def __exit__(self, *exc):
         # Disarm first (later passes do not stop), then let the stopped thread go on: it
