@@ -22,8 +22,11 @@ using protocol::DaemonConnection;
 
 namespace {
 
+// A relative path made absolute against the working directory; a URL ("scheme://...", a
+// remote source the daemon fetches, docs/remote-sources.md) is passed on as it is.
 Result<std::string> Absolute(const std::string& path) {
   if (path.empty() || path[0] == '/') return path;
+  if (const size_t sep = path.find("://"); sep != std::string::npos && sep > 0 && path.find('/') == sep + 1) return path;
   char cwd[4096];
   if (::getcwd(cwd, sizeof(cwd)) == nullptr) return ErrnoError("getcwd", errno);
   return std::string(cwd) + "/" + path;

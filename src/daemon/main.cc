@@ -15,6 +15,7 @@
 
 #include "ckpt/byte_size.h"
 #include "daemon/server.h"
+#include "remote/remote_url.h"
 #include "daemon/service_checks.h"
 
 namespace {
@@ -42,6 +43,7 @@ struct CommandLine {
   std::string memory_budget;
   std::string shm_bytes_per_uid;
   std::string metrics_file_mode = "0644";
+  std::string remote_chunk = "8MiB";
 };
 
 // The options of the socket, the segments, the loads and the connections.
@@ -124,11 +126,43 @@ void AddLimitOptions(CLI::App& app, CommandLine& cl) {
                  "group of the metrics file (default: the daemon's; ckptd must be a member)");
 }
 
+// The options of remote sources (docs/remote-sources.md). Credentials are not options:
+// the daemon's environment, its shared files and systemd credentials.
+void AddRemoteOptions(CLI::App& app, CommandLine& cl) {
+  ckpt::remote::RemoteOptions& r = cl.options.remote;
+  app.add_option("--remote-allow", r.allow,
+                 "remote source prefix loads may fetch, e.g. s3://bucket/models/ or https://mirror.example/ "
+                 "(repeatable; default: none, remote loads refused)");
+  app.add_option("--remote-endpoint", r.s3_endpoint,
+                 "S3 endpoint URL, e.g. http://127.0.0.1:9000 (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, "
+                 "the profile's endpoint_url, else AWS)");
+  app.add_option("--remote-region", r.region, "S3 region (default: $AWS_REGION, $AWS_DEFAULT_REGION, the profile's, us-east-1)");
+  app.add_flag("--remote-path-style", r.path_style, "S3 path-style requests (endpoint/bucket/key), for S3-compatible servers");
+  app.add_option("--remote-credentials-file", r.credentials_file,
+                 "AWS shared credentials file (default: $AWS_SHARED_CREDENTIALS_FILE, else ~/.aws/credentials)");
+  app.add_option("--remote-config-file", r.config_file, "AWS config file (default: $AWS_CONFIG_FILE, else ~/.aws/config)");
+  app.add_option("--remote-profile", r.profile, "AWS profile (default: $AWS_PROFILE, else default)");
+  app.add_option("--remote-ca-file", r.ca_file,
+                 "CA bundle for TLS to remote sources (default: $AWS_CA_BUNDLE, $CURL_CA_BUNDLE, else the system's)");
+  app.add_option("--remote-connections", r.connections, "ranged GETs in flight per remote load")->capture_default_str();
+  app.add_option("--remote-threads", r.threads, "threads driving a remote load's transfers")->capture_default_str();
+  app.add_option("--remote-chunk", cl.remote_chunk, "longest ranged GET, e.g. 8MiB (at least 1MiB)")->capture_default_str();
+  app.add_option("--remote-attempts", r.max_attempts, "tries of one range before the load fails")->capture_default_str();
+  app.add_option("--remote-retry-base", r.retry_base_s, "seconds before the first retry (doubling after)")->capture_default_str();
+  app.add_option("--remote-retry-max", r.retry_max_s, "longest pause between retries, seconds")->capture_default_str();
+  app.add_option("--remote-timeout", r.timeout_s, "seconds after which a remote load starts no more retries")
+      ->capture_default_str();
+  app.add_option("--remote-connect-timeout", r.connect_timeout_s, "seconds to connect")->capture_default_str();
+  app.add_option("--remote-stall-timeout", r.stall_timeout_s,
+                 "seconds a transfer may stay below 1 KiB/s before it is cut and retried")->capture_default_str();
+}
+
 // Parses argv and the configuration file into `cl`; an exit status when ckptd must stop
 // here (--help, --version exit inside; a configuration error is reported: ReportConfigError).
 std::optional<int> ParseCommandLine(CLI::App& app, CommandLine& cl, int argc, char** argv) {
   AddServiceOptions(app, cl);
   AddLimitOptions(app, cl);
+  AddRemoteOptions(app, cl);
   app.set_config("--config", DefaultConfigPath(),
                  "configuration file (TOML/INI: key = value with the long option names); "
                  "command-line flags win over it (default: $CKPTD_CONFIG, else " CKPTD_DEFAULT_CONFIG ")");
@@ -180,6 +214,19 @@ std::optional<int> ApplyCommandLine(CommandLine& cl) {
   auto per_uid = ParseBytes(cl.shm_bytes_per_uid);
   if (!per_uid.ok()) return ckpt::daemon::ReportConfigError("max-shm-bytes-per-uid: " + per_uid.status().message());
   cl.options.max_shm_bytes_per_uid = cl.shm_bytes_per_uid.empty() ? cl.options.memory_budget_bytes / 2 : *per_uid;
+  auto chunk = ParseBytes(cl.remote_chunk);
+  if (!chunk.ok() || *chunk < (1u << 20)) {
+    return ckpt::daemon::ReportConfigError("remote-chunk: " + (chunk.ok() ? std::string("less than 1MiB") : chunk.status().message()));
+  }
+  cl.options.remote.chunk_bytes = *chunk;
+  if (cl.options.remote.connections < 1 || cl.options.remote.threads < 1 || cl.options.remote.max_attempts < 1) {
+    return ckpt::daemon::ReportConfigError("remote-connections, remote-threads and remote-attempts must be at least 1");
+  }
+  for (const std::string& prefix : cl.options.remote.allow) {
+    if (prefix.empty()) return ckpt::daemon::ReportConfigError("remote-allow: an empty prefix");
+    auto url = ckpt::remote::ParseRemoteUrl(prefix.back() == '/' ? prefix + "x" : prefix);
+    if (!url.ok()) return ckpt::daemon::ReportConfigError("remote-allow " + prefix + ": " + url.status().message());
+  }
   if (ckpt::Status checked = ckpt::daemon::CheckServiceConfig(cl.options); !checked.ok()) {
     return ckpt::daemon::ReportConfigError(checked.message());
   }

@@ -14,6 +14,9 @@
 #include "loader/checkpoint_loader.h"
 #include "protocol/messages.h"
 #include "protocol/wire.h"
+#include "remote/http_reader.h"
+#include "remote/remote_plan.h"
+#include "remote/remote_url.h"
 #include "shm/segment_name.h"
 #include "common/checked_math.h"
 #include "common/hex.h"
@@ -23,14 +26,28 @@ namespace ckpt::daemon {
 
 namespace {
 
-// The name a load or ensure of `path` publishes under (`name`, else the file's), once
-// `path` is absolute and the name valid; InvalidArgument otherwise.
+// The name a load or ensure of `path` publishes under (`name`, else the file's or the
+// remote source's), once `path` is absolute or a URL ckptd fetches and the name valid;
+// InvalidArgument (Unsupported for another scheme) otherwise.
 Result<std::string> NameOfLoad(const std::string& path, const std::string& name) {
+  if (remote::LooksRemote(path)) {
+    CKPT_ASSIGN_OR_RETURN(const remote::RemoteUrl url, remote::ParseRemoteUrl(path));
+    std::string chosen = name.empty() ? SanitizedCheckpointName(remote::DefaultRemoteName(url)) : name;
+    CKPT_RETURN_IF_ERROR(ValidateCheckpointName(chosen));
+    return chosen;
+  }
   if (path.empty() || path[0] != '/') return InvalidArgument("path must be absolute: '" + path.substr(0, 4096) + "'");
   std::string chosen = name.empty() ? DefaultCheckpointName(path) : name;
   CKPT_RETURN_IF_ERROR(ValidateCheckpointName(chosen));
   return chosen;
 }
+
+// A load's plan and, for a remote source, its objects and the client that fetches them.
+struct Planned {
+  format::LoadPlan plan;
+  std::vector<remote::RemoteFile> remote_files;         // parallel to plan.files
+  std::shared_ptr<const remote::RemoteClient> client;  // null: local files
+};
 
 // Watches a load's connection from the loader's progress ticks: sends progress events
 // (if asked) and reads what the client sends meanwhile. A cancel frame, a hang-up, a
@@ -107,15 +124,22 @@ class ConnectionWatch {
 };
 
 // The identity of every file a plan reads (device, inode, size, mtime and ctime, in plan
-// order) and the name and bytes of every side file it keeps, hashed with XXH3-64: 16 hex
+// order; for a remote source each object's URL, size and ETag, or Last-Modified without
+// one) and the name and bytes of every side file it keeps, hashed with XXH3-64: 16 hex
 // characters. A write to a file changes its mtime and ctime (ctime cannot be set back from
-// user space), a replace by rename changes its inode: each gives another fingerprint.
-std::string SourceFingerprint(const format::LoadPlan& plan) {
+// user space), a replace by rename changes its inode, a replaced object its ETag: each
+// gives another fingerprint.
+std::string SourceFingerprint(const Planned& planned) {
+  const format::LoadPlan& plan = planned.plan;
   std::string text;
-  for (const auto& file : plan.files) {
-    const FileIdentity& id = file->identity;
-    text += "f " + std::to_string(id.dev) + " " + std::to_string(id.ino) + " " + std::to_string(id.size) + " " +
-            std::to_string(id.mtime_ns) + " " + std::to_string(id.ctime_ns) + "\n";
+  if (planned.client) {
+    for (const auto& f : planned.remote_files) text += "r " + f.ref.display + " " + f.identity.Fingerprint() + "\n";
+  } else {
+    for (const auto& file : plan.files) {
+      const FileIdentity& id = file->identity;
+      text += "f " + std::to_string(id.dev) + " " + std::to_string(id.ino) + " " + std::to_string(id.size) + " " +
+              std::to_string(id.mtime_ns) + " " + std::to_string(id.ctime_ns) + "\n";
+    }
   }
   for (const auto& side : plan.side_files) {
     text += "s " + std::to_string(side.name.size()) + " " + side.name + " " + std::to_string(side.bytes.size()) +
@@ -124,31 +148,67 @@ std::string SourceFingerprint(const format::LoadPlan& plan) {
   return Hex64(XXH3_64bits(text.data(), text.size()));
 }
 
-// Opens the checkpoint at `path` (beneath a model root, no links followed) and plans its
-// load; checks the expansion unless allowed. Reads headers only.
-Result<format::LoadPlan> OpenAndPlan(const DaemonContext& ctx, const std::string& path, const std::string& name,
-                                     bool allow_expansion) {
-  // The file (or folder) is opened once here, beneath a model root without following any
-  // link; the plan and the loader read only through these descriptors.
-  auto location = ctx.roots->Open(path);
-  if (!location.ok()) {
-    spdlog::warn("load of '{}' from {} refused: {}", name, path, location.status().ToString());
-    return location.status();
+// Plans the remote source `path` (a URL; NameOfLoad parsed it): refused unless it is
+// beneath a --remote-allow prefix; the daemon's own credentials (RemoteClient::Create).
+// Fetches headers, an index and side files only.
+Result<Planned> PlanRemote(const DaemonContext& ctx, const std::string& path) {
+  const remote::RemoteOptions& ro = ctx.options->remote;
+  CKPT_ASSIGN_OR_RETURN(const remote::RemoteUrl url, remote::ParseRemoteUrl(path));
+  if (ro.allow.empty()) {
+    return PermissionDenied("remote sources are disabled on this daemon: it allows none (ckptd --remote-allow "
+                            "PREFIX; docs/remote-sources.md), so " + path + " is not fetched");
   }
-  auto plan = format::PlanCheckpoint(*location);
-  if (!plan.ok()) {
-    spdlog::warn("load of '{}' refused: {}", name, plan.status().ToString());
-    return plan.status();
+  if (!remote::RemoteAllowed(path, ro.allow)) {
+    return PermissionDenied(path + " is not beneath any --remote-allow prefix of this daemon");
   }
-  for (const std::string& note : plan->notes) spdlog::warn("load of '{}': {}", name, note);
+  CKPT_ASSIGN_OR_RETURN(auto client, remote::RemoteClient::Create(ro));
+  spdlog::debug("planning {} ({})", path, client->Describe());
+  auto allowed = [&ro](const std::string& member) { return remote::RemoteAllowed(member, ro.allow); };
+  CKPT_ASSIGN_OR_RETURN(remote::RemotePlan rp, remote::PlanRemoteCheckpoint(url, client, allowed));
+  Planned out;
+  out.plan = std::move(rp.plan);
+  out.remote_files = std::move(rp.files);
+  out.client = std::move(rp.client);
+  return out;
+}
+
+// Opens the checkpoint at `path` (beneath a model root, no links followed; or a remote
+// source, see PlanRemote) and plans its load; checks the expansion unless allowed. Reads
+// headers only.
+Result<Planned> OpenAndPlan(const DaemonContext& ctx, const std::string& path, const std::string& name,
+                            bool allow_expansion) {
+  Planned planned;
+  if (remote::LooksRemote(path)) {
+    auto remote_plan = PlanRemote(ctx, path);
+    if (!remote_plan.ok()) {
+      spdlog::warn("load of '{}' from {} refused: {}", name, path, remote_plan.status().ToString());
+      return remote_plan.status();
+    }
+    planned = std::move(*remote_plan);
+  } else {
+    // The file (or folder) is opened once here, beneath a model root without following any
+    // link; the plan and the loader read only through these descriptors.
+    auto location = ctx.roots->Open(path);
+    if (!location.ok()) {
+      spdlog::warn("load of '{}' from {} refused: {}", name, path, location.status().ToString());
+      return location.status();
+    }
+    auto plan = format::PlanCheckpoint(*location);
+    if (!plan.ok()) {
+      spdlog::warn("load of '{}' refused: {}", name, plan.status().ToString());
+      return plan.status();
+    }
+    planned.plan = std::move(*plan);
+  }
+  for (const std::string& note : planned.plan.notes) spdlog::warn("load of '{}': {}", name, note);
   if (!allow_expansion) {
-    Status expansion = format::CheckExpansion(*plan, ctx.options->max_expansion);
+    Status expansion = format::CheckExpansion(planned.plan, ctx.options->max_expansion);
     if (!expansion.ok()) {
       spdlog::warn("load of '{}' refused: {}", name, expansion.ToString());
       return expansion;
     }
   }
-  return plan;
+  return planned;
 }
 
 // What the segment for `plan` may take at most: the tensor bytes plus a header, an aligned
@@ -164,14 +224,15 @@ Result<uint64_t> SegmentEstimate(const DaemonContext& ctx, const format::LoadPla
 // The catalog entry of a loaded segment (its tensors moved out of `loaded`; the segment's
 // identity not yet recorded).
 CatalogEntry LoadedEntry(const std::string& name, uint64_t generation, const std::string& path,
-                         const format::LoadPlan& plan, loader::LoadedSegment& loaded) {
+                         const Planned& planned, loader::LoadedSegment& loaded) {
+  const format::LoadPlan& plan = planned.plan;
   CatalogEntry entry;
   entry.name = name;
   entry.generation = generation;
   entry.shm_name = loaded.file_name;
   entry.segment_id = shm::SegmentIdHex(loaded.segment_id);
   entry.source_path = path;
-  entry.source_fingerprint = SourceFingerprint(plan);
+  entry.source_fingerprint = SourceFingerprint(planned);
   entry.format = plan.format;
   entry.segment_bytes = loaded.segment_bytes;
   entry.data_bytes = loaded.data_bytes;
@@ -205,8 +266,9 @@ void LogLoaded(const DaemonContext& ctx, const std::string& name, uint64_t gener
 // returns OK. With `shared` (an ensure's runner), each tick's progress is posted there for
 // the callers waiting on it.
 Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Owner& actor, const std::string& path,
-                                              const std::string& name, bool replace, const format::LoadPlan& plan,
+                                              const std::string& name, bool replace, const Planned& planned,
                                               ConnectionWatch* watch, SharedLoad* shared = nullptr) {
+  const format::LoadPlan& plan = planned.plan;
   CKPT_ASSIGN_OR_RETURN(const uint64_t estimate, SegmentEstimate(ctx, plan));
   std::vector<std::string> evicted;
   CKPT_ASSIGN_OR_RETURN(uint64_t generation, ctx.catalog->BeginLoad(name, replace, estimate, actor, &evicted));
@@ -237,6 +299,21 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
     if (shared) shared->SetProgress(done, total);
     watch->Tick(done, total);
   };
+  if (planned.client) {
+    // The same load, its reads made by ranged GETs straight into the segment.
+    const remote::RemoteOptions& ro = ctx.options->remote;
+    load_options.threads = ro.threads;
+    load_options.queue_depth = std::max(1, (ro.connections + ro.threads - 1) / ro.threads);
+    load_options.chunk_bytes = ro.chunk_bytes;
+    load_options.direct_io = loader::DirectIo::kNever;
+    load_options.make_reader = [&planned](const loader::ReaderOptions& options)
+        -> Result<std::unique_ptr<loader::FileReader>> {
+      CKPT_ASSIGN_OR_RETURN(auto reader, remote::HttpReader::Create(planned.client, planned.remote_files, options));
+      return std::unique_ptr<loader::FileReader>(std::move(reader));
+    };
+    spdlog::info("fetching '{}' from {}: {} objects, {} bytes ({})", name, path, planned.remote_files.size(),
+                 plan.TotalBytes(), planned.client->Describe());
+  }
   auto loaded = loader::LoadIntoSegment(plan, spec, load_options);
   if (!loaded.ok()) {
     ++ctx.counters->load_failures;
@@ -252,7 +329,7 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
     return Cancelled("load of '" + name + "' cancelled before it was published");
   }
 
-  CatalogEntry entry = LoadedEntry(name, generation, path, plan, *loaded);
+  CatalogEntry entry = LoadedEntry(name, generation, path, planned, *loaded);
   if (Status identified = RecordSegmentIdentity(loaded->fd.get(), &entry); !identified.ok()) {
     (void)ctx.segments->Remove(loaded->file_name);
     return identified;
@@ -293,7 +370,7 @@ namespace {
 // connection is tied to it, every caller (the first one too) waits for it with
 // WaitForSharedLoad and may withdraw at any time; it is cancelled once none is left.
 Status StartSharedLoad(const DaemonContext& ctx, const Owner& actor, const std::string& path, const std::string& name,
-                       bool replace, format::LoadPlan plan, const std::shared_ptr<SharedLoad>& shared) {
+                       bool replace, Planned plan, const std::shared_ptr<SharedLoad>& shared) {
   auto body = [ctx, actor, path, name, replace, plan = std::move(plan), shared] {
     const Caller no_connection;  // fd -1: only the stopping flag and the shared flag count
     LoadWatch unused;
@@ -353,7 +430,7 @@ Result<protocol::EnsureResponse> Ensure(const DaemonContext& ctx, const Caller& 
   for (int attempt = 0; attempt < 100; ++attempt) {
     // The files as they are now: opened and planned (headers only), for the fingerprint
     // and, if this call runs the load, for the load itself.
-    CKPT_ASSIGN_OR_RETURN(format::LoadPlan plan, OpenAndPlan(ctx, request.path, name, request.allow_expansion));
+    CKPT_ASSIGN_OR_RETURN(Planned plan, OpenAndPlan(ctx, request.path, name, request.allow_expansion));
     const std::string fingerprint = SourceFingerprint(plan);
     bool replace = false;
     Status refused;

@@ -61,6 +61,10 @@ std::string DefaultCheckpointName(const std::string& path) {
   }
   if (auto slash = base.rfind('/'); slash != std::string::npos) base = base.substr(slash + 1);
   if (auto dot = base.rfind('.'); !folder && dot != std::string::npos && dot > 0) base = base.substr(0, dot);
+  return SanitizedCheckpointName(base);
+}
+
+std::string SanitizedCheckpointName(std::string base) {
   for (char& c : base) {
     if (!NameChar(c)) c = '_';
   }

@@ -27,6 +27,9 @@ inline constexpr size_t kMaxRendezvousHexChars = 8192;
 // model.safetensors, pytorch_model.bin), with characters outside the allowed set
 // replaced by '_' and leading characters other than letters and digits dropped.
 std::string DefaultCheckpointName(const std::string& path);
+// `base` made a valid name the way DefaultCheckpointName does (other characters become
+// '_', leading non-alphanumerics dropped, at most 100 bytes, "checkpoint" if empty).
+std::string SanitizedCheckpointName(std::string base);
 
 // OK if `role` may run `op`, which needs `needed` (the table of operations in
 // daemon/request_handler.cc says which); else PermissionDenied naming the role needed and

@@ -22,6 +22,7 @@
 #include "daemon/rendezvous_table.h"
 #include "daemon/ensure_table.h"
 #include "daemon/write_sessions.h"
+#include "remote/remote_options.h"
 #include "shm/segment_directory.h"
 
 namespace ckpt::daemon {
@@ -58,6 +59,9 @@ struct ServerOptions {
   int metrics_interval_s = 15;
   uint32_t metrics_file_mode = 0644;     // readable by a node-exporter textfile collector
   std::string metrics_file_group;        // group of the metrics file; empty: the daemon's
+  // Remote sources (s3://, https://): disabled unless remote.allow names prefixes
+  // (docs/remote-sources.md). Credentials are not here: the daemon's environment and files.
+  remote::RemoteOptions remote;
 };
 
 // Counters for metrics, updated by request handlers.

@@ -262,7 +262,8 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   reader_options.queue_depth = options.queue_depth;
   reader_options.chunk_bytes = (std::max<uint64_t>(options.chunk_bytes, 1 << 20) + 4095) / 4096 * 4096;
   reader_options.cancel = options.cancel;
-  CKPT_ASSIGN_OR_RETURN(auto reader, FileReader::Create(options.engine, reader_options));
+  CKPT_ASSIGN_OR_RETURN(auto reader, options.make_reader ? options.make_reader(reader_options)
+                                                         : FileReader::Create(options.engine, reader_options));
   CKPT_ASSIGN_OR_RETURN(const std::vector<SourceFile> files, OpenSourceFiles(plan, options.direct_io));
   // Before reading (the plan was parsed from these descriptors; nothing may have moved
   // since) and again after the last read.
@@ -324,7 +325,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   LoadedSegment out = Loaded(*writer, std::move(spec), checksums);
   out.data_bytes = total;
   out.seconds = seconds;
-  out.io_summary = DescribeIo(files, *reader);
+  out.io_summary = options.make_reader ? reader->Describe() : DescribeIo(files, *reader);
   return out;
 }
 

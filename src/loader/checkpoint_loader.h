@@ -39,6 +39,10 @@ struct LoadOptions {
   std::function<void(uint64_t, uint64_t)> progress;
   // Set by another thread to abandon the load (returns kFailedPrecondition "cancelled").
   const std::atomic<bool>* cancel = nullptr;
+  // Another engine for the reads (remote sources: remote/http_reader.h), made with the
+  // reader options the loader derived (threads, queue_depth, chunk_bytes, cancel); empty:
+  // FileReader::Create(engine). Its engine executes the same ops into the same segment.
+  std::function<Result<std::unique_ptr<FileReader>>(const ReaderOptions&)> make_reader;
 };
 
 struct LoadedSegment {

@@ -22,6 +22,7 @@ import tempfile
 # Each layer and the layers directly beneath it (DESIGN.md, "Layers"):
 #   common < shm < format ; common < protocol ; format, protocol, shm < plan
 #   < loader, client, cuda < gpu_plugin (the plugin wraps the engine; not the client)
+#   loader < remote (remote sources: the HttpReader engine of the loader) < daemon
 #   < daemon, ctl, python, torch
 # shm sits below format inside their tier: the parsers check their limits against the
 # segment format (shm/segment_format.h).
@@ -35,7 +36,8 @@ MAY_INCLUDE = {
     "client": ["plan"],
     "cuda": ["plan"],
     "gpu_plugin": ["cuda"],
-    "daemon": ["loader", "client", "cuda"],
+    "remote": ["loader"],
+    "daemon": ["loader", "client", "cuda", "remote"],
     "ctl": ["loader", "client", "cuda"],
     "python": ["loader", "client", "cuda"],
     "torch": ["loader", "client", "cuda"],
