@@ -48,8 +48,8 @@ TEST(ResolveGroupTest, DigitsThatNameNoGroupAreAGid) {
 TEST(ResolveGroupTest, PolicyTakesANumericReaderGroup) {
   auto p = AccessPolicy::Create("", "61237", "");
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  EXPECT_EQ((*p)->RoleOf(PeerCredentials{0, 61236, 61237}), Role::kReader);
-  EXPECT_EQ((*p)->RoleOf(PeerCredentials{0, 61238, 61239}), Role::kNone);
+  EXPECT_EQ((*p)->RoleOf(PeerCredentials{0, 61236, 61237, {}}), Role::kReader);
+  EXPECT_EQ((*p)->RoleOf(PeerCredentials{0, 61238, 61239, {}}), Role::kNone);
 }
 
 TEST(ResolveGroupTest, SupplementaryGroupsTheKernelReportsCount) {
