@@ -45,6 +45,8 @@ cleanup() {
     tail -n 20 "$work/ckptd.log" >&2
   fi
   rm -rf "$work"
+  # A daemon that crashed could not clean up its segment directory (--cleanup-on-exit).
+  rm -rf /dev/shm/"ckptctr$$".*
 }
 trap cleanup EXIT
 chmod 0755 "$work"
