@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ckpt/status.h"
 
@@ -27,16 +28,25 @@ struct PeerCredentials {
   int32_t pid = 0;  // 0 if unknown (another pid namespace)
   uint32_t uid = 0;
   uint32_t gid = 0;
+  // The peer's supplementary groups as the kernel reports them (SO_PEERGROUPS, taken when
+  // it connected, in the daemon's user namespace); empty if the kernel cannot say. A
+  // container's groups (a pod's supplementalGroups) that the daemon's group database does
+  // not list count through these.
+  std::vector<uint32_t> groups;
 };
 
 // Ordered: each role may do what the ones below it may.
 enum class Role { kNone = 0, kReader = 1, kWriter = 2, kAdmin = 3 };
 
-// The peer of connected socket `fd` (SO_PEERCRED). IoError if the kernel refuses.
+// The peer of connected socket `fd` (SO_PEERCRED, and SO_PEERGROUPS where the kernel has
+// it: Linux 4.13+). IoError if the kernel refuses SO_PEERCRED or fails SO_PEERGROUPS for a
+// reason other than not knowing it.
 Result<PeerCredentials> PeerOf(int fd);
 
-// The gid of group `name`; nullopt for an empty name; NotFound for a group that does not
-// exist. Thread-safe (getgrnam_r).
+// The gid of group `name`; nullopt for an empty name. A name that no group has and that is
+// all digits is taken as that numeric gid (as chown does; a name wins over digits);
+// InvalidArgument for digits at or above (gid_t)-1; NotFound for any other group that does
+// not exist. Thread-safe (getgrnam_r).
 Result<std::optional<gid_t>> ResolveGroup(const std::string& name);
 
 class AccessPolicy {

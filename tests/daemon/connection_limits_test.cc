@@ -6,7 +6,7 @@
 namespace ckpt::daemon {
 namespace {
 
-PeerCredentials Uid(uint32_t uid) { return PeerCredentials{1, uid, uid}; }
+PeerCredentials Uid(uint32_t uid) { return PeerCredentials{1, uid, uid, {}}; }
 
 TEST(ConnectionLimitsTest, NoRoleNeverGetsASlot) {
   ConnectionLimits limits({4, 4, 2});
