@@ -311,6 +311,9 @@ def summarize_logits(rows):
     model_diff = [d for r in rows for d in r.get("model_diff", [])]
     if model_diff:
         text += f"; model tensors differ: {'; '.join(model_diff[:NAMES_SHOWN])}"
+    layout = [d for r in rows for d in r.get("layout_diff", [])]
+    if layout and not all(r["logits_equal"] for r in rows):
+        text += f"; unlike transformers' model: {'; '.join(layout[:NAMES_SHOWN])}"
     return text + ("" if fills == ["ckpt"] else f" (fill={','.join(fills)})")
 
 
@@ -466,6 +469,32 @@ def compare(ours, ref_model):
     return diffs
 
 
+def kind(t):
+    """A parameter's kind as the TP forward sees it: a DTensor's placements, or a plain tensor."""
+    if hasattr(t, "placements"):
+        return "DTensor(" + ",".join(str(p) for p in t.placements) + ")"
+    return "Tensor"
+
+
+def layout_diff(model, ref_model):
+    """Where `model` is laid out unlike transformers' own: parameters and buffers of another
+    kind (DTensor or not), tied groups it lacks, modules with another number of TP hooks."""
+    def layout(m):
+        kinds, owners = {}, {}
+        for n, t in list(m.named_parameters(remove_duplicate=False)) + list(m.named_buffers(remove_duplicate=False)):
+            kinds[n] = kind(t)
+            owners.setdefault(id(t), []).append(n)
+        tied = {n: tuple(sorted(g)) for g in owners.values() if len(g) > 1 for n in g}
+        hooks = {n: (len(x._forward_pre_hooks), len(x._forward_hooks)) for n, x in m.named_modules()}
+        return kinds, tied, hooks
+    (k1, t1, h1), (k2, t2, h2) = layout(model), layout(ref_model)
+    out = [f"{n} is {k1[n]}, transformers' {k2[n]}" for n in k2 if n in k1 and k1[n] != k2[n]]
+    out += [f"{n} tied with {t2[n]} there, with {t1.get(n, 'nothing')} here" for n in t2 if t1.get(n) != t2[n]]
+    out += [f"module {n or '(root)'} has (pre, post) hooks {h1[n]}, transformers' {h2[n]}"
+            for n in h2 if n in h1 and h1[n] != h2[n]]
+    return out
+
+
 def output_of(model, ids):
     """The model's logits for `ids`, or its last hidden state where it has no LM head."""
     out = model(input_ids=ids)
@@ -531,6 +560,7 @@ def worker(args):
                     row["logits_error"] = f"transformers' own forward: {first_line(e)}"
                     traceback.print_exc()
             if want is not None:
+                model = None
                 try:
                     model = ckpt.transformers.load_model(f"hf-{fam}", rank=rank, world=world, device=device,
                                                          client=client, config=config)
@@ -540,10 +570,16 @@ def worker(args):
                         got = output_of(model, ids)
                     row["logits_equal"] = bool(torch.equal(got, want))
                     row["logits_max_diff"] = float((got.float() - want.float()).abs().max().item())
-                    del model
+                    if not row["logits_equal"]:
+                        row["layout_diff"] = layout_diff(model, ref)[:8]
                 except Exception as e:
                     row["logits_error"] = f"load_model: {first_line(e)}"
+                    if model is not None:
+                        unlike = layout_diff(model, ref)
+                        if unlike:
+                            row["logits_error"] += f" (unlike transformers' model: {'; '.join(unlike[:4])})"
                     traceback.print_exc()
+                del model
         row["seconds"] = round(time.time() - t0, 2)
         print(f"=== {fam} rank {rank}: {json.dumps({k: v for k, v in row.items() if k != 'tensors_diff'})}"
               + (f"\n    differences: {row['tensors_diff'][:10]}" if row.get("tensors_diff") else ""), flush=True)

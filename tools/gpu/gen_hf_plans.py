@@ -16,7 +16,11 @@ dtypes, shapes; for tests/python/test_hf_plans.py). Needs transformers: run on t
 machine (tools/gpu/run_checks.sh's python3).
 
   python3 tools/gpu/gen_hf_plans.py --out src/plan/hf_tp_plans.json \\
-      --examples tests/python/data/hf_family_examples.json [--types llama,qwen2]
+      --examples tests/python/data/hf_family_examples.json [--types llama,qwen2] [--update]
+
+--update keeps the other model types of the existing --out and --examples (written by the
+same transformers version) and replaces only those of --types: their rows of
+`carried_from_earlier_run` (types a cut run did not reach, kept from an earlier one) go.
 """
 import argparse
 import datetime
@@ -146,13 +150,29 @@ def has_plan_class(config_cls, model_cls):
     return bool(getattr(config_cls, "sub_configs", None))
 
 
-def write(args, families, examples, skipped, versions):
+def earlier(args, transformers_version):
+    """(families, examples, skipped, carried) of the existing --out and --examples for --update;
+    refused when another transformers version wrote them (one file, one version)."""
+    with open(args.out) as f:
+        doc = json.load(f)
+    if doc.get("transformers") != transformers_version:
+        sys.exit(f"--update: {args.out} is of transformers {doc.get('transformers')}, this is {transformers_version}")
+    examples = {}
+    if args.examples and os.path.exists(args.examples):
+        with open(args.examples) as f:
+            examples = json.load(f).get("families", {})
+    return doc["families"], examples, doc.get("without_plan", {}), doc.get("carried_from_earlier_run", [])
+
+
+def write(args, families, examples, skipped, versions, carried=()):
     """Writes --out and --examples (again after every few model types: a cut run keeps them)."""
     transformers_version, torch_version = versions
     doc = {"format": FORMAT, "transformers": transformers_version, "torch": torch_version,
            "generated": f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}",
-           "generated_by": "tools/gpu/gen_hf_plans.py", "families": families,
+           "generated_by": "tools/gpu/gen_hf_plans.py", "families": dict(sorted(families.items())),
            "without_plan": dict(sorted(skipped.items()))}
+    if carried:
+        doc["carried_from_earlier_run"] = sorted(carried)
     with open(args.out + ".tmp", "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
@@ -183,6 +203,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--examples")
     ap.add_argument("--types", default="", help="comma-separated model types (default: all)")
+    ap.add_argument("--update", action="store_true", help="replace only --types in the existing files")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--deadline", type=float, default=0, help="seconds: write what is done by then and stop")
     ap.add_argument("--type-timeout", type=float, default=120, help="seconds one model type may take")
@@ -192,12 +213,17 @@ def main():
     t0 = time.time()
     versions = (transformers.__version__, torch.__version__.split("+")[0])
     types = [t for t in args.types.split(",") if t] or sorted(transformers.CONFIG_MAPPING.keys())
-    families, examples, skipped = {}, {}, {}
+    families, examples, skipped, carried = {}, {}, {}, []
+    if args.update:
+        families, examples, skipped, carried = earlier(args, versions[0])
     deadline = t0 + args.deadline if args.deadline else float("inf")
     def failed(mt, why):
         return mt, {"error": f"not described: {why}"}, None
     runs = forked.forked(types, one, args.jobs, deadline, args.type_timeout, failed)
     for done, (_, (mt, entry, example)) in enumerate(runs):
+        for table in (families, examples, skipped):
+            table.pop(mt, None)
+        carried = [t for t in carried if t != mt]
         if entry.get("tp_plan"):
             families[mt] = entry
             if example:
@@ -209,8 +235,8 @@ def main():
         print(f"{mt}: {'plan' if entry.get('tp_plan') else 'skip'} {entry.get('model_class', '')} "
               f"{len(entry.get('tp_plan') or {})} rules" + (f" ({problems})" if problems else ""), flush=True)
         if done % 25 == 24:  # a cut run keeps what it has
-            write(args, dict(sorted(families.items())), examples, skipped, versions)
-    write(args, dict(sorted(families.items())), examples, skipped, versions)
+            write(args, families, examples, skipped, versions, carried)
+    write(args, families, examples, skipped, versions, carried)
     print(f"{len(families)} model types with a plan, {len(examples)} examples, {len(skipped)} without; "
           f"transformers {transformers.__version__}; {time.time() - t0:.0f} s", flush=True)
 

@@ -11,6 +11,7 @@
 #   neo27     tools/gpu/check_gpt_neo.py, 2.7B shape
 #   pycoll    tools/gpu/check_collective.py (issue 7 from Python; after neo)
 #   huge      tools/gpu/huge_pages.sh (issue 4: the segment on 4 KiB vs huge pages)
+#   gen       tools/gpu/gen_hf_plans.py (issue 25: the plan data; GEN_TYPES=a,b updates only those), rebuilt
 #   hf        tools/gpu/check_hf_families.py (issue 16: every family's "hf" shards and load_model
 #             logits against transformers; table in OUT_DIR/hf_families.md; HF_WORLDS="2 4")
 #   benchlm   tools/gpu/bench_load_model.py, 2.7B shape (issue 16: load_model vs engine vs
@@ -108,6 +109,17 @@ for step in $steps; do
   huge)
     log "huge pages experiment"
     tools/gpu/huge_pages.sh "${HUGE_REPS:-2}" > "$out/huge_pages.log" 2>&1; log "rc=$?" ;;
+  gen)
+    # tools/gpu/gen_hf_plans.py: the plan data from this machine's transformers (all model
+    # types, or --update of GEN_TYPES=a,b), copied to OUT_DIR, then built in (the hf step after
+    # it checks the new data).
+    log "plan data from transformers ${GEN_TYPES:+(update of $GEN_TYPES)}"
+    python3 tools/gpu/gen_hf_plans.py --out src/plan/hf_tp_plans.json --examples tests/python/data/hf_family_examples.json \
+      ${GEN_TYPES:+--types "$GEN_TYPES" --update} ${GEN_DEADLINE:+--deadline "$GEN_DEADLINE"} > "$out/gen_hf_plans.log" 2>&1
+    log "rc=$?"
+    cp src/plan/hf_tp_plans.json tests/python/data/hf_family_examples.json "$out/"
+    cmake --build build-gpu -j "$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> "$out/build.log" 2>&1
+    log "rebuilt: rc=$?" ;;
   hf)
     log "model families against transformers (CPU/gloo TP, world 1 on the GPU)"
     python3 -X faulthandler tools/gpu/check_hf_families.py --ckptd build-gpu/bin/ckptd --workdir /tmp/hf-families \
