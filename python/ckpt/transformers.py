@@ -100,7 +100,23 @@ def model_config(checkpoint=None, config: Union[None, dict, str, os.PathLike, An
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING as mapping
     if model_type not in mapping:
         raise Unsupported(f"model_type '{model_type}' is not known to transformers {tf.__version__}")
-    return mapping[model_type].from_dict(dict(config))
+    return mapping[model_type].from_dict(_special_floats(dict(config)))
+
+
+_SPECIAL_FLOATS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_floats(value):
+    """`value` with transformers' config.json spelling of non-finite floats ({"__float__":
+    "Infinity"}, as save_pretrained writes falcon_h1's time_step_limit) back to floats, as
+    transformers' own config file reader does; from_dict takes the floats."""
+    if isinstance(value, dict):
+        if len(value) == 1 and value.get("__float__") in _SPECIAL_FLOATS:
+            return _SPECIAL_FLOATS[value["__float__"]]
+        return {k: _special_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_special_floats(v) for v in value]
+    return value
 
 
 _CLASSES: Dict[Any, type] = {}  # (transformers module, names, config class, named) -> model class

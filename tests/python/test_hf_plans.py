@@ -68,11 +68,21 @@ KNOWN_GAPS = {
     "kimi_linear": "model type 'kimi_linear'.*transformers converts this tensor at load",
     "minimax_m3_vl": "model type 'minimax_m3_vl'.*transformers converts this tensor at load",
     "kimi_k25": "model type 'kimi_k25'.*transformers converts this tensor at load",  # its vision wqkv
+    "qianfan_ocr": "model type 'qianfan_ocr'.*transformers converts this tensor at load",  # vision qkv (Chunk)
+    "qwen3_vl_moe": "model type 'qwen3_vl_moe'.*transformers converts this tensor at load",  # experts (Transpose)
+    "step3p7": "model type 'step3p7'.*transformers converts this tensor at load",  # vision in_proj (Chunk)
+    # transformers 5.17's loader renames its own saved names to names its model lacks
+    # ("model.language_model.model.x" -> "model.model.language_model.model.x": the prefix is
+    # added before the language_model rename, which then no longer matches); ckptd follows
+    # it, so no rule matches: refused, where from_pretrained leaves the weights at random.
+    "shieldgemma2": "the shieldgemma2 plan: none of its rules matches",
 }
 # Where ckptd renames as transformers' loader does, but that loader maps a key to a name the
 # model lacks (5.17: deepseek_v4's "\.norm\." -> ".kv_norm." renames the final norm too,
-# so from_pretrained leaves model.norm.weight initialized at random).
-LOADER_BUGS = {"deepseek_v4"}
+# so from_pretrained leaves model.norm.weight initialized at random;
+# t5gemma2: its encoder-scoped "layers." -> "text_model.layers." renames the vision tower's
+# layers as well.)
+LOADER_BUGS = {"deepseek_v4", "t5gemma2"}
 
 
 def tie_of(config, entry):

@@ -225,6 +225,23 @@ class LoadModelStandInTest(unittest.TestCase):
         with self.assertRaisesRegex(ckpt.InvalidArgument, "cannot read the model config"):
             self.load(world=1, config=os.path.join(self.folder, "nope.json"))
 
+    def test_non_finite_floats_as_save_pretrained_writes_them(self):
+        # transformers writes inf/nan in config.json as {"__float__": "Infinity"} (falcon_h1's
+        # time_step_limit); its own reader turns them back into floats, and so must load_model.
+        import ckpt.transformers
+        spelled = dict(CONFIG, time_step_limit=[0.0, {"__float__": "Infinity"}],
+                       nested={"low": {"__float__": "-Infinity"}, "odd": [{"__float__": "NaN"}],
+                               "kept": {"__float__": "Infinity", "other": 1}})
+        path = os.path.join(self.tmp.name, "special-floats.json")
+        with open(path, "w") as f:
+            json.dump(spelled, f)
+        cfg = ckpt.transformers.model_config(None, path)
+        self.assertEqual(cfg.time_step_limit, [0.0, float("inf")])
+        self.assertEqual(cfg.nested["low"], float("-inf"))
+        self.assertNotEqual(cfg.nested["odd"][0], cfg.nested["odd"][0])  # nan
+        self.assertEqual(cfg.nested["kept"], {"__float__": "Infinity", "other": 1})  # not that spelling
+        self.assertEqual(self.load(world=1, config=path).config.time_step_limit, [0.0, float("inf")])
+
     def test_no_stored_config_and_none_given_is_a_clear_error(self):
         c = self.client.attach("tiny")
         if getattr(c, "config", None) is not None:

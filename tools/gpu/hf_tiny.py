@@ -18,7 +18,10 @@ SIZES = {
     "n_embd": 64, "n_layer": 2, "n_head": 8, "n_inner": 128, "d_model": 64, "num_layers": 2, "num_heads": 8,
     "ffn_dim": 128, "d_ff": 128, "n_positions": 128, "sliding_window": 32, "decoder_sparse_step": 1,
     "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
-    "num_kv_heads": 4, "n_head_kv": 4, "rotary_dim": 4, "partial_rotary_factor": 0.5,
+    "num_kv_heads": 4, "n_head_kv": 4, "rotary_dim": 4,
+    # where the attention layers are among mamba/linear ones (jamba): layer 1 of 2 attends
+    "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
+    "full_attention_interval": 2,
     "word_embed_proj_dim": 64, "embedding_size": 64, "projection_dim": 64, "attention_window": 32,
     # vision / audio towers
     "image_size": 32, "patch_size": 8, "num_channels": 3, "depth": 2, "embed_dim": 64, "out_hidden_size": 64,
@@ -67,13 +70,55 @@ def shrink_dict(d, vocab):
     layers = out.get("num_hidden_layers") or out.get("num_layers")
     for key, value in list(out.items()):
         if isinstance(value, list) and layers and value and (key in LIST_PER_LAYER or len(value) == old_layers):
-            out[key] = (value * layers)[:layers]
+            out[key] = _per_layer(value, layers)
+    if "kv_lora_rank" in out and "num_key_value_heads" in out:
+        # multi-head latent attention: keys have every head (transformers' own configs say
+        # num_key_value_heads = num_attention_heads; sdpa would repeat them otherwise)
+        out["num_key_value_heads"] = out.get("num_attention_heads", SIZES["num_attention_heads"])
+    if isinstance(out.get("partial_rotary_factor"), float) and not _even_rotary(out["partial_rotary_factor"]):
+        out["partial_rotary_factor"] = 0.5
+    _fit_mrope(out)
     if out.get("mlp_only_layers"):
         out["mlp_only_layers"] = []
     for key in TOKEN_FIELDS:
         if isinstance(out.get(key), int) and out[key] >= vocab:
             out[key] = 0 if key == "pad_token_id" else 2
     return out
+
+
+def _per_layer(value, layers):
+    """A per-layer list cut to `layers` entries keeping one layer of each kind first (a
+    hybrid model's full-attention layer among its linear-attention ones), then the pattern."""
+    if any(isinstance(v, (list, dict)) for v in value):
+        return (value * layers)[:layers]
+    first = list(dict.fromkeys(value))[:layers]
+    return first + (value * layers)[:layers - len(first)]
+
+
+def _even_rotary(factor, head_dim=SIZES["head_dim"]):
+    """Whether `factor` of the tiny head dimension is a whole, even number of rotary dims."""
+    dims = head_dim * factor
+    return dims == int(dims) and int(dims) % 2 == 0 and dims > 0
+
+
+def _fit_mrope(d):
+    """Multimodal rotary sections (`mrope_section` in rope_parameters/rope_scaling, summing
+    to half the rotary dims) rescaled to the tiny head: largest remainders, same order."""
+    head_dim = d.get("head_dim") or (d.get("hidden_size", 0) // max(1, d.get("num_attention_heads", 1)))
+    for value in d.values():
+        if not isinstance(value, dict) or not isinstance(value.get("mrope_section"), list) or not head_dim:
+            continue
+        sections = value["mrope_section"]
+        factor = value.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0
+        target = int(head_dim * factor) // 2
+        total = sum(sections)
+        if not total or total == target:
+            continue
+        exact = [s * target / total for s in sections]
+        fitted = [int(x) for x in exact]
+        for i in sorted(range(len(exact)), key=lambda i: exact[i] - fitted[i], reverse=True)[:target - sum(fitted)]:
+            fitted[i] += 1
+        value["mrope_section"] = fitted
 
 
 def tiny_config(model_type, text_config_key=None, **overrides):
