@@ -67,8 +67,9 @@ def log(*parts):
 
 
 def first_line(e):
-    text = f"{type(e).__name__}: {e}"
-    return text.splitlines()[0][:200] if text else type(e).__name__
+    """The exception's first line, with the next one where the first only introduces it
+    (transformers' "Class validation error for validator '...':")."""
+    return hf_tiny.first_lines(e, 200)
 
 
 # ---------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ hf_plans = _load_hf_plans()
 
 
 def first_line(e):
-    return f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    return hf_tiny.first_lines(e, 300)
 
 
 def safetensors_header(folder):

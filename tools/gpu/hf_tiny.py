@@ -21,7 +21,7 @@ SIZES = {
     "num_kv_heads": 4, "n_head_kv": 4, "rotary_dim": 4,
     # where the attention layers are among mamba/linear ones (jamba): layer 1 of 2 attends
     "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
-    "full_attention_interval": 2,
+    "full_attention_interval": 2, "num_kv_shared_layers": 0,
     "word_embed_proj_dim": 64, "embedding_size": 64, "projection_dim": 64, "attention_window": 32,
     # vision / audio towers
     "image_size": 32, "patch_size": 8, "num_channels": 3, "depth": 2, "embed_dim": 64, "out_hidden_size": 64,
@@ -33,10 +33,25 @@ SIZES = {
 }
 # A tiny model above this many parameters means a size field SIZES does not know: refused
 # (tiny_model) rather than filling the machine's memory and disk.
-MAX_PARAMETERS = 64 << 20
+MAX_PARAMETERS = 192 << 20
 LIST_PER_LAYER = ("layer_types", "mlp_only_layers_list", "attention_types_per_layer")
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id")
 VOCAB = 128
+
+
+# Fields a config leaves None where the model still needs a number (deepseek_v2's routed
+# experts per token): set where the config has experts.
+UNSET_NEEDED = {"num_experts_per_tok": 2}
+# The multimodal rotary sections transformers' models take when the config names none
+# (rope_parameters.get("mrope_section", [16, 24, 24]); glm's [8, 12, 12] in the same ratio).
+MROPE_DEFAULT = [16, 24, 24]
+
+
+def first_lines(e, limit):
+    """`Type: message`'s first line, and the next where the first ends with ':'."""
+    lines = [l for l in f"{type(e).__name__}: {e}".splitlines() if l.strip()]
+    text = " ".join(l.strip() for l in lines[:2]) if len(lines) > 1 and lines[0].rstrip().endswith(":") else lines[0]
+    return text[:limit]
 
 
 def _special_ids(d):
@@ -52,7 +67,7 @@ def _special_ids(d):
     return ids
 
 
-def shrink_dict(d, vocab):
+def shrink_dict(d, vocab, mrope=False):
     """The config dict `d` (config.to_dict()) with every known size field shrunk, recursively
     through sub-config dicts; a field is changed only where the dict has it. A list as long
     as the layer count (layer_types, mlp_layer_types, ...) is cut to the new count."""
@@ -60,7 +75,7 @@ def shrink_dict(d, vocab):
     out = {}
     for key, value in d.items():
         if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")):
-            out[key] = shrink_dict(value, vocab)
+            out[key] = shrink_dict(value, vocab, mrope)
         elif key in SIZES and isinstance(value, (int, float)) and not isinstance(value, bool):
             out[key] = type(value)(SIZES[key])
         elif key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
@@ -77,7 +92,10 @@ def shrink_dict(d, vocab):
         out["num_key_value_heads"] = out.get("num_attention_heads", SIZES["num_attention_heads"])
     if isinstance(out.get("partial_rotary_factor"), float) and not _even_rotary(out["partial_rotary_factor"]):
         out["partial_rotary_factor"] = 0.5
-    _fit_mrope(out)
+    for key, value in UNSET_NEEDED.items():
+        if key in out and out[key] is None and any(k in out for k in ("n_routed_experts", "num_experts", "num_local_experts")):
+            out[key] = value
+    _fit_mrope(out, mrope)
     if out.get("mlp_only_layers"):
         out["mlp_only_layers"] = []
     for key in TOKEN_FIELDS:
@@ -101,13 +119,19 @@ def _even_rotary(factor, head_dim=SIZES["head_dim"]):
     return dims == int(dims) and int(dims) % 2 == 0 and dims > 0
 
 
-def _fit_mrope(d):
+def _fit_mrope(d, mrope):
     """Multimodal rotary sections (`mrope_section` in rope_parameters/rope_scaling, summing
-    to half the rotary dims) rescaled to the tiny head: largest remainders, same order."""
+    to half the rotary dims) rescaled to the tiny head: largest remainders, same order. Where
+    the model reads them (`mrope`) but the config names none, the model's default rescaled."""
     head_dim = d.get("head_dim") or (d.get("hidden_size", 0) // max(1, d.get("num_attention_heads", 1)))
-    for value in d.values():
-        if not isinstance(value, dict) or not isinstance(value.get("mrope_section"), list) or not head_dim:
+    for key, value in list(d.items()):
+        if not isinstance(value, dict) or not head_dim:
             continue
+        if mrope and "mrope_section" not in value and key in ("rope_parameters", "rope_scaling"):
+            value = d[key] = dict(value, mrope_section=list(MROPE_DEFAULT))
+        if not isinstance(value.get("mrope_section"), list):
+            continue
+        value = d[key] = dict(value)  # not the caller's dict
         sections = value["mrope_section"]
         factor = value.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0
         target = int(head_dim * factor) // 2
@@ -121,6 +145,27 @@ def _fit_mrope(d):
         value["mrope_section"] = fitted
 
 
+def _reads_mrope(model_type, d):
+    """Whether the modeling code of `model_type` (or of its sub-configs' types) reads
+    mrope_section: then its default applies where the config has none."""
+    import importlib
+    try:
+        from transformers.models.auto.configuration_auto import model_type_to_module_name
+    except ImportError:  # a transformers without per-model modules: nothing reads sections
+        return False
+    types = {model_type} | {v["model_type"] for v in d.values() if isinstance(v, dict) and isinstance(v.get("model_type"), str)}
+    for mt in types:
+        name = model_type_to_module_name(mt)
+        try:
+            module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+            with open(module.__file__) as f:
+                if "mrope_section" in f.read():
+                    return True
+        except (ImportError, OSError):
+            continue
+    return False
+
+
 def tiny_config(model_type, text_config_key=None, **overrides):
     """A config of `model_type` with transformers' defaults shrunk (see SIZES); `overrides`
     given to the constructor (so that what the config derives from them at init, such as the
@@ -129,7 +174,7 @@ def tiny_config(model_type, text_config_key=None, **overrides):
     default = transformers.AutoConfig.for_model(model_type)
     d = default.to_dict()
     vocab = -(-max([VOCAB] + [i + 1 for i in _special_ids(d)]) // 64) * 64  # a multiple of 64: any TP size divides it
-    d = shrink_dict(d, vocab)
+    d = shrink_dict(d, vocab, _reads_mrope(model_type, d))
     d.pop("transformers_version", None)
     d.update(overrides)
     if text_config_key and isinstance(d.get(text_config_key), dict):
