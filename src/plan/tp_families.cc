@@ -45,6 +45,21 @@ Result<std::optional<int64_t>> IntField(const json& j, std::initializer_list<con
   return std::optional<int64_t>();
 }
 
+// A size transformers may give per layer (gemma3n's intermediate_size): a positive integer,
+// or a list of them, which is that integer where every layer agrees and unknown otherwise.
+Result<std::optional<int64_t>> PerLayerIntField(const json& j, const char* name) {
+  if (!j.contains(name) || !j[name].is_array()) return IntField(j, {name});
+  std::optional<int64_t> common;
+  for (size_t i = 0; i < j[name].size(); ++i) {
+    const json one = {{name, j[name][i]}};
+    CKPT_ASSIGN_OR_RETURN(auto v, IntField(one, {name}));
+    if (!v) return InvalidArgument(std::string("config field '") + name + "' must be a positive integer or a list of them");
+    if (i > 0 && *v != *common) return std::optional<int64_t>();
+    common = v;
+  }
+  return common;
+}
+
 Result<std::optional<bool>> BoolField(const json& j, const char* name) {
   if (!j.contains(name) || j[name].is_null()) return std::optional<bool>();
   if (!j[name].is_boolean())
@@ -80,8 +95,8 @@ Result<Config> ParseConfig(const std::string& text) {
   CKPT_ASSIGN_OR_RETURN(c.hidden, IntField(j, {"hidden_size", "n_embd", "d_model"}));
   CKPT_ASSIGN_OR_RETURN(c.layers, IntField(j, {"num_hidden_layers", "n_layer", "num_layers"}));
   CKPT_ASSIGN_OR_RETURN(c.experts, IntField(j, {"num_local_experts", "num_experts", "n_routed_experts"}));
-  CKPT_ASSIGN_OR_RETURN(c.intermediate, IntField(j, {"intermediate_size"}));
-  CKPT_ASSIGN_OR_RETURN(c.moe_intermediate, IntField(j, {"moe_intermediate_size"}));
+  CKPT_ASSIGN_OR_RETURN(c.intermediate, PerLayerIntField(j, "intermediate_size"));
+  CKPT_ASSIGN_OR_RETURN(c.moe_intermediate, PerLayerIntField(j, "moe_intermediate_size"));
   CKPT_ASSIGN_OR_RETURN(c.tie, BoolField(j, "tie_word_embeddings"));
   CKPT_ASSIGN_OR_RETURN(c.multi_query, BoolField(j, "multi_query"));
   CKPT_ASSIGN_OR_RETURN(c.new_arch, BoolField(j, "new_decoder_architecture"));

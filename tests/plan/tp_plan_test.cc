@@ -365,6 +365,9 @@ TEST(TpPlanTest, MalformedConfigsAreTypedErrorsNotCrashes) {
       {R"({"model_type": ["llama"]})", "'model_type' must be a string"},
       {R"({"architectures": "LlamaForCausalLM"})", "'architectures' must be a list of strings"},
       {R"({"model_type": "llama", "num_attention_heads": ")" + std::string(1000, 'x') + "\"}", "must be a positive integer"},
+      {R"({"model_type": "llama", "intermediate_size": [128, -1]})", "'intermediate_size' must be a positive integer"},
+      {R"({"model_type": "llama", "intermediate_size": [128, [1]]})", "'intermediate_size' must be a positive integer"},
+      {R"({"model_type": "llama", "intermediate_size": [null]})", "'intermediate_size' must be a positive integer or a list"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.config.substr(0, 60));
@@ -377,6 +380,16 @@ TEST(TpPlanTest, MalformedConfigsAreTypedErrorsNotCrashes) {
   auto deep_rule = TpPlan::FromJson(R"({"rules": [{"pattern": "x", "rule": )" + deep + "}]}");
   ASSERT_FALSE(deep_rule.ok());
   EXPECT_LT(deep_rule.status().message().size(), 600u);
+}
+
+// transformers gives some sizes per layer (gemma3n: intermediate_size [8192, 8192, ...]): a
+// list is read, equal or not, where a plan needs no single value.
+TEST(TpPlanTest, PerLayerSizesAreLists) {
+  for (const char* sizes : {"[128, 128]", "[128, 256]", "[]"}) {
+    SCOPED_TRACE(sizes);
+    auto plan = TpPlan::ForConfig(std::string(R"({"model_type": "llama", "intermediate_size": )") + sizes + "}");
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  }
 }
 
 TEST(TpPlanTest, PlanFileErrorsNameTheEntry) {

@@ -22,6 +22,7 @@ SIZES = {
     # where the attention layers are among mamba/linear ones (jamba): layer 1 of 2 attends
     "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
     "full_attention_interval": 2, "num_kv_shared_layers": 0,
+    "mamba_n_heads": 8, "mamba_d_head": 16,  # 8 x 16 = mamba_expand (2) x hidden
     "word_embed_proj_dim": 64, "embedding_size": 64, "projection_dim": 64, "attention_window": 32,
     # vision / audio towers
     "image_size": 32, "patch_size": 8, "num_channels": 3, "depth": 2, "embed_dim": 64, "out_hidden_size": 64,
@@ -76,8 +77,8 @@ def shrink_dict(d, vocab, mrope=False):
     for key, value in d.items():
         if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")):
             out[key] = shrink_dict(value, vocab, mrope)
-        elif key in SIZES and isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key] = type(value)(SIZES[key])
+        elif key in SIZES and isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0:
+            out[key] = type(value)(SIZES[key])  # a 0 stays: the feature is off (glm5_next's NoPE layers)
         elif key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
             out[key] = vocab
         else:
@@ -127,6 +128,9 @@ def _fit_mrope(d, mrope):
     for key, value in list(d.items()):
         if not isinstance(value, dict) or not head_dim:
             continue
+        if key in ("rope_parameters", "rope_scaling") and value and all(isinstance(v, dict) for v in value.values()):
+            d[key] = {kind: _tiny_rope(rope, head_dim, mrope) for kind, rope in value.items()}  # per layer type
+            continue
         if mrope and "mrope_section" not in value and key in ("rope_parameters", "rope_scaling"):
             value = d[key] = dict(value, mrope_section=list(MROPE_DEFAULT))
         if not isinstance(value.get("mrope_section"), list):
@@ -166,6 +170,18 @@ def _reads_mrope(model_type, d):
     return False
 
 
+def _tiny_rope(rope, head_dim, mrope):
+    """One layer type's rope parameters for the tiny head: a rotary factor turning a whole
+    multiple of 4 dims (two M-RoPE axes alternate pairs: neomme), sections fitted."""
+    rope = dict(rope)
+    factor = rope.get("partial_rotary_factor")
+    if isinstance(factor, float) and (head_dim * factor) % 4:
+        rope["partial_rotary_factor"] = 0.5
+    holder = {"head_dim": head_dim, "rope_parameters": rope}
+    _fit_mrope(holder, mrope)
+    return holder["rope_parameters"]
+
+
 def tiny_config(model_type, text_config_key=None, **overrides):
     """A config of `model_type` with transformers' defaults shrunk (see SIZES); `overrides`
     given to the constructor (so that what the config derives from them at init, such as the
@@ -181,16 +197,32 @@ def tiny_config(model_type, text_config_key=None, **overrides):
         d[text_config_key].update(overrides)
     try:
         return type(default).from_dict(d)
-    except Exception as first:  # a config class whose from_dict refuses its own to_dict: kwargs
-        kwargs = {k: v for k, v in d.items() if k not in ("model_type", "architectures")}
+    except Exception as refused:
+        first = refused
+    if "num_key_value_heads" in str(first):  # a model without grouped-query attention (esmc)
+        d = _all_heads_keyed(d)
         try:
-            return transformers.AutoConfig.for_model(model_type, **kwargs)
-        except Exception:  # sub-configs as the class's defaults
-            flat = {k: v for k, v in kwargs.items() if not isinstance(v, dict)}
-            try:
-                return transformers.AutoConfig.for_model(model_type, **flat)
-            except Exception as second:
-                raise RuntimeError(f"from_dict: {first}; for_model(**sizes): {second}") from second
+            return type(default).from_dict(d)
+        except Exception as refused:
+            first = refused
+    # a config class whose from_dict refuses its own to_dict: kwargs
+    kwargs = {k: v for k, v in d.items() if k not in ("model_type", "architectures")}
+    try:
+        return transformers.AutoConfig.for_model(model_type, **kwargs)
+    except Exception:  # sub-configs as the class's defaults
+        flat = {k: v for k, v in kwargs.items() if not isinstance(v, dict)}
+        try:
+            return transformers.AutoConfig.for_model(model_type, **flat)
+        except Exception as second:
+            raise RuntimeError(f"from_dict: {first}; for_model(**sizes): {second}") from second
+
+
+def _all_heads_keyed(d):
+    """`d` with num_key_value_heads = num_attention_heads, in it and its sub-configs."""
+    out = {k: _all_heads_keyed(v) if isinstance(v, dict) else v for k, v in d.items()}
+    if "num_key_value_heads" in out and "num_attention_heads" in out:
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    return out
 
 
 def tiny_model(model_cls, config):
