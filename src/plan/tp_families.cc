@@ -91,7 +91,11 @@ Result<Config> ParseConfig(const std::string& text) {
   }
   CKPT_ASSIGN_OR_RETURN(c.heads, IntField(j, {"num_attention_heads", "n_head", "num_heads"}));
   CKPT_ASSIGN_OR_RETURN(c.kv_heads, IntField(j, {"num_key_value_heads", "num_kv_heads", "n_head_kv"}));
-  CKPT_ASSIGN_OR_RETURN(c.head_dim, IntField(j, {"head_dim"}));
+  // head_dim 0 is "not given" (transformers' default where the model derives it: glm5_next)
+  const bool head_dim_unset = j.contains("head_dim") && j["head_dim"].is_number_integer() && j["head_dim"] == 0;
+  if (!head_dim_unset) {
+    CKPT_ASSIGN_OR_RETURN(c.head_dim, IntField(j, {"head_dim"}));
+  }
   CKPT_ASSIGN_OR_RETURN(c.hidden, IntField(j, {"hidden_size", "n_embd", "d_model"}));
   CKPT_ASSIGN_OR_RETURN(c.layers, IntField(j, {"num_hidden_layers", "n_layer", "num_layers"}));
   CKPT_ASSIGN_OR_RETURN(c.experts, IntField(j, {"num_local_experts", "num_experts", "n_routed_experts"}));

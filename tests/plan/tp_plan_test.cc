@@ -392,6 +392,16 @@ TEST(TpPlanTest, PerLayerSizesAreLists) {
   }
 }
 
+// head_dim 0 is transformers' "derive it" (glm5_next's default): hidden / heads, as without it.
+TEST(TpPlanTest, HeadDimZeroIsDerived) {
+  const std::string tensors = R"([{"name": "model.layers.0.self_attn.q_proj.weight", "dtype": "F32", "shape": [64, 64]}])";
+  auto zero = TpPlan::ForConfig(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8, "head_dim": 0})");
+  ASSERT_TRUE(zero.ok()) << zero.status().ToString();
+  auto negative = TpPlan::ForConfig(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 8, "head_dim": -1})");
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("'head_dim' must be a positive integer"), std::string::npos);
+}
+
 TEST(TpPlanTest, PlanFileErrorsNameTheEntry) {
   for (const char* bad : {
            R"J({"rules": [{"pattern": "(", "rule": "column"}]})J",

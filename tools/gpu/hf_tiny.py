@@ -22,7 +22,6 @@ SIZES = {
     # where the attention layers are among mamba/linear ones (jamba): layer 1 of 2 attends
     "attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1,
     "full_attention_interval": 2, "num_kv_shared_layers": 0,
-    "mamba_n_heads": 8, "mamba_d_head": 16,  # 8 x 16 = mamba_expand (2) x hidden
     "word_embed_proj_dim": 64, "embedding_size": 64, "projection_dim": 64, "attention_window": 32,
     # vision / audio towers
     "image_size": 32, "patch_size": 8, "num_channels": 3, "depth": 2, "embed_dim": 64, "out_hidden_size": 64,
@@ -199,12 +198,13 @@ def tiny_config(model_type, text_config_key=None, **overrides):
         return type(default).from_dict(d)
     except Exception as refused:
         first = refused
-    if "num_key_value_heads" in str(first):  # a model without grouped-query attention (esmc)
-        d = _all_heads_keyed(d)
-        try:
-            return type(default).from_dict(d)
-        except Exception as refused:
-            first = refused
+    for refusal, fix in REFUSAL_FIXES:  # what a config class's own validation asks for
+        if refusal in str(first):
+            d = fix(d)
+            try:
+                return type(default).from_dict(d)
+            except Exception as refused:
+                first = refused
     # a config class whose from_dict refuses its own to_dict: kwargs
     kwargs = {k: v for k, v in d.items() if k not in ("model_type", "architectures")}
     try:
@@ -223,6 +223,24 @@ def _all_heads_keyed(d):
     if "num_key_value_heads" in out and "num_attention_heads" in out:
         out["num_key_value_heads"] = out["num_attention_heads"]
     return out
+
+
+def _mamba_heads_fit(d):
+    """`d` with 8 Mamba heads that together span the mixer's width (mamba_expand x hidden)."""
+    out = {k: _mamba_heads_fit(v) if isinstance(v, dict) else v for k, v in d.items()}
+    if isinstance(out.get("mamba_n_heads"), int) and isinstance(out.get("hidden_size"), int):
+        out["mamba_n_heads"] = 8
+        out["mamba_d_head"] = int(out.get("mamba_expand") or 2) * out["hidden_size"] // 8
+    return out
+
+
+# (text of a config class's refusal, the change that meets it), tried in turn where the shrunk
+# config is refused: a model without grouped-query attention (esmc), Mamba heads that must
+# span the mixer (bamba, granitemoehybrid).
+REFUSAL_FIXES = [
+    ("num_key_value_heads", _all_heads_keyed),
+    ("Mamba head state do not match", _mamba_heads_fit),
+]
 
 
 def tiny_model(model_cls, config):
