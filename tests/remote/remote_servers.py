@@ -122,6 +122,7 @@ class S3rver:
     def stop(self):
         self.proc.terminate()
         self.proc.wait(30)
+        self.log.close()
 
 
 class Nginx:
@@ -145,8 +146,8 @@ http {{
 {http_body}
 }}
 """)
-        self.proc = subprocess.Popen([NGINX, "-p", scratch, "-c", self.conf], stdout=subprocess.DEVNULL,
-                                     stderr=open(os.path.join(scratch, name + ".out"), "w"))
+        with open(os.path.join(scratch, name + ".out"), "w") as out:
+            self.proc = subprocess.Popen([NGINX, "-p", scratch, "-c", self.conf], stdout=subprocess.DEVNULL, stderr=out)
         try:
             wait_for(lambda: self.proc.poll() is not None or all(port_open(h, p) for h, p in listen), "nginx to listen")
         except AssertionError:
@@ -368,13 +369,16 @@ class Daemon:
                                 stderr=subprocess.PIPE, text=True)
 
     def log_text(self):
-        self.log.flush()
-        return open(self.log_path).read()
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
 
     def stop(self):
         if self.proc.poll() is None:
             self.proc.terminate()
         self.proc.wait(30)
+        self.log.close()
 
 
 class PausePoint:
@@ -388,12 +392,14 @@ class PausePoint:
         os.mkfifo(self.resume)
         return self
 
-    def wait_reached(self, timeout_s=60):
+    def wait_reached(self, timeout_s=60, given_up=lambda: False):
+        """Returns once the daemon stands there; AssertionError after `timeout_s` or as soon as
+        `given_up()` says it never will (the load ended)."""
         # Non-blocking, so a daemon that never gets there fails the test instead of hanging it.
         fd = os.open(self.reached, os.O_RDONLY | os.O_NONBLOCK)
         try:
             deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not given_up():
                 try:
                     if os.read(fd, 1):
                         return
@@ -424,6 +430,7 @@ def persisted_tensors(d, name, scratch):
     for root, _, files in os.walk(out):
         for f in files:
             if f.endswith(".safetensors"):
-                got.update(tensors_of(open(os.path.join(root, f), "rb").read()))
+                with open(os.path.join(root, f), "rb") as fh:
+                    got.update(tensors_of(fh.read()))
     shutil.rmtree(out, ignore_errors=True)
     return got
