@@ -85,6 +85,7 @@ class ClusterCacheTest(unittest.TestCase):
                 "w3": "model-00002-of-00002.safetensors"}}).encode(),
             "repo/config.json": b'{"model_type": "test"}',
             "listed/only.safetensors": safetensors([("x", 300_000)], 14),
+            "viaproxy.safetensors": safetensors([("p", 2_200_000), ("q", 3)], 15),  # ~8.8 MB
         }
         cls.s3 = S3rver(cls.scratch)
         cls.addClassCleanup(cls.s3.stop)
@@ -120,11 +121,18 @@ class ClusterCacheTest(unittest.TestCase):
         # One ckptd per node, its endpoint the cache, with the credentials it would use for
         # S3 directly (the cache drops them), one thread (so a pause point stops it whole).
         for n in cls.nodes:
-            env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
-            args = ["--remote-allow", "s3://models/", "--remote-endpoint", f"http://{n['cache']}:{cls.port}",
-                    "--remote-path-style", "--remote-threads", "1", "--remote-connections", "16"]
-            n["daemon"] = Daemon(cls.scratch, args, env, wrap=["ip", "netns", "exec", n["ns"]])
-            cls.addClassCleanup(n["daemon"].stop)
+            n["daemon"] = cls.node_daemon(n, f"http://{n['cache']}:{cls.port}")
+
+    @classmethod
+    def node_daemon(cls, node, endpoint, env=None, extra=()):
+        """A ckptd in `node`'s namespace with S3 endpoint `endpoint`."""
+        e = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"}
+        e.update(env or {})
+        args = ["--remote-allow", "s3://models/", "--remote-endpoint", endpoint, "--remote-path-style",
+                "--remote-threads", "1", "--remote-connections", "16"] + list(extra)
+        d = Daemon(cls.scratch, args, e, wrap=["ip", "netns", "exec", node["ns"]])
+        cls.addClassCleanup(d.stop)
+        return d
 
     def assert_loaded(self, d, name, keys):
         """`d`'s checkpoint `name` holds exactly the tensors of the files `keys`."""
@@ -208,6 +216,25 @@ class ClusterCacheTest(unittest.TestCase):
         listings = [a for a in self.origin.answers() if "?" in a[1]]
         self.assertEqual([(a[1].split("?")[0], a[3]) for a in listings], [("/models/", 200)] * 2)
         self.assert_served_once("listed/", keys)
+
+    def test_http_proxy_variable(self):
+        # The other way of docs/operations.md: the endpoint is the origin itself (not reachable
+        # from a node's namespace: 127.0.0.1 there is the node's own), the cache comes in
+        # through the standard proxy variable, which ckptd leaves to libcurl.
+        keys = ["viaproxy.safetensors"]
+        origin = f"http://127.0.0.1:{self.origin.port}"
+        self.origin.set()
+        for n in self.nodes[:2]:
+            d = self.node_daemon(n, origin, {"http_proxy": f"http://{n['cache']}:{self.port}"})
+            r = d.ctl("load", "s3://models/viaproxy.safetensors", "--name", "viaproxy")
+            self.assertEqual(r.returncode, 0, f"{n['ns']}: {r.stdout} {r.stderr}\n{d.log_text()[-3000:]}")
+            self.assert_loaded(d, "viaproxy", keys)
+        self.assert_served_once("viaproxy", keys)
+        # Without the variable the origin is out of reach: the bytes above came through the cache.
+        d = self.node_daemon(self.nodes[2], origin, extra=["--remote-attempts", "1"])
+        r = d.ctl("load", "s3://models/viaproxy.safetensors", "--name", "viaproxy")
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn("connect", r.stdout + r.stderr)
 
 
 if __name__ == "__main__":
