@@ -3,7 +3,8 @@
 
 Each node is a network namespace of its own (a veth pair to this namespace) running its own
 ckptd; the nodes' only way to storage is the nginx cache of docs/operations.md ("Remote
-sources and a caching proxy"), which they use as their S3 endpoint. Behind nginx, the origin
+sources and a caching proxy"), which they use as their S3 endpoint (two more nodes reach it
+through `http_proxy` instead, with the origin, unreachable to them, as endpoint). Behind nginx, the origin
 is s3rver behind a pass-through (remote_servers.FaultProxy) that counts every body byte it
 forwards and checks the SigV4 signature of any signed request (s3rver does not). Asserted:
 every node's checkpoint equals the files byte for byte, and the origin served each byte of
