@@ -224,6 +224,22 @@ class RemoteTest(unittest.TestCase):
         self.assertIn("access denied", msg)
         self.assertNotIn(SECRET + "x", msg)
 
+    def test_sigv4_verifier_matches_aws_example(self):
+        # The verifier against AWS's own worked example (S3 API reference, "Signature
+        # Calculations for the Authorization Header", GET Object with a Range), so it is
+        # checked against AWS's numbers and not only against libcurl's signatures.
+        v = SigV4Verifier(key="AKIAIOSFODNN7EXAMPLE", secret="wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", require=True)
+        headers = [("Host", "examplebucket.s3.amazonaws.com"), ("Range", "bytes=0-9"),
+                   ("x-amz-content-sha256", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"),
+                   ("x-amz-date", "20130524T000000Z"),
+                   ("Authorization", "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request,"
+                    "SignedHeaders=host;range;x-amz-content-sha256;x-amz-date,"
+                    "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41")]
+        self.assertIsNone(v.check("GET", "/test.txt", headers))
+        changed = [(k, "bytes=0-10" if k == "Range" else val) for k, val in headers]
+        self.assertEqual(v.check("GET", "/test.txt", changed)[0], "SignatureDoesNotMatch")
+        self.assertEqual(v.check("GET", "/test.txt", headers[:-1])[0], "AccessDenied")  # unsigned, required
+
     def test_s3_wrong_secret(self):
         # s3rver checks only the key id; the verifying proxy checks the signature itself.
         endpoint = f"http://127.0.0.1:{self.proxy_verify.port}"
