@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "plan/plan_text.h"
+#include "plan/tp_families.h"
 
 namespace ckpt {
 extern const char kHfTpPlansJson[];  // generated from src/plan/hf_tp_plans.json (cmake/embed_text.cmake)
@@ -48,7 +49,7 @@ std::optional<bool> TieOf(const json& c) {
 
 std::optional<int64_t> ExpertsOf(const json& c) {
   if (!c.is_object()) return std::nullopt;
-  for (const char* k : {"num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"}) {
+  for (const char* k : tp_families::kExpertCountFields) {
     if (c.contains(k) && c[k].is_number_integer() && c[k].get<int64_t>() > 0) return c[k].get<int64_t>();
   }
   return std::nullopt;

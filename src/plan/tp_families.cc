@@ -35,7 +35,7 @@ std::string Shown(const json& v) {
   return text;
 }
 
-Result<std::optional<int64_t>> IntField(const json& j, std::initializer_list<const char*> names) {
+Result<std::optional<int64_t>> IntField(const json& j, const std::vector<const char*>& names) {
   for (const char* n : names) {
     if (!j.contains(n) || j[n].is_null()) continue;
     if (!j[n].is_number_integer() || j[n].get<int64_t>() < 1 || j[n].get<int64_t>() > (int64_t{1} << 40))
@@ -98,7 +98,7 @@ Result<Config> ParseConfig(const std::string& text) {
   }
   CKPT_ASSIGN_OR_RETURN(c.hidden, IntField(j, {"hidden_size", "n_embd", "d_model"}));
   CKPT_ASSIGN_OR_RETURN(c.layers, IntField(j, {"num_hidden_layers", "n_layer", "num_layers"}));
-  CKPT_ASSIGN_OR_RETURN(c.experts, IntField(j, {"num_local_experts", "num_experts", "n_routed_experts"}));
+  CKPT_ASSIGN_OR_RETURN(c.experts, IntField(j, kExpertCountFields));
   CKPT_ASSIGN_OR_RETURN(c.intermediate, PerLayerIntField(j, "intermediate_size"));
   CKPT_ASSIGN_OR_RETURN(c.moe_intermediate, PerLayerIntField(j, "moe_intermediate_size"));
   CKPT_ASSIGN_OR_RETURN(c.tie, BoolField(j, "tie_word_embeddings"));

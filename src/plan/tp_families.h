@@ -12,6 +12,11 @@
 
 namespace ckpt::tp_families {
 
+// config.json fields that give the routed expert count, in the spellings transformers'
+// configs use (one list for the families' sizes and the "hf" plans' expert stacks).
+inline const std::vector<const char*> kExpertCountFields = {"num_local_experts", "num_experts", "n_routed_experts",
+                                                            "moe_num_experts"};
+
 // Canonical family names.
 std::vector<std::string> Names();
 // The plan JSON of `family` (a canonical name or an alias) under `options`.
