@@ -9,7 +9,9 @@
 //                         test opens it for reading);
 //   <dir>/<name>.resume   then reads it until end of file (blocks until the test opens it
 //                         for writing and closes it).
-// Only the thread that reaches the point waits. The points are listed in CONTRIBUTING.md.
+// Only the threads that reach the point wait. A test keeps its reading end of .reached open
+// until it disarms the point (unlinks both FIFOs, then lets them go), so a second thread that
+// reaches it stops too and goes on with the first. The points are listed in CONTRIBUTING.md.
 #pragma once
 
 namespace ckpt {

@@ -382,41 +382,43 @@ class Daemon:
 
 
 class PausePoint:
-    """A pause point of the daemon (src/common/pause_point.h), armed for one stop."""
+    """A pause point of the daemon (src/common/pause_point.h), armed for one stop. Its reading
+    end of .reached stays open until the point is disarmed, as tests/support's
+    PausePointControl keeps it: another thread that reaches the armed point then opens and
+    writes it, and goes on when the point is disarmed, instead of waiting for a reader forever."""
 
     def __init__(self, directory, name):
         self.reached, self.resume = os.path.join(directory, name + ".reached"), os.path.join(directory, name + ".resume")
+        self.reached_fd = None
 
     def __enter__(self):
         os.mkfifo(self.reached)
         os.mkfifo(self.resume)
+        # Non-blocking, so a daemon that never gets there fails the test instead of hanging it.
+        self.reached_fd = os.open(self.reached, os.O_RDONLY | os.O_NONBLOCK)
         return self
 
     def wait_reached(self, timeout_s=60, given_up=lambda: False):
         """Returns once the daemon stands there; AssertionError after `timeout_s` or as soon as
         `given_up()` says it never will (the load ended)."""
-        # Non-blocking, so a daemon that never gets there fails the test instead of hanging it.
-        fd = os.open(self.reached, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and not given_up():
-                try:
-                    if os.read(fd, 1):
-                        return
-                except BlockingIOError:
-                    pass
-                time.sleep(0.02)
-            raise AssertionError("the daemon never reached the pause point")
-        finally:
-            os.close(fd)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not given_up():
+            try:
+                if os.read(self.reached_fd, 1):
+                    return
+            except BlockingIOError:
+                pass
+            time.sleep(0.02)
+        raise AssertionError("the daemon never reached the pause point")
 
     def __exit__(self, *exc):
-        # Disarm first (later passes do not stop), then let the stopped thread go on: it
-        # already opened nothing but .reached, and opens .resume by name next.
+        # Disarm first (later passes do not stop), then let the stopped threads go on: they
+        # open .resume by name, and read it to end of file.
         os.unlink(self.reached)
         fd = os.open(self.resume, os.O_RDWR)  # does not block; the daemon's open for reading proceeds
         os.unlink(self.resume)
         os.close(fd)  # the daemon reads EOF once our descriptor closes
+        os.close(self.reached_fd)  # only now: no thread can open .reached by name any more
 
 
 def persisted_tensors(d, name, scratch):
