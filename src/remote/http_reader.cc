@@ -88,8 +88,8 @@ Status HttpReader::ReadAll(const std::vector<loader::SourceFile>& files, const s
     if (op.length > options_.chunk_bytes || op.file >= files_.size() || op.length == 0) {
       return InvalidArgument("read op out of bounds");
     }
-    if (op.mode != loader::ReadMode::kBuffered || op.populate) {
-      return InvalidArgument("remote reads land in place: no O_DIRECT, no deferred populate");
+    if (op.mode != loader::ReadMode::kBuffered) {
+      return InvalidArgument("remote reads land in place: no O_DIRECT");
     }
   }
   const RemoteOptions& ro = client_->options();
@@ -130,7 +130,8 @@ Status HttpReader::ReadAll(const std::vector<loader::SourceFile>& files, const s
           if (t->attempt == 0) {
             // The range's pages mapped in one system call, not one fault per 4 KiB inside
             // WriteBody's copy (most of a loopback load's CPU time otherwise); and a full
-            // tmpfs is an error here instead of a SIGBUS there.
+            // tmpfs is an error here instead of a SIGBUS there. Done for every op, whether
+            // or not op.populate asks (a kDeferred segment, as remote loads use, does).
             const int err = loader::PopulateForWrite(t->read->dst, t->read->length);
             if (err == EFAULT || err == ENOMEM || err == ENOSPC) {
               return ResourceExhausted("no room in shared memory for " + t->file->ref.display + " (" + RangeText(*t) +
