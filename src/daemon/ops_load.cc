@@ -306,6 +306,9 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
     load_options.queue_depth = std::max(1, (ro.connections + ro.threads - 1) / ro.threads);
     load_options.chunk_bytes = ro.chunk_bytes;
     load_options.direct_io = loader::DirectIo::kNever;
+    // Each range's pages are populated as it starts (HttpReader), not the whole segment
+    // before the first GET: the allocation overlaps the transfer instead of preceding it.
+    load_options.populate = shm::PagePopulate::kDeferred;
     load_options.make_reader = [&planned](const loader::ReaderOptions& options)
         -> Result<std::unique_ptr<loader::FileReader>> {
       CKPT_ASSIGN_OR_RETURN(auto reader, remote::HttpReader::Create(planned.client, planned.remote_files, options));

@@ -20,21 +20,6 @@ namespace {
 
 uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
 
-// Maps the pages under [p, p + n) writable in one system call before a memcpy fills them:
-// on a fresh tmpfs mapping that is markedly cheaper than taking one page fault per 4 KiB
-// inside memcpy (docs/benchmarks.md). Returns 0 or the errno: EFAULT when the file system
-// is full (the write would raise SIGBUS), ENOMEM, EINVAL on kernels before 5.14.
-int PopulateForWrite(std::byte* p, uint64_t n) {
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t begin = AlignDown(reinterpret_cast<uintptr_t>(p), page);
-  const uint64_t end = reinterpret_cast<uintptr_t>(p) + n;
-  for (int tries = 0; tries < 100; ++tries) {
-    if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0) return 0;
-    if (errno != EINTR && errno != EAGAIN) break;
-  }
-  return errno;
-}
-
 // PopulateForWrite for an op that must populate: EINVAL (old kernel) is no error (the
 // read takes the faults and the segment's Populate() falls back); the rest are.
 Status PopulateDestination(const ReadOp& op, const SourceFile& file) {
@@ -66,6 +51,18 @@ double CachedFraction(int fd, uint64_t size) {
 }
 
 }  // namespace
+
+// See read_op.h.
+int PopulateForWrite(std::byte* p, uint64_t n) {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t begin = AlignDown(reinterpret_cast<uintptr_t>(p), page);
+  const uint64_t end = reinterpret_cast<uintptr_t>(p) + n;
+  for (int tries = 0; tries < 100; ++tries) {
+    if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0) return 0;
+    if (errno != EINTR && errno != EAGAIN) break;
+  }
+  return errno;
+}
 
 Result<SourceFile> OpenSourceFile(const std::string& path, DirectIo direct) {
   CKPT_ASSIGN_OR_RETURN(auto opened, OpenFileNoFollow(path));
