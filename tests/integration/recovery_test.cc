@@ -75,7 +75,10 @@ TEST(RecoveryTest, KillDuringAndAfterALoadThenRestart) {
   EXPECT_TRUE((*attached)->Verify().ok());
 
   ASSERT_TRUE(daemon.Start()) << ReadFile(daemon.log_path());
-  EXPECT_TRUE(big_segments().empty()) << "the partial segment was not removed";
+  if (const auto left = big_segments(); !left.empty()) {
+    ADD_FAILURE() << "the partial segment was not removed: " << left.front() << " (" << left.size()
+                  << " left); the daemon's log:\n" << ReadFile(daemon.log_path());
+  }
   // The same Client object reconnects by itself.
   auto list = (*client)->List();
   ASSERT_TRUE(list.ok()) << list.status().ToString();
