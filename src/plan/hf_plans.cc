@@ -141,7 +141,7 @@ class PlanWriter {
   // once, as the replicated input embedding: it is then the empty plan (all replicated).
   Result<const json*> ChoosePlan() {
     CKPT_ASSIGN_OR_RETURN(const json* plan, ChooseTiedOrNot());
-    const bool tie = config_.tie.value_or(entry_.value("tie_default", false));
+    const bool tie = Tied();
     const auto output_embedding = [](const std::string& k) {
       return k == "lm_head" || (k.size() > 8 && k.compare(k.size() - 8, 8, ".lm_head") == 0);
     };
@@ -160,7 +160,7 @@ class PlanWriter {
     if (!entry_.contains("tp_plan") || !entry_["tp_plan"].is_object())
       return InvalidArgument(Where() + ": the entry has no \"tp_plan\" object");
     const bool tie_default = entry_.value("tie_default", false);
-    const bool tie = config_.tie.value_or(tie_default);
+    const bool tie = Tied();
     if (entry_.contains("tp_plan_tied") && entry_["tp_plan_tied"].is_object())
       return tie ? &entry_["tp_plan_tied"] : &entry_["tp_plan"];
     if (tie == tie_default) return &entry_["tp_plan"];
@@ -170,6 +170,10 @@ class PlanWriter {
     else if (adjusted_.value(embedding, std::string()) == "embedding_rowwise") adjusted_.erase(embedding);
     return &adjusted_;
   }
+
+  // Whether the word embeddings are tied: the config's tie_word_embeddings, else the model
+  // type's default.
+  bool Tied() const { return config_.tie.value_or(entry_.value("tie_default", false)); }
 
   // The text model's prefix in the plan's keys ("model.", "model.language_model."): what
   // precedes "layers.*." in the first key that has it.

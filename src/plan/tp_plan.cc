@@ -423,27 +423,30 @@ Result<std::vector<std::shared_ptr<const TpPlan::Rename>>> ParseRenames(const nl
   if (!doc["renames"].is_array()) return InvalidArgument("plan \"renames\" must be an array");
   for (const auto& r : doc["renames"]) {
     const std::string where = "plan rename #" + std::to_string(out.size());
-    const auto strings = [](const nlohmann::json& v) {
+    // A string or a list of strings; nullopt for anything else (a list holding a non-string too).
+    const auto strings = [](const nlohmann::json& v) -> std::optional<std::vector<std::string>> {
+      if (v.is_string()) return std::vector<std::string>{v.get<std::string>()};
+      if (!v.is_array()) return std::nullopt;
       std::vector<std::string> list;
-      if (v.is_string()) list.push_back(v.get<std::string>());
-      if (v.is_array())
-        for (const auto& e : v) list.push_back(e.is_string() ? e.get<std::string>() : std::string(1, '\0'));
+      for (const auto& e : v) {
+        if (!e.is_string()) return std::nullopt;
+        list.push_back(e.get<std::string>());
+      }
       return list;
     };
     const auto is_string_or_absent = [&](const char* key) { return !r.contains(key) || r[key].is_string(); };
     size_t known = 0;
     if (r.is_object())
       for (const char* key : {"search", "to", "scope", "base_prefix", "if_any"}) known += r.contains(key) ? 1 : 0;
-    std::vector<std::string> searches, tos;
+    std::optional<std::vector<std::string>> found_searches, found_tos;
     if (r.is_object() && r.contains("search") && r.contains("to")) {
-      searches = strings(r["search"]);
-      tos = strings(r["to"]);
+      found_searches = strings(r["search"]);
+      found_tos = strings(r["to"]);
     }
-    const auto bad_string = [](const std::vector<std::string>& v) {
-      return std::any_of(v.begin(), v.end(), [](const std::string& x) { return x.find('\0') != std::string::npos; });
-    };
-    if (!r.is_object() || known != r.size() || searches.empty() || searches.size() != tos.size() ||
-        r["search"].is_string() != r["to"].is_string() || bad_string(searches) || bad_string(tos) ||
+    const std::vector<std::string> searches = found_searches.value_or(std::vector<std::string>());
+    const std::vector<std::string> tos = found_tos.value_or(std::vector<std::string>());
+    if (!r.is_object() || known != r.size() || !found_searches || !found_tos || searches.empty() ||
+        searches.size() != tos.size() || r["search"].is_string() != r["to"].is_string() ||
         !is_string_or_absent("scope") || !is_string_or_absent("base_prefix") || !is_string_or_absent("if_any") ||
         (r.contains("base_prefix") && !r.contains("scope")))
       return InvalidArgument(where + ": a rename is {\"search\": pattern or [patterns], \"to\": template or "

@@ -250,6 +250,8 @@ class HfPlanDataTest(unittest.TestCase):
                              ([{"search": ["a"], "to": "c"}], r"a rename is"),
                              ([{"search": [], "to": []}], r"a rename is"),
                              ([{"search": ["a", 3], "to": ["c", "d"]}], r"a rename is"),
+                             ([{"search": ["a"], "to": [None]}], r"a rename is"),
+                             ([{"search": 3, "to": "b"}], r"a rename is"),
                              ([{"search": "a", "to": "b", "if_any": "("}], r"if_any")):
             with self.subTest(renames=renames):
                 with self.assertRaisesRegex(ckpt.InvalidArgument, why):
