@@ -25,6 +25,7 @@
 #include "common/unique_fd.h"
 #include "daemon/segment_location.h"
 #include "format/safetensors_writer.h"
+#include "protocol/daemon_connection.h"
 #include "protocol/wire.h"
 
 namespace ckpt::testing {
@@ -328,6 +329,20 @@ std::string DaemonProcess::segment_dir() const {
   return name.empty() ? "" : std::string(shm::kShmRoot) + "/" + name;
 }
 
+namespace {
+
+// Whether the daemon at `socket` answers a request. Connectable is not yet serving: ckptd
+// listens first (claiming its socket) and adopts the segments it finds before it accepts;
+// any answer, an error too (a refused role), comes after that.
+bool Answers(const std::string& socket) {
+  auto connection = protocol::DaemonConnection::Open(socket);
+  if (!connection.ok()) return false;
+  auto answer = (*connection)->Call("status");
+  return answer.ok() || answer.status().code() != StatusCode::kUnavailable;
+}
+
+}  // namespace
+
 bool DaemonProcess::Start() {
   std::vector<std::string> argv = {CKPTD_BIN,    "--socket",    socket_, "--shm-prefix", prefix_,
                                    "--state-dir", state_,       "--log-level", "debug"};
@@ -349,7 +364,7 @@ bool DaemonProcess::Start() {
   // start can take seconds.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (protocol::ConnectUnix(socket_).ok()) return true;
+    if (protocol::ConnectUnix(socket_).ok() && Answers(socket_)) return true;
     int status;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
