@@ -119,33 +119,48 @@ def _even_rotary(factor, head_dim=SIZES["head_dim"]):
     return dims == int(dims) and int(dims) % 2 == 0 and dims > 0
 
 
+ROPE_KEYS = ("rope_parameters", "rope_scaling")
+
+
 def _fit_mrope(d, mrope):
-    """Multimodal rotary sections (`mrope_section` in rope_parameters/rope_scaling, summing
-    to half the rotary dims) rescaled to the tiny head: largest remainders, same order. Where
-    the model reads them (`mrope`) but the config names none, the model's default rescaled."""
+    """Multimodal rotary sections (`mrope_section`, summing to half the rotary dims) rescaled
+    to the tiny head in every rope dict of `d` (one per layer type where rope_parameters has
+    them); where the model reads sections (`mrope`) but its rope parameters name none, the
+    model's default, rescaled."""
     head_dim = d.get("head_dim") or (d.get("hidden_size", 0) // max(1, d.get("num_attention_heads", 1)))
+    if not head_dim:
+        return
     for key, value in list(d.items()):
-        if not isinstance(value, dict) or not head_dim:
+        if not isinstance(value, dict):
             continue
-        if key in ("rope_parameters", "rope_scaling") and value and all(isinstance(v, dict) for v in value.values()):
-            d[key] = {kind: _tiny_rope(rope, head_dim, mrope) for kind, rope in value.items()}  # per layer type
-            continue
-        if mrope and "mrope_section" not in value and key in ("rope_parameters", "rope_scaling"):
-            value = d[key] = dict(value, mrope_section=list(MROPE_DEFAULT))
-        if not isinstance(value.get("mrope_section"), list):
-            continue
-        value = d[key] = dict(value)  # not the caller's dict
-        sections = value["mrope_section"]
-        factor = value.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) or 1.0
-        target = int(head_dim * factor) // 2
-        total = sum(sections)
-        if not total or total == target:
-            continue
+        if key in ROPE_KEYS and value and all(isinstance(v, dict) for v in value.values()):  # per layer type
+            d[key] = {kind: _fitted_rope(rope, head_dim, 1.0, mrope, whole_pairs=True) for kind, rope in value.items()}
+        else:
+            d[key] = _fitted_rope(value, head_dim, d.get("partial_rotary_factor", 1.0), mrope and key in ROPE_KEYS)
+
+
+def _fitted_rope(rope, head_dim, factor, add_default, whole_pairs=False):
+    """A copy of one rope dict for the tiny head: with `whole_pairs`, a rotary factor turning a
+    whole multiple of 4 dims (two M-RoPE axes alternate pairs: neomme); the default sections
+    where `add_default` and it has none; its sections rescaled (largest remainders, same order)
+    to half the rotary dims (its own factor, else `factor`)."""
+    rope = dict(rope)
+    if whole_pairs and isinstance(rope.get("partial_rotary_factor"), float) and (head_dim * rope["partial_rotary_factor"]) % 4:
+        rope["partial_rotary_factor"] = 0.5
+    if add_default and "mrope_section" not in rope:
+        rope["mrope_section"] = list(MROPE_DEFAULT)
+    sections = rope.get("mrope_section")
+    if not isinstance(sections, list):
+        return rope
+    target = int(head_dim * (rope.get("partial_rotary_factor", factor) or 1.0)) // 2
+    total = sum(sections)
+    if total and total != target:
         exact = [s * target / total for s in sections]
         fitted = [int(x) for x in exact]
         for i in sorted(range(len(exact)), key=lambda i: exact[i] - fitted[i], reverse=True)[:target - sum(fitted)]:
             fitted[i] += 1
-        value["mrope_section"] = fitted
+        rope["mrope_section"] = fitted
+    return rope
 
 
 def _reads_mrope(model_type, d):
@@ -167,18 +182,6 @@ def _reads_mrope(model_type, d):
         except (ImportError, OSError):
             continue
     return False
-
-
-def _tiny_rope(rope, head_dim, mrope):
-    """One layer type's rope parameters for the tiny head: a rotary factor turning a whole
-    multiple of 4 dims (two M-RoPE axes alternate pairs: neomme), sections fitted."""
-    rope = dict(rope)
-    factor = rope.get("partial_rotary_factor")
-    if isinstance(factor, float) and (head_dim * factor) % 4:
-        rope["partial_rotary_factor"] = 0.5
-    holder = {"head_dim": head_dim, "rope_parameters": rope}
-    _fit_mrope(holder, mrope)
-    return holder["rope_parameters"]
 
 
 def tiny_config(model_type, text_config_key=None, **overrides):
