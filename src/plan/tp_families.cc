@@ -35,12 +35,18 @@ std::string Shown(const json& v) {
   return text;
 }
 
+// A config value that must be a positive integer (a size or a count), `name` in errors.
+Result<int64_t> PositiveInt(const json& v, const char* name) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t{1} << 40))
+    return InvalidArgument(std::string("config field '") + name + "' must be a positive integer, got " + Shown(v));
+  return v.get<int64_t>();
+}
+
 Result<std::optional<int64_t>> IntField(const json& j, const std::vector<const char*>& names) {
   for (const char* n : names) {
     if (!j.contains(n) || j[n].is_null()) continue;
-    if (!j[n].is_number_integer() || j[n].get<int64_t>() < 1 || j[n].get<int64_t>() > (int64_t{1} << 40))
-      return InvalidArgument(std::string("config field '") + n + "' must be a positive integer, got " + Shown(j[n]));
-    return std::optional<int64_t>(j[n].get<int64_t>());
+    CKPT_ASSIGN_OR_RETURN(auto v, PositiveInt(j[n], n));
+    return std::optional<int64_t>(v);
   }
   return std::optional<int64_t>();
 }
@@ -50,14 +56,15 @@ Result<std::optional<int64_t>> IntField(const json& j, const std::vector<const c
 Result<std::optional<int64_t>> PerLayerIntField(const json& j, const char* name) {
   if (!j.contains(name) || !j[name].is_array()) return IntField(j, {name});
   std::optional<int64_t> common;
-  for (size_t i = 0; i < j[name].size(); ++i) {
-    const json one = {{name, j[name][i]}};
-    CKPT_ASSIGN_OR_RETURN(auto v, IntField(one, {name}));
-    if (!v) return InvalidArgument(std::string("config field '") + name + "' must be a positive integer or a list of them");
-    if (i > 0 && *v != *common) return std::optional<int64_t>();
+  bool agree = true;
+  for (const json& layer : j[name]) {
+    if (layer.is_null())
+      return InvalidArgument(std::string("config field '") + name + "' must be a positive integer or a list of them");
+    CKPT_ASSIGN_OR_RETURN(auto v, PositiveInt(layer, name));
+    agree = agree && (!common || *common == v);
     common = v;
   }
-  return common;
+  return agree ? common : std::optional<int64_t>();
 }
 
 Result<std::optional<bool>> BoolField(const json& j, const char* name) {

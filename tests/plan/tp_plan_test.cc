@@ -368,6 +368,7 @@ TEST(TpPlanTest, MalformedConfigsAreTypedErrorsNotCrashes) {
       {R"({"model_type": "llama", "intermediate_size": [128, -1]})", "'intermediate_size' must be a positive integer"},
       {R"({"model_type": "llama", "intermediate_size": [128, [1]]})", "'intermediate_size' must be a positive integer"},
       {R"({"model_type": "llama", "intermediate_size": [null]})", "'intermediate_size' must be a positive integer or a list"},
+      {R"({"model_type": "llama", "intermediate_size": [128, 256, -1]})", "'intermediate_size' must be a positive integer"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.config.substr(0, 60));
