@@ -26,7 +26,6 @@
 #include "daemon/segment_location.h"
 #include "format/safetensors_writer.h"
 #include "protocol/daemon_connection.h"
-#include "protocol/wire.h"
 
 namespace ckpt::testing {
 namespace {
@@ -331,7 +330,8 @@ std::string DaemonProcess::segment_dir() const {
 
 namespace {
 
-// Whether the daemon at `socket` answers a request. Connectable is not yet serving: ckptd
+// Whether the daemon at `socket` answers a request (false while nobody listens there).
+// Connectable is not yet serving: ckptd
 // listens first (claiming its socket) and adopts the segments it finds before it accepts;
 // any answer, an error too (a refused role), comes after that.
 bool Answers(const std::string& socket) {
@@ -364,7 +364,7 @@ bool DaemonProcess::Start() {
   // start can take seconds.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (std::chrono::steady_clock::now() < deadline) {
-    if (protocol::ConnectUnix(socket_).ok() && Answers(socket_)) return true;
+    if (Answers(socket_)) return true;
     int status;
     if (::waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
