@@ -306,8 +306,9 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
     load_options.queue_depth = std::max(1, (ro.connections + ro.threads - 1) / ro.threads);
     load_options.chunk_bytes = ro.chunk_bytes;
     load_options.direct_io = loader::DirectIo::kNever;
-    // Each range's pages are populated as it starts (HttpReader), not the whole segment
-    // before the first GET: the allocation overlaps the transfer instead of preceding it.
+    // Each range's pages are allocated as its bytes arrive (HttpReader pwrites them to the
+    // segment's descriptor), not the whole segment before the first GET: the allocation
+    // overlaps the transfer instead of preceding it, and no page is zero-filled first.
     load_options.populate = shm::PagePopulate::kDeferred;
     load_options.make_reader = [&planned](const loader::ReaderOptions& options)
         -> Result<std::unique_ptr<loader::FileReader>> {

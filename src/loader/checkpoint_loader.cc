@@ -209,7 +209,12 @@ ReadSchedule ScheduleReads(const format::LoadPlan& plan, const std::vector<Sourc
               writer.tensor_data(i), chunk_bytes, &r.ops);
     r.remaining[i].store(static_cast<uint32_t>(r.ops.size() - before));
     if (populate_each) {
-      for (size_t k = before; k < r.ops.size(); ++k) r.ops[k].populate = true;
+      for (size_t k = before; k < r.ops.size(); ++k) {
+        ReadOp& op = r.ops[k];
+        op.populate = true;
+        op.dst_fd = writer.data_fd();
+        op.dst_offset = writer.tensor_offset(i) + static_cast<uint64_t>(op.dst - writer.tensor_data(i));
+      }
     }
     if (r.ops.size() == before) r.checksums[i] = shm::Checksum(writer.tensor_data(i), 0);
   }

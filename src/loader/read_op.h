@@ -66,6 +66,11 @@ struct ReadOp {
   // Allocate dst's pages (MADV_POPULATE_WRITE) before the read lands there: a segment
   // created with PagePopulate::kDeferred. A full file system is then ResourceExhausted.
   bool populate = false;
+  // With populate: the segment's read-write descriptor (SegmentWriter::data_fd) and dst's
+  // offset in it, or -1. A reader that copies from its own buffers may pwrite them there
+  // instead of populating dst and storing through it (see data_fd for why and when not).
+  int dst_fd = -1;
+  uint64_t dst_offset = 0;
 };
 
 // The aligned file range an op actually reads: [cover_offset, cover_offset + cover_length).

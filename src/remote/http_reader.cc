@@ -6,6 +6,8 @@
 #include <cstring>
 #include <deque>
 
+#include <unistd.h>
+
 #include "common/pause_point.h"
 #include "common/thread_pool.h"
 
@@ -29,6 +31,7 @@ struct Transfer {
   bool checked = false;   // this attempt's response passed CheckResponse
   bool overflow = false;  // more body than the range
   Status refused;         // CheckResponse's verdict, when it failed
+  Status landing;         // Land's error, when the bytes could not be put in the segment
   ResponseHead head;
   std::string error_body;
   Clock::time_point due;  // a retry starts no earlier
@@ -39,6 +42,50 @@ struct Transfer {
     if (headers) curl_slist_free_all(headers);
   }
 };
+
+std::string RangeText(const Transfer& t) {
+  return "bytes " + std::to_string(t.read->offset) + "-" + std::to_string(t.read->offset + t.read->length - 1);
+}
+
+// The error for a range whose shared-memory pages cannot be had (errno `err`).
+Status NoRoom(const Transfer& t, int err) {
+  return ResourceExhausted("no room in shared memory for " + t.file->ref.display + " (" + RangeText(t) +
+                           (err == ENOMEM ? "): out of memory" : "): file system full"));
+}
+
+// Populates the op's pages, for stores through op.dst: one system call for the range, not
+// one fault per 4 KiB inside the copy, and a full tmpfs is an error here instead of a
+// SIGBUS there.
+Status PopulateRange(const Transfer& t) {
+  const int err = loader::PopulateForWrite(t.read->dst, t.read->length);
+  if (err == EFAULT || err == ENOMEM || err == ENOSPC) return NoRoom(t, err);
+  return Status::Ok();  // 0, or EINVAL (an old kernel: the copy takes the faults)
+}
+
+// Puts body bytes at the op's byte t->got: pwrite to the segment's descriptor where it has
+// one (tmpfs allocates the pages as they are written, without zero-filling them first),
+// else stores through the mapping, populated when the transfer began.
+Status Land(Transfer* t, const char* data, size_t bytes) {
+  if (t->read->dst_fd < 0) {
+    std::memcpy(t->read->dst + t->got, data, bytes);
+    t->got += bytes;
+    return Status::Ok();
+  }
+  while (bytes > 0) {
+    const ssize_t w = ::pwrite(t->read->dst_fd, data, bytes, static_cast<off_t>(t->read->dst_offset + t->got));
+    if (w > 0) {
+      t->got += static_cast<uint64_t>(w);
+      data += w;
+      bytes -= static_cast<size_t>(w);
+      continue;
+    }
+    const int err = w < 0 ? errno : EIO;
+    if (err == EINTR) continue;
+    if (err == ENOSPC || err == ENOMEM || err == EFBIG) return NoRoom(*t, err);
+    return ErrnoError("writing " + t->file->ref.display + " (" + RangeText(*t) + ") into the segment", err);
+  }
+  return Status::Ok();
+}
 
 size_t WriteBody(char* data, size_t size, size_t n, void* userdata) {
   auto* t = static_cast<Transfer*>(userdata);
@@ -57,13 +104,8 @@ size_t WriteBody(char* data, size_t size, size_t n, void* userdata) {
     t->overflow = true;
     return 0;
   }
-  std::memcpy(t->read->dst + t->got, data, bytes);
-  t->got += bytes;
-  return bytes;
-}
-
-std::string RangeText(const Transfer& t) {
-  return "bytes " + std::to_string(t.read->offset) + "-" + std::to_string(t.read->offset + t.read->length - 1);
+  t->landing = Land(t, data, bytes);
+  return t->landing.ok() ? bytes : 0;
 }
 
 }  // namespace
@@ -127,16 +169,10 @@ Status HttpReader::ReadAll(const std::vector<loader::SourceFile>& files, const s
             curl_slist_free_all(t->headers);
             t->headers = nullptr;
           }
-          if (t->attempt == 0) {
-            // The range's pages mapped in one system call, not one fault per 4 KiB inside
-            // WriteBody's copy (most of a loopback load's CPU time otherwise); and a full
-            // tmpfs is an error here instead of a SIGBUS there. Done for every op, whether
-            // or not op.populate asks (a kDeferred segment, as remote loads use, does).
-            const int err = loader::PopulateForWrite(t->read->dst, t->read->length);
-            if (err == EFAULT || err == ENOMEM || err == ENOSPC) {
-              return ResourceExhausted("no room in shared memory for " + t->file->ref.display + " (" + RangeText(*t) +
-                                       (err == ENOMEM ? "): out of memory" : "): file system full"));
-            }
+          if (t->attempt == 0 && t->read->dst_fd < 0) {
+            // Stores through the mapping: the range populated first, whether or not
+            // op.populate asks (most of a loopback load's CPU time otherwise).
+            CKPT_RETURN_IF_ERROR(PopulateRange(*t));
           }
           ++t->attempt;
           t->at = t->read->offset + t->got;
@@ -144,6 +180,7 @@ Status HttpReader::ReadAll(const std::vector<loader::SourceFile>& files, const s
           t->checked = false;
           t->overflow = false;
           t->refused = Status::Ok();
+          t->landing = Status::Ok();
           t->head.Clear();
           t->error_body.clear();
           CKPT_RETURN_IF_ERROR(client_->Configure(t->h, t->file->ref, t->at, t->want, &t->file->identity, &t->headers));
@@ -162,6 +199,7 @@ Status HttpReader::ReadAll(const std::vector<loader::SourceFile>& files, const s
           std::unique_ptr<Transfer> t = remove(raw);
           curl_easy_getinfo(t->h, CURLINFO_RESPONSE_CODE, &t->head.status);
           const std::string where = t->file->ref.display + " (" + RangeText(*t) + ")";
+          if (!t->landing.ok()) return t->landing;
           if (!t->refused.ok()) return t->refused.WithContext(RangeText(*t));
           if (t->overflow) return Corrupt(where + ": the server sent more bytes than the range asked for");
           std::string why;

@@ -1,5 +1,6 @@
 // HttpReader: the loader's FileReader engine for remote sources. Each ReadOp becomes a
-// ranged GET whose body lands straight at op.dst (no temporary file, no bounce buffer);
+// ranged GET whose body lands straight in the segment (pwrite to op.dst_fd where the op has
+// it, else stores at op.dst, populated first; no temporary file, no bounce buffer);
 // several threads each drive a libcurl multi handle with several transfers in flight.
 // Every range carries If-Match (or If-Unmodified-Since) with the identity pinned when the
 // object was planned, and its response is checked (RemoteClient::CheckResponse): a changed

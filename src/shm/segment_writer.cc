@@ -119,6 +119,7 @@ Status SegmentWriter::ReservePages(const SegmentSpec& spec, UniqueFd rw_fd, uint
       populated_ = all;
       populate_summary_ = all ? "MADV_POPULATE_WRITE x" + std::to_string(std::max(1, threads))
                               : "MADV_POPULATE_WRITE per read";
+      if (!all && !pages.hugetlb) deferred_fd_ = std::move(rw_fd);  // hugetlbfs has no write()
     }
   }
   reserved_.store(segment_bytes, std::memory_order_release);  // WaitReserved: at once
@@ -270,6 +271,7 @@ Status SegmentWriter::Publish(const std::vector<uint64_t>& checksums, uint64_t l
   h->index_checksum = Checksum(base + h->index_offset, IndexChecksumEnd(*h) - h->index_offset);
   __atomic_store_n(&h->state, static_cast<uint32_t>(SegmentState::kComplete), __ATOMIC_RELEASE);
   published_ = true;
+  deferred_fd_.reset();
   return Status::Ok();
 }
 

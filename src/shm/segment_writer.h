@@ -94,6 +94,11 @@ class SegmentWriter {
   // A read-only descriptor of the same file (opened beside the read-write one, checked to
   // be the same inode): what the daemon keeps and passes to clients. Invalid once taken.
   UniqueFd TakeReadOnlyFd() { return std::move(read_only_fd_); }
+  // kDeferred on tmpfs: a read-write descriptor of the segment, open until Publish(); -1
+  // otherwise (hugetlbfs has no write()). A caller may pwrite data through it instead of
+  // populating and storing through the mapping: tmpfs then allocates each page as its
+  // bytes are written, without zero-filling it first or a fault per page; ENOSPC when full.
+  int data_fd() const { return deferred_fd_.get(); }
 
   // Allocates and maps every page of the segment not yet allocated (holes between the
   // tensors of a kDeferred segment), with `threads` threads; a no-op after kFallocate or
@@ -135,6 +140,7 @@ class SegmentWriter {
   const SegmentDirectory* directory_;
   std::unique_ptr<ShmMapping> mapping_;
   UniqueFd rw_fd_;  // kBackground only, until the reservation ends
+  UniqueFd deferred_fd_;  // kDeferred only, until Publish (data_fd())
   std::thread reserver_;
   std::atomic<uint64_t> reserved_{0};
   std::atomic<bool> stop_reserving_{false};

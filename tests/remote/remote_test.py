@@ -213,6 +213,42 @@ class RemoteTest(unittest.TestCase):
         self.assertEqual(self.names(d), [])
         self.assertEqual(d.ctl("status").returncode, 0)  # still serving
 
+    def mounted_tmpfs(self, options):
+        """A tmpfs mounted with `options` on a fresh directory, unmounted at cleanup (after the
+        daemons that use it stop), or a skip where mounting is not allowed (not root)."""
+        path = tempfile.mkdtemp(dir=self.scratch)
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", options + ",mode=0700", "tmpfs", path], capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            self.skipTest("cannot mount a tmpfs: " + r.stderr.strip())
+        self.addCleanup(subprocess.run, ["umount", "-l", path])
+        return path
+
+    def test_s3_into_a_full_segment_directory(self):
+        # No budget refuses it first: the tmpfs fills while the ranges land (pwrite: ENOSPC).
+        small = self.mounted_tmpfs("size=2m")
+        d = self.s3_daemon(["--segment-dir", small])
+        msg = self.load(d, "s3://models/one.safetensors", ok=False)
+        self.assertIn("no room in shared memory", msg)
+        self.assertIn("file system full", msg)
+        self.assertIn("s3://models/one.safetensors", msg)
+        self.assertEqual(self.names(d), [])
+        self.assertEqual(os.listdir(small), [])  # the partial segment is gone
+        # the daemon serves, and the freed room takes a load that fits
+        tiny = safetensors([("t", 1000)], 5)
+        self.put("tiny.safetensors", tiny)
+        self.load(d, "s3://models/tiny.safetensors", "--name", "tiny")
+        self.assert_bytes(d, "tiny", tensors_of(tiny))
+
+    def test_s3_onto_huge_pages(self):
+        # A tmpfs of 2 MiB pages: the ranges are written into 2 MiB folios, holes populated.
+        huge = self.mounted_tmpfs("size=64m,huge=always")
+        d = self.s3_daemon(["--segment-dir", huge])
+        self.load(d, "s3://models/repo/", "--name", "repo")
+        want = tensors_of(self.files["shard-1.safetensors"]) | tensors_of(self.files["shard-2.safetensors"])
+        self.assert_bytes(d, "repo", want)
+        self.assertIn("2 MiB pages", d.ctl("status").stdout)
+
     def test_s3_missing_bucket(self):
         d = self.s3_daemon(["--remote-allow", "s3://nobucket/"])
         self.assertIn("no such bucket", self.load(d, "s3://nobucket/x.safetensors", ok=False))
