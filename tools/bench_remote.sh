@@ -159,23 +159,41 @@ while got < total:
 print(f"{got / (1 << 20) / (time.monotonic() - t0):.1f}")' "$2" "$port" "$bytes"
   wait "$sender"
 }
-# timed(cmd...): runs it (output to the bin), prints MiB/s.
+# cpu_ticks(pid): user + system time of pid so far, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# timed(cmd...): runs it (output to the bin), prints "MiB/s CPU-seconds": the CPU is the
+# command's (user + system of it and its children) plus the daemon's over the same span
+# (what ckptctl asks, the daemon does; it is idle while the other tools run).
 timed() {
-  local t0 t1
+  local t0 t1 d0 d1 own
+  d0=$(cpu_ticks "$daemon")
   t0=$(date +%s.%N)
   "$@" > /dev/null
   t1=$(date +%s.%N)
-  $py -c "print(f'{$bytes / 1048576 / ($t1 - $t0):.1f}')"
+  d1=$(cpu_ticks "$daemon")
+  times > "$work/times"  # this subshell's children, last line: "0m0.030s 0m0.330s"
+  own=$(tail -1 "$work/times")
+  $py -c "
+import re, sys
+own = sum(float(m) * 60 + float(s) for m, s in re.findall(r'([0-9]+)m([0-9.]+)s', '$own'))
+print(f'{$bytes / 1048576 / ($t1 - $t0):.1f} {own + ($d1 - $d0) / $(getconf CLK_TCK):.2f}')"
 }
-record() {  # record(link, tool, MiB/s)
-  results+=("$1"$'\t'"$2"$'\t'"$3")
-  printf '%-8s %-34s %8s MiB/s (%.2f s)\n' "$1" "$2" "$3" "$($py -c "print($bytes / 1048576 / $3)")"
+record() {  # record(link, tool, "MiB/s [CPU-seconds]")
+  local rate cpu
+  read -r rate cpu <<< "$3"
+  results+=("$1"$'\t'"$2"$'\t'"$rate"$'\t'"${cpu:--}")
+  printf '%-8s %-34s %8s MiB/s (%.2f s%s)\n' "$1" "$2" "$rate" "$($py -c "print($bytes / 1048576 / $rate)")" \
+    "${cpu:+, CPU $cpu s}"
 }
 
-"$aws" configure set default.s3.max_concurrent_requests "$aws_requests"
-"$aws" configure set default.s3.multipart_chunksize "$aws_chunk"
+if [ -x "$aws" ]; then
+  "$aws" configure set default.s3.max_concurrent_requests "$aws_requests"
+  "$aws" configure set default.s3.multipart_chunksize "$aws_chunk"
+else
+  echo "aws: $aws not installed, skipped"
+fi
 echo "object: $bytes bytes ($mib MiB, 32 tensors); $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "ckptd extra options: ${ckptd_extra[*]:-(none)}; aws: $("$aws" --version 2>&1 | cut -d' ' -f1), max_concurrent_requests $aws_requests, multipart_chunksize $aws_chunk; curl: $(curl --version | head -1 | cut -d' ' -f1-2)"
+echo "ckptd extra options: ${ckptd_extra[*]:-(none)}; aws: $("$aws" --version 2>&1 | cut -d' ' -f1 || true), max_concurrent_requests $aws_requests, multipart_chunksize $aws_chunk; curl: $(curl --version | head -1 | cut -d' ' -f1-2)"
 for link in $links; do
   case $link in
     loopback) ip=127.0.0.1 ;;
@@ -202,8 +220,10 @@ for link in $links; do
     record "$link" "link (python, one TCP stream)" "$(link_rate "$link" "$ip")"
     record "$link" "ckptctl load s3:// (s3rver)" "$(timed ctl load "$s3" --name bench)"
     ctl evict bench > /dev/null
-    record "$link" "aws s3 cp (s3rver)" "$(timed "$aws" --endpoint-url "http://$ip:$s3port" s3 cp "$s3" /dev/shm/ckpt-bench-aws --quiet)"
-    rm -f /dev/shm/ckpt-bench-aws
+    if [ -x "$aws" ]; then
+      record "$link" "aws s3 cp (s3rver)" "$(timed "$aws" --endpoint-url "http://$ip:$s3port" s3 cp "$s3" /dev/shm/ckpt-bench-aws --quiet)"
+      rm -f /dev/shm/ckpt-bench-aws
+    fi
     record "$link" "curl (s3rver)" "$(timed curl -sf -o /dev/shm/ckpt-bench-curl "http://$ip:$s3port/bench/model.safetensors")"
     rm -f /dev/shm/ckpt-bench-curl
     record "$link" "ckptctl load http:// (nginx)" "$(timed ctl load "$http" --name bench)"
@@ -223,10 +243,11 @@ printf '%s\n' "${results[@]}" | $py -c '
 import statistics, sys
 rows = {}
 for line in sys.stdin:
-    link, tool, v = line.rstrip("\n").split("\t")
-    rows.setdefault((link, tool), []).append(float(v))
-print("| link | tool | runs (MiB/s) | median |")
-print("|---|---|---|---|")
+    link, tool, v, cpu = line.rstrip("\n").split("\t")
+    rows.setdefault((link, tool), []).append((float(v), cpu))
+print("| link | tool | runs (MiB/s) | median | CPU s per run (client, daemon included) |")
+print("|---|---|---|---|---|")
 for (link, tool), vs in rows.items():
-    runs = " / ".join("%.0f" % v for v in vs)
-    print(f"| {link} | {tool} | {runs} | {statistics.median(vs):.0f} |")'
+    runs = " / ".join("%.0f" % v for v, _ in vs)
+    cpus = " / ".join(c for _, c in vs)
+    print(f"| {link} | {tool} | {runs} | {statistics.median(v for v, _ in vs):.0f} | {cpus} |")'

@@ -26,6 +26,8 @@
 #             copy against the pinned limit, one process per rank; COPY_CONFIGS, COPY_REPS)
 #   warmhuge  tools/gpu/warm_huge.sh (issue 14: warm loads at 1..16 threads, 4 KiB vs huge
 #             pages, against cp and read(); a cold load against dd; table + SVG plot in OUT_DIR)
+#   remote    tools/gpu/remote_bench.sh (issue 26: ckptctl load s3:// and http:// against curl on
+#             this machine's cores; nginx, node, s3rver carried in .carry-remote)
 #   save      tools/gpu/bench_save.py (issue 15: publish from GPU memory vs torch.save and DCP,
 #             restores with the page cache dropped; table in OUT_DIR/bench_save.md)
 #   tools/gpu/run_checks.sh [OUT_DIR] [STEPS]      STEPS default: "gpu coll neo warm repro neo27"
@@ -187,6 +189,9 @@ for step in $steps; do
     python3 -X faulthandler tools/gpu/check_dcp.py --ckptd build-gpu/bin/ckptd --workdir /tmp/dcp \
       --mib "${DCP_MIB:-1024}" --markdown "$out/dcp.md" > "$out/dcp.log" 2>&1
     log "rc=$?" ;;
+  remote)
+    log "remote loads against curl (issue 26)"
+    tools/gpu/remote_bench.sh "$out" "${REMOTE_MIB:-512}" > "$out/remote_run.log" 2>&1; log "rc=$?" ;;
   neo27)
     log "GPT-Neo 2.7B"
     python3 tools/gpu/check_gpt_neo.py --ckptd build-gpu/bin/ckptd --workdir /tmp/neo --shape 2.7B > "$out/neo_27b.log" 2>&1
