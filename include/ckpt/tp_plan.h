@@ -64,8 +64,12 @@
 // 0 ($n: capture groups), sorted by "fuse_key" (a group or a list of groups; a key listed in
 // "fuse_order" sorts by its position there, all-digit keys numerically, others by text);
 // "stack": g views the output with a new leading dim, one entry per distinct value of group
-// g ("stack_count": n requires n of them); "if_absent": pattern applies the entry only when
+// g ("stack_count": n requires n of them); "fuse_count": n requires the output to fuse exactly
+// n source tensors; "if_absent": pattern applies the entry only when
 // no tensor of the checkpoint matches that pattern (e.g. a tied embedding: no lm_head).
+// "chunk_into": [name, ...] instead of a rule (transformers' Chunk conversion): a matching
+// tensor is cut along dim 0 into that many equal parts (dim 0 must divide), part k a tensor
+// named name_k ($n groups) of those rows, placed by the rule its own name matches.
 // Plan keys besides rules/default: "require": [{"pattern": p, "count": n, "what": text}]
 // (p must match at least n tensors, else an error naming `what`), "max_world": {"world": n,
 // "why": text} (larger worlds refused), "family", "comment", "block_scales" (below), and

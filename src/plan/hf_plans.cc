@@ -117,6 +117,30 @@ bool IsExpertFusion(const json& c, bool* concatenates) {
   return ops.size() == 1 || *concatenates;
 }
 
+// The text a converter's source pattern matches when it is a plain name (letters, digits,
+// '_', '.' and "\\."), for ordering the sources of a concatenation; nullopt otherwise.
+std::optional<std::string> PlainText(const std::string& pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size() && pattern[i + 1] == '.') {
+      out += '.';
+      ++i;
+    } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.') {
+      out += c;
+    } else {
+      return std::nullopt;
+    }
+  }
+  return out;
+}
+
+// The only operation of converter `c` when it is `op` along dim 0 (Chunk, Concatenate).
+bool IsOnlyDim0(const json& c, const char* op) {
+  const json ops = c.value("operations", json::array());
+  return ops.size() == 1 && ops[0].value("op", "") == op && ops[0].value("dim", -1) == 0;
+}
+
 class PlanWriter {
  public:
   PlanWriter(const std::string& model_type, const json& entry, const ModelConfig& config, const std::string& source)
@@ -214,6 +238,18 @@ class PlanWriter {
     if (kind != "WeightConverter") return Status::Ok();
     bool concatenates = false;
     if (targets.size() == 1 && IsExpertFusion(c, &concatenates)) return AddExpertFusion(sources, targets[0], concatenates);
+    std::vector<std::optional<std::string>> plain;
+    for (const std::string& s : sources) plain.push_back(PlainText(s));
+    std::vector<std::optional<std::string>> plain_targets;
+    for (const std::string& t : targets) plain_targets.push_back(PlainText(t));
+    const auto all_plain = [](const auto& v) {
+      return std::all_of(v.begin(), v.end(), [](const auto& p) { return p.has_value(); });
+    };
+    if (all_plain(plain) && all_plain(plain_targets)) {
+      if (sources.size() == 1 && targets.size() >= 2 && IsOnlyDim0(c, "Chunk")) return AddChunk(sources[0], targets);
+      if (sources.size() >= 2 && targets.size() == 1 && IsOnlyDim0(c, "Concatenate"))
+        return AddConcatenation(sources, plain, *plain_targets[0]);
+    }
     std::string ops;
     for (const auto& op : c.value("operations", json::array())) ops += (ops.empty() ? "" : ", ") + op.value("op", "?");
     for (const std::string& s : sources)
@@ -221,6 +257,56 @@ class PlanWriter {
                         {"rule", {{"refuse", Where() + ": transformers converts this tensor at load (" + ops +
                                                  ") in a way ckptd does not shard; use convention \"megatron\" "
                                                  "where a built-in family has it, or a plan file (docs/tp-plans.md)"}}}});
+    return Status::Ok();
+  }
+
+  // Chunk(dim 0) of `source` into `targets` (plain names): a matching tensor is cut into
+  // equal parts, part k named as the tensor with the source's text replaced by target k
+  // (transformers: full_layer_name.replace), each part placed by the plan's own rules.
+  Status AddChunk(const std::string& source, const std::vector<std::string>& targets) {
+    json parts = json::array();
+    for (const std::string& t : targets) parts.push_back("$1" + *PlainText(t) + "$2");
+    rules_.push_back({{"pattern", "^(.*?)" + SourceRegex(source) + "(.*)$"}, {"chunk_into", parts}});
+    return Status::Ok();
+  }
+
+  // Concatenate(dim 0) of `sources` (plain names; `plain` their texts) into `target`: the
+  // tensors of one module concatenated in the sources' order, as a fused output named with
+  // the source's text replaced by the target. Whole on every rank where the plan gives the
+  // target no style; a split of the concatenation (which would cut across its sources) is
+  // refused for the prefixes whose plan keys give one.
+  Status AddConcatenation(const std::vector<std::string>& sources, const std::vector<std::optional<std::string>>& plain,
+                          const std::string& target) {
+    json order = json::array();
+    for (const auto& p : plain) order.push_back(*p);
+    std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
+    const std::string bare = target[0] == '.' ? target.substr(1) : target;
+    const size_t dot = bare.rfind('.');
+    for (auto it = plan_->begin(); it != plan_->end(); ++it) {
+      const std::string& key = it.key();
+      for (const std::string& tail : {bare, dot == std::string::npos ? std::string() : bare.substr(0, dot)}) {
+        if (tail.empty() || key.size() <= tail.size() || key.compare(key.size() - tail.size(), tail.size(), tail) != 0 ||
+            key[key.size() - tail.size() - 1] != '.' || !it.value().is_string())
+          continue;
+        std::string prefix = key.substr(0, key.size() - tail.size());
+        if (target[0] == '.') prefix.pop_back();
+        prefixes.emplace_back(PlanKeyRegex(prefix),
+                              json{{"refuse", Where() + ": transformers concatenates " + std::to_string(sources.size()) +
+                                                  " tensors into '" + key + "' and splits the result " +
+                                                  it.value().get<std::string>() +
+                                                  ", across its sources, which ckptd does not do; use convention "
+                                                  "\"megatron\" where a built-in family has it, or a plan file "
+                                                  "(docs/tp-plans.md)"}});
+      }
+    }
+    prefixes.emplace_back(".*?", "replicate");
+    for (const auto& [prefix, rule] : prefixes) {
+      for (const std::string& s : sources) {
+        rules_.push_back({{"pattern", "^(" + prefix + ")(" + SourceRegex(s) + ")(.*)$"}, {"rule", rule},
+                          {"fuse_into", "$1" + target + "$3"}, {"fuse_key", 2}, {"fuse_order", order},
+                          {"fuse_count", sources.size()}});
+      }
+    }
     return Status::Ok();
   }
 

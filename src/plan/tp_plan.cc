@@ -223,7 +223,11 @@ struct TpPlan::Entry {
   std::vector<std::string> fuse_order;
   int stack = 0;  // > 0: view the fused output with a leading dim per distinct value of this group
   int64_t stack_count = 0;
+  int64_t fuse_count = 0;  // > 0: the fused output holds exactly this many source tensors
   std::optional<Regex> if_absent;
+  // Non-empty: a matching tensor is cut along dim 0 into this many equal parts, part k a
+  // tensor of its own named chunk_into[k] ($n groups), placed by the rule its name matches.
+  std::vector<std::string> chunk_into;
 };
 
 // A rename of every tensor name before the rules see it, as transformers' WeightTransform
@@ -342,8 +346,9 @@ Status ParseFuseKeys(const nlohmann::json& e, const std::string& where, TpPlan::
 // rule `e`; InvalidArgument if the fusion keys come without "fuse_into" or do not fit the pattern.
 Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
   if (!e.contains("fuse_into")) {
-    if (e.contains("fuse_key") || e.contains("fuse_order") || e.contains("stack") || e.contains("stack_count"))
-      return InvalidArgument(where + ": \"fuse_key\"/\"fuse_order\"/\"stack\" without \"fuse_into\"");
+    if (e.contains("fuse_key") || e.contains("fuse_order") || e.contains("stack") || e.contains("stack_count") ||
+        e.contains("fuse_count"))
+      return InvalidArgument(where + ": \"fuse_key\"/\"fuse_order\"/\"fuse_count\"/\"stack\" without \"fuse_into\"");
     return Status::Ok();
   }
   if (!e["fuse_into"].is_string() || e["fuse_into"].get<std::string>().empty())
@@ -362,6 +367,9 @@ Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::En
       entry->fuse_order.push_back(k.get<std::string>());
     }
   }
+  if (e.contains("fuse_count")) {
+    CKPT_ASSIGN_OR_RETURN(entry->fuse_count, PositiveInt(e["fuse_count"], "fuse_count"));
+  }
   if (e.contains("stack")) {
     auto g = GroupIndex(e["stack"], entry->pattern, "stack");
     if (!g.ok()) return g.status().WithContext(where);
@@ -377,14 +385,39 @@ Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::En
   return Status::Ok();
 }
 
-// The entry of plan rule `e` (named `where` in errors): its pattern, rule, transpose,
-// if_absent and fusion.
-Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const std::string& where) {
-  if (!e.is_object() || !e.contains("pattern") || !e["pattern"].is_string() || !e.contains("rule"))
-    return InvalidArgument(where + ": needs \"pattern\" (string) and \"rule\"");
+// Sets entry's "chunk_into" from rule `e`: 2..64 non-empty templates whose groups the
+// pattern has, and no other key but the pattern's (the parts are placed by their own rules).
+Status ParseChunks(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
   for (auto it = e.begin(); it != e.end(); ++it) {
-    static const char* kKeys[] = {"pattern",    "rule",  "transpose",   "fuse_into", "fuse_key",
-                                  "fuse_order", "stack", "stack_count", "if_absent", "comment"};
+    if (it.key() != "pattern" && it.key() != "chunk_into" && it.key() != "comment")
+      return InvalidArgument(where + ": \"chunk_into\" takes no \"" + it.key() +
+                             "\" (each part is placed by the rule its own name matches)");
+  }
+  const auto& parts = e["chunk_into"];
+  if (!parts.is_array() || parts.size() < 2 || parts.size() > 64)
+    return InvalidArgument(where + ": \"chunk_into\" must be an array of 2 to 64 names");
+  for (const auto& part : parts) {
+    if (!part.is_string() || part.get<std::string>().empty())
+      return InvalidArgument(where + ": \"chunk_into\" holds non-empty names");
+    auto most = Regex::MaxGroupReferenced(part.get<std::string>());
+    if (!most.ok()) return most.status().WithContext(where);
+    if (*most > entry->pattern.groups())
+      return InvalidArgument(where + ": \"chunk_into\" refers to group " + std::to_string(*most) + " but /" +
+                             entry->pattern_text + "/ has " + std::to_string(entry->pattern.groups()));
+    entry->chunk_into.push_back(part.get<std::string>());
+  }
+  return Status::Ok();
+}
+
+// The entry of plan rule `e` (named `where` in errors): its pattern, rule, transpose,
+// if_absent and fusion; or its pattern and chunks (ParseChunks).
+Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const std::string& where) {
+  if (!e.is_object() || !e.contains("pattern") || !e["pattern"].is_string() ||
+      e.contains("rule") == e.contains("chunk_into"))
+    return InvalidArgument(where + ": needs \"pattern\" (string) and \"rule\" (or, instead of a rule, \"chunk_into\")");
+  for (auto it = e.begin(); it != e.end(); ++it) {
+    static const char* kKeys[] = {"pattern",     "rule",      "transpose",  "fuse_into",  "fuse_key", "fuse_order",
+                                  "fuse_count",  "stack",     "stack_count", "if_absent", "chunk_into", "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument(where + ": unknown key '" + it.key() + "'");
   }
@@ -393,6 +426,10 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
   auto compiled = Regex::Compile(entry->pattern_text);
   if (!compiled.ok()) return compiled.status().WithContext(where);
   entry->pattern = std::move(*compiled);
+  if (e.contains("chunk_into")) {
+    CKPT_RETURN_IF_ERROR(ParseChunks(e, where, entry.get()));
+    return entry;
+  }
   auto rule = ParseRule(e["rule"]);
   if (!rule.ok()) return rule.status().WithContext(where + " (/" + entry->pattern_text + "/)");
   entry->rule = *rule;
@@ -950,6 +987,9 @@ class TpPlan::Resolution {
     CKPT_ASSIGN_OR_RETURN(Match match, MatchTensor(weight_key));
     const Entry& e = match.entry ? *match.entry : *plan_.default_;
     const std::string where = "block scale '" + t.name + "' of weight '" + w.name + "'";
+    if (!e.chunk_into.empty())
+      return InvalidArgument("FP8 block scales: weight '" + w.name + "' is cut into parts (rule /" + e.pattern_text +
+                             "/), which ckptd does not do with its block scale '" + t.name + "'");
     auto placed = Place(w, e.rule, match.groups, rank_, world_);
     if (!placed.ok()) return placed.status().WithContext(where);
     if (!placed->owned) return Status::Ok();
@@ -984,6 +1024,7 @@ class TpPlan::Resolution {
     const Entry& e = m ? *m : *plan_.default_;
     const std::string where = "tensor '" + t.name + "'" + (name != t.name ? " (as '" + name + "')" : "") +
                               (m ? " (rule /" + m->pattern_text + "/)" : "");
+    if (!e.chunk_into.empty()) return AddChunks(t, name, match, where);
     auto placed = Place(t, e.rule, match.groups, rank_, world_);
     if (!placed.ok()) return placed.status().WithContext(where);
     if (!placed->owned) return Status::Ok();
@@ -992,6 +1033,44 @@ class TpPlan::Resolution {
       if (!layout.ok()) return layout.status().WithContext(where);
     }
     return AddPieces(name, name, "", match, std::move(placed->pieces), where);
+  }
+
+  // `t` (matched as `name`) cut along dim 0 into its entry's chunk_into parts, equal as
+  // torch.chunk cuts them (transformers' Chunk conversion): each part is placed as a tensor
+  // of its own name and rows, by the rule that name matches (a part cut again is an error),
+  // its pieces rows of `t`.
+  Status AddChunks(const TensorInfo& t, const std::string& name, const Match& match, const std::string& where) {
+    const Entry& e = *match.entry;
+    const int64_t n = static_cast<int64_t>(e.chunk_into.size());
+    if (t.shape.empty() || t.shape[0] % n != 0)
+      return InvalidArgument(where + ": dim 0 of length " + std::to_string(t.shape.empty() ? 0 : t.shape[0]) +
+                             " does not cut into " + std::to_string(n) + " equal parts (\"chunk_into\")");
+    const int64_t rows = t.shape[0] / n;
+    for (int64_t k = 0; k < n; ++k) {
+      auto part_name = e.pattern.Substitute(name, e.chunk_into[static_cast<size_t>(k)]);
+      if (!part_name.ok()) return part_name.status().WithContext(where);
+      TensorInfo part = t;
+      part.name = *part_name;
+      part.shape[0] = rows;
+      part.nbytes = t.nbytes / static_cast<uint64_t>(n);
+      CKPT_ASSIGN_OR_RETURN(Match pm, MatchTensor(part.name));
+      const std::string part_where = where + ", part " + std::to_string(k) + " '" + part.name + "'" +
+                                     (pm.entry ? " (rule /" + pm.entry->pattern_text + "/)" : "");
+      if (pm.entry && !pm.entry->chunk_into.empty()) return InvalidArgument(part_where + ": a part is cut again");
+      if (pm.entry) any_rule_matched_ = true;
+      auto placed = Place(part, (pm.entry ? *pm.entry : *plan_.default_).rule, pm.groups, rank_, world_);
+      if (!placed.ok()) return placed.status().WithContext(part_where);
+      if (!placed->owned) continue;
+      for (ShardPiece& piece : placed->pieces) {
+        piece.source = t.name;
+        if (piece.row_count < 0) piece.row_count = rows;
+        piece.row_begin += k * rows;
+        auto layout = PieceLayout(piece, t);
+        if (!layout.ok()) return layout.status().WithContext(part_where);
+      }
+      CKPT_RETURN_IF_ERROR(AddPieces(part.name, part.name, "", pm, std::move(placed->pieces), part_where));
+    }
+    return Status::Ok();
   }
 
   // Adds `pieces` to their output (made when it is the first): `own`, or, when `match`'s
@@ -1068,6 +1147,14 @@ class TpPlan::Resolution {
       std::vector<ShardPiece> ordered;
       for (const auto& k : f.keys) ordered.push_back(out.pieces[k.second]);
       out.pieces = std::move(ordered);
+      if (f.entry->fuse_count > 0) {
+        std::set<std::string> sources;
+        for (const ShardPiece& p : out.pieces) sources.insert(p.source);
+        if (static_cast<int64_t>(sources.size()) != f.entry->fuse_count)
+          return InvalidArgument("output '" + name + "' fuses " + std::to_string(sources.size()) + " tensors (rule /" +
+                                 f.entry->pattern_text + "/), it needs " + std::to_string(f.entry->fuse_count) +
+                                 " (a missing tensor of the checkpoint?)");
+      }
       if (f.entry->stack) CKPT_RETURN_IF_ERROR(Stack(name, f, &out));
     }
     return Status::Ok();

@@ -432,3 +432,124 @@ TEST(TpPlanTest, PlanFileErrorsNameTheEntry) {
 
 }  // namespace
 }  // namespace ckpt
+
+namespace ckpt {
+namespace {
+
+// The bytes of output `o` gathered from float sources whose element i is their base + i.
+std::vector<float> GatherFloats(const ShardOutput& o, const std::vector<TensorInfo>& t,
+                                const std::map<std::string, std::vector<float>>& data) {
+  auto layout = PlanOutput(o, t);
+  EXPECT_TRUE(layout.ok()) << layout.status().ToString();
+  if (!layout.ok()) return {};
+  std::vector<const std::byte*> sources;
+  for (const ShardPiece& p : o.pieces) sources.push_back(reinterpret_cast<const std::byte*>(data.at(p.source).data()));
+  std::vector<float> out(layout->nbytes / sizeof(float));
+  EXPECT_TRUE(GatherOutput(o, *layout, sources, out.data(), layout->nbytes).ok());
+  return out;
+}
+
+std::vector<float> Iota(int64_t n, float base) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = base + static_cast<float>(i);
+  return v;
+}
+
+// chunk_into: the parts are rows of their source, each placed by its own name's rule;
+// the bytes are torch.chunk's parts split by their styles.
+TEST(TpPlanChunkTest, PartsAreRowsOfTheSourcePlacedByTheirOwnRules) {
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(.*?)gate_up\\.weight(.*)$", "chunk_into": ["$1gate.weight$2", "$1up.weight$2"]},
+      {"pattern": "^(.*?)qkv\\.bias$", "chunk_into": ["$1q.bias", "$1k.bias", "$1v.bias"]},
+      {"pattern": "\\.gate\\.weight$", "rule": "colwise"},
+      {"pattern": "\\.up\\.weight$", "rule": "rowwise"},
+      {"pattern": "\\.q\\.bias$", "rule": "colwise"}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::vector<TensorInfo> t = {T("m.gate_up.weight", {8, 6}), T("m.qkv.bias", {12})};
+  const std::map<std::string, std::vector<float>> data = {{"m.gate_up.weight", Iota(48, 0)},
+                                                          {"m.qkv.bias", Iota(12, 100)}};
+  for (int world : {1, 2}) {
+    for (int rank = 0; rank < world; ++rank) {
+      auto outs = plan->Resolve(t, rank, world);
+      ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+      auto m = ByName(*outs);
+      ASSERT_EQ(m.size(), 5u);  // gate, up, q, k, v: the sources themselves are no outputs
+      // gate: rows [0, 4) colwise (dim 0): rank's rows [rank * 4 / world, ...)
+      std::vector<float> gate;
+      for (int r = rank * 4 / world; r < (rank + 1) * 4 / world; ++r)
+        for (int c = 0; c < 6; ++c) gate.push_back(static_cast<float>(r * 6 + c));
+      EXPECT_EQ(GatherFloats(m["m.gate.weight"], t, data), gate);
+      // up: rows [4, 8) rowwise (dim -1): the rank's columns of each row
+      std::vector<float> up;
+      for (int r = 4; r < 8; ++r)
+        for (int c = rank * 6 / world; c < (rank + 1) * 6 / world; ++c) up.push_back(static_cast<float>(r * 6 + c));
+      EXPECT_EQ(GatherFloats(m["m.up.weight"], t, data), up);
+      // q: elements [0, 4) split; k, v whole (no rule: replicated)
+      EXPECT_EQ(GatherFloats(m["m.q.bias"], t, data), Iota(4 / world, 100.f + static_cast<float>(rank * 4 / world)));
+      EXPECT_EQ(GatherFloats(m["m.k.bias"], t, data), Iota(4, 104));
+      EXPECT_EQ(GatherFloats(m["m.v.bias"], t, data), Iota(4, 108));
+    }
+  }
+}
+
+TEST(TpPlanChunkTest, BadChunksAreClearErrors) {
+  for (const char* bad : {
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", "b"], "rule": "column"}]})J",  // both
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a"]}]})J",                         // one part
+           R"J({"rules": [{"pattern": "x", "chunk_into": "a"}]})J",
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", ""]}]})J",
+           R"J({"rules": [{"pattern": "(x)", "chunk_into": ["$2", "b"]}]})J",                 // no group 2
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", "b"], "transpose": true}]})J",
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", "b"], "fuse_into": "y"}]})J"}) {
+    auto plan = TpPlan::FromJson(bad);
+    ASSERT_FALSE(plan.ok()) << bad;
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^w$", "chunk_into": ["a", "b", "c"]},
+      {"pattern": "^again$", "chunk_into": ["w", "z"]},
+      {"pattern": "^taken$", "chunk_into": ["other", "p"]}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto uneven = plan->Resolve({T("w", {8, 2})}, 0, 2);
+  ASSERT_FALSE(uneven.ok());
+  EXPECT_NE(uneven.status().message().find("tensor 'w'"), std::string::npos) << uneven.status().ToString();
+  EXPECT_NE(uneven.status().message().find("does not cut into 3 equal parts"), std::string::npos);
+  auto scalar = plan->Resolve({T("w", {})}, 0, 1);
+  EXPECT_FALSE(scalar.ok());
+  auto twice = plan->Resolve({T("again", {4, 2})}, 0, 1);  // part 'w' matches a chunk rule
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("a part is cut again"), std::string::npos) << twice.status().ToString();
+  auto collide = plan->Resolve({T("taken", {4, 2}), T("other", {2, 2})}, 0, 1);  // a part named as a tensor
+  ASSERT_FALSE(collide.ok());
+  EXPECT_NE(collide.status().message().find("'other' is already taken"), std::string::npos)
+      << collide.status().ToString();
+  // FP8: a chunked weight's block scale is refused, naming both.
+  auto fp8 = plan->Resolve({T("w", {384, 256}, DType::kF8E4M3), T("w_scale_inv", {3, 2})}, 0, 1);
+  ASSERT_FALSE(fp8.ok());
+  EXPECT_NE(fp8.status().message().find("weight 'w' is cut into parts"), std::string::npos) << fp8.status().ToString();
+}
+
+TEST(TpPlanChunkTest, FuseCountNamesAMissingSource) {
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(m\\.)(q|k|v)c$", "rule": "replicate", "fuse_into": "$1c", "fuse_key": 2,
+       "fuse_order": ["q", "k", "v"], "fuse_count": 3}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::vector<TensorInfo> all = {T("m.vc", {2, 3}), T("m.qc", {2, 3}), T("m.kc", {2, 3})};
+  auto outs = plan->Resolve(all, 1, 2);
+  ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+  ASSERT_EQ(outs->size(), 1u);
+  const ShardOutput& c = (*outs)[0];
+  EXPECT_EQ(c.name, "m.c");
+  ASSERT_EQ(c.pieces.size(), 3u);
+  EXPECT_EQ(c.pieces[0].source, "m.qc");
+  EXPECT_EQ(c.pieces[2].source, "m.vc");
+  auto missing = plan->Resolve({T("m.vc", {2, 3}), T("m.qc", {2, 3})}, 0, 1);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("output 'm.c' fuses 2 tensors"), std::string::npos)
+      << missing.status().ToString();
+  EXPECT_FALSE(TpPlan::FromJson(R"J({"rules": [{"pattern": "x", "rule": "column", "fuse_count": 2}]})J").ok());
+  EXPECT_FALSE(TpPlan::FromJson(R"J({"rules": [{"pattern": "(x)", "rule": "column", "fuse_into": "y", "fuse_count": 0}]})J").ok());
+}
+
+}  // namespace
+}  // namespace ckpt

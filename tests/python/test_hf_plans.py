@@ -64,11 +64,7 @@ KNOWN_GAPS = {
     "gemma3n": "none of its rules matches",
     # conversions the engine does not shard (a Chunk/Transpose/Concatenate transformers does
     # at load): refused, naming the tensor, the model type and the operation.
-    "hrm_text": "model type 'hrm_text'.*transformers converts this tensor at load",
-    "kimi_linear": "model type 'kimi_linear'.*transformers converts this tensor at load",
-    "minimax_m3_vl": "model type 'minimax_m3_vl'.*transformers converts this tensor at load",
     "kimi_k25": "model type 'kimi_k25'.*transformers converts this tensor at load",  # its vision wqkv
-    "qianfan_ocr": "model type 'qianfan_ocr'.*transformers converts this tensor at load",  # vision qkv (Chunk)
     "qwen3_vl_moe": "model type 'qwen3_vl_moe'.*transformers converts this tensor at load",  # experts (Transpose)
     "step3p7": "model type 'step3p7'.*transformers converts this tensor at load",  # vision in_proj (Chunk)
     # transformers 5.17's loader renames its own saved names to names its model lacks
@@ -100,6 +96,23 @@ def tied_aliases(ex):
     names = {n for n, _ in ex["model_tensors"]}
     return {n for n in names if n.endswith("lm_head.weight")} if not any(
         t[0].endswith("lm_head.weight") for t in ex["tensors"]) else set()
+
+
+def out_shape(o, shapes):
+    """An output's shape at world 1 from its pieces (whole tensors or rows of them, as a
+    Chunk conversion's parts and a Concatenate's sources are), or its view."""
+    if o.view:
+        return list(o.view)
+    if len(o.pieces) == 1 and o.pieces[0]["row_count"] < 0:
+        return list(shapes[o.pieces[0]["source"]])  # a whole tensor (a scalar too)
+    rows = [p["row_count"] if p["row_count"] >= 0 else shapes[p["source"]][0] for p in o.pieces]
+    return [sum(rows)] + list(shapes[o.pieces[0]["source"]][1:])
+
+
+def chunk_parts(entry):
+    """transformers' Chunk(dim 0) conversions of an entry: (source pattern, target patterns)."""
+    return [(c["source_patterns"][0], c["target_patterns"]) for c in entry.get("conversions", [])
+            if c.get("kind") == "WeightConverter" and c.get("operations") == [{"op": "Chunk", "dim": 0}]]
 
 
 def load_examples():
@@ -143,9 +156,8 @@ class HfPlanDataTest(unittest.TestCase):
                     if mt in LOADER_BUGS:
                         continue
                     self.assertIn(o.name, model, f"{o.name}: not a parameter of transformers' model")
-                    shape = list(o.view) if o.view else shapes[o.pieces[0]["source"]]
-                    if len(o.pieces) == 1 and not o.view:
-                        self.assertEqual(shape, model[o.name], o.name)
+                    if not o.view:
+                        self.assertEqual(out_shape(o, shapes), model[o.name], o.name)
 
     def test_worlds_2_and_4_split_as_transformers_styles_say(self):
         for mt, ex in sorted(self.examples.items()):
@@ -174,6 +186,40 @@ class HfPlanDataTest(unittest.TestCase):
                             got = None if p["kind"] == "replicate" else p["dim"] % max(ndim, 1)
                             self.assertEqual(got, want, f"{o.name} ({style}): split dim {got}, transformers {want}")
 
+    def test_chunked_parts_are_split_as_their_own_styles(self):
+        """A Chunk(dim 0) conversion's part k is rows [k R/n, (k+1) R/n) of its source, split
+        (or not) as transformers' style for the part's own name says."""
+        checked = 0
+        for mt, ex in sorted(self.examples.items()):
+            entry = json.loads(ckpt.plans.TpPlan.hf_entry(mt))
+            if mt in KNOWN_GAPS or not chunk_parts(entry):
+                continue
+            tie = tie_of(ex["config"], entry)
+            plan_keys = entry.get("tp_plan_tied") if tie and entry.get("tp_plan_tied") else entry["tp_plan"]
+            tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+            shapes = {t["name"]: t["shape"] for t in tensors}
+            plan = ckpt.plans.for_config(ex["config"], "hf")
+            for world in (2, 4):
+                for rank in range(world):
+                    with self.subTest(model_type=mt, world=world, rank=rank):
+                        for o in plan.resolve(tensors, rank, world):
+                            p = o.pieces[0]
+                            n = [len(t) for s, t in chunk_parts(entry) if p["source"].endswith(s)]
+                            if len(o.pieces) != 1 or p["row_count"] < 0 or not n:
+                                continue  # not a part
+                            n = n[0]
+                            rows = shapes[p["source"]][0] // n
+                            self.assertEqual((p["row_begin"] % rows, p["row_count"]), (0, rows), o.name)
+                            ndim = len(shapes[p["source"]])
+                            style = style_of(plan_keys, o.name)
+                            want = expected_dim(style, o.name, ndim)
+                            got = None if p["kind"] == "replicate" else p["dim"] % ndim
+                            self.assertEqual(got, want, f"{o.name} ({style}): split dim {got}, transformers {want}")
+                            if got is not None:
+                                self.assertEqual((p["rank"], p["world"]), (rank, world), o.name)
+                            checked += 1
+        self.assertGreater(checked, 0)
+
     def test_known_gaps_fail_loudly_where_they_fail(self):
         for mt, why in KNOWN_GAPS.items():
             with self.subTest(model_type=mt):
@@ -193,13 +239,23 @@ class HfPlanDataTest(unittest.TestCase):
             checked += 1
             with self.subTest(model_type=mt):
                 tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+                shapes = {t["name"]: t["shape"] for t in tensors}
                 outs = ckpt.plans.for_config(ex["config"], "hf").resolve(tensors, 0, 1)
                 model = {n for n, _ in ex["model_tensors"]}
+                chunks = chunk_parts(json.loads(ckpt.plans.TpPlan.hf_entry(mt)))
                 for o in outs:
                     for p in o.pieces:
                         want = ex["renamed"][p["source"]]
                         if want not in model and want.split(".", 1)[-1] in model:
                             want = want.split(".", 1)[-1]  # transformers strips the base-model prefix
+                        if p["row_count"] >= 0 and chunks:
+                            # a Chunk's part k: the name of part 0 (what the record holds) with
+                            # target 0 replaced by target k (transformers' Chunk.convert)
+                            for _, targets in chunks:
+                                if targets[0] in want:
+                                    k = p["row_begin"] * len(targets) // shapes[p["source"]][0]
+                                    want = want.replace(targets[0], targets[k])
+                                    break
                         self.assertEqual(o.name, want, f"{p['source']}: ckptd {o.name}, transformers {want}")
                 if mt not in LOADER_BUGS:
                     self.assertEqual(sorted(model - {o.name for o in outs} - tied_aliases(ex)), [],
@@ -277,6 +333,45 @@ class HfPlanDataTest(unittest.TestCase):
         tensors = [{"name": "model.layers.0.mlp.w_in", "dtype": "F32", "shape": [8, 4]}]
         with self.assertRaisesRegex(ckpt.InvalidArgument, r"model.layers.0.mlp.w_in.*model type 'toy'.*Chunk"):
             plan.resolve(tensors, 0, 2)
+
+    def test_chunk_and_concatenate_conversions(self):
+        # Chunk(dim 0): the parts named as transformers names them (the source's text replaced
+        # by each target), each split by its own style; Concatenate(dim 0): one fused output in
+        # the sources' order, whole where the plan gives the target no style.
+        entry = {"tp_plan": {"model.layers.*.mlp.gate_proj": "colwise", "model.layers.*.mlp.up_proj": "colwise"},
+                 "conversions": [
+                     {"kind": "WeightConverter", "source_patterns": ["mlp.gate_up_proj.weight"],
+                      "target_patterns": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+                      "operations": [{"op": "Chunk", "dim": 0}]},
+                     {"kind": "WeightConverter", "source_patterns": ["attn.q_conv.weight", "attn\\.k_conv.weight"],
+                      "target_patterns": ["attn.conv.weight"], "operations": [{"op": "Concatenate", "dim": 0}]}]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        tensors = [{"name": n, "dtype": "F32", "shape": s} for n, s in (
+            ("model.layers.0.mlp.gate_up_proj.weight", [8, 4]), ("model.layers.0.attn.k_conv.weight", [6, 1, 2]),
+            ("model.layers.0.attn.q_conv.weight", [6, 1, 2]))]
+        outs = {o.name: o for o in plan.resolve(tensors, 1, 2)}
+        self.assertEqual(sorted(outs), ["model.layers.0.attn.conv.weight", "model.layers.0.mlp.gate_proj.weight",
+                                        "model.layers.0.mlp.up_proj.weight"])
+        for name, begin in (("gate_proj", 0), ("up_proj", 4)):
+            p = outs[f"model.layers.0.mlp.{name}.weight"].pieces
+            self.assertEqual([(x["source"], x["row_begin"], x["row_count"], x["kind"], x["dim"], x["rank"]) for x in p],
+                             [("model.layers.0.mlp.gate_up_proj.weight", begin, 4, "split", -2, 1)])
+        conv = outs["model.layers.0.attn.conv.weight"].pieces
+        self.assertEqual([(x["source"], x["kind"]) for x in conv], [("model.layers.0.attn.q_conv.weight", "replicate"),
+                                                                    ("model.layers.0.attn.k_conv.weight", "replicate")])
+        # a missing source of the concatenation: named, not a short tensor
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"attn.conv.weight' fuses 1 tensors.*needs 2"):
+            plan.resolve(tensors[:2], 0, 2)
+        # a part that does not divide: named with the rule
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"gate_up_proj.weight.*does not cut into 2 equal parts"):
+            plan.resolve([dict(tensors[0], shape=[7, 4])], 0, 2)
+        # a target transformers would split across the concatenated sources: refused, naming it
+        entry["tp_plan"]["model.layers.*.attn.conv"] = "colwise"
+        split = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        with self.assertRaisesRegex(ckpt.InvalidArgument,
+                                    r"attn.k_conv.weight.*model type 'toy'.*concatenates 2 tensors into "
+                                    r"'model.layers.\*.attn.conv' and splits the result colwise"):
+            split.resolve(tensors, 0, 2)
 
     def test_renames_apply_before_the_plan(self):
         entry = {"tp_plan": {"lm_head": "colwise_gather_output"},
