@@ -193,7 +193,7 @@ else
   echo "aws: $aws not installed, skipped"
 fi
 echo "object: $bytes bytes ($mib MiB, 32 tensors); $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "ckptd extra options: ${ckptd_extra[*]:-(none)}; aws: $("$aws" --version 2>&1 | cut -d' ' -f1 || true), max_concurrent_requests $aws_requests, multipart_chunksize $aws_chunk; curl: $(curl --version | head -1 | cut -d' ' -f1-2)"
+echo "ckptd extra options: ${ckptd_extra[*]:-(none)}; aws: $([ -x "$aws" ] && "$aws" --version 2>&1 | cut -d' ' -f1 || echo "not installed"), max_concurrent_requests $aws_requests, multipart_chunksize $aws_chunk; curl: $(curl --version | head -1 | cut -d' ' -f1-2)"
 for link in $links; do
   case $link in
     loopback) ip=127.0.0.1 ;;
