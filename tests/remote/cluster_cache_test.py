@@ -87,6 +87,7 @@ class ClusterCacheTest(unittest.TestCase):
             "repo/config.json": b'{"model_type": "test"}',
             "listed/only.safetensors": safetensors([("x", 300_000)], 14),
             "viaproxy.safetensors": safetensors([("p", 2_200_000), ("q", 3)], 15),  # ~8.8 MB
+            "replaced.safetensors": safetensors([("r", 2_600_000), ("s", 2_600_000)], 16),  # ~20.8 MB, 3 slices
         }
         cls.s3 = S3rver(cls.scratch)
         cls.addClassCleanup(cls.s3.stop)
@@ -217,6 +218,40 @@ class ClusterCacheTest(unittest.TestCase):
         listings = [a for a in self.origin.answers() if "?" in a[1]]
         self.assertEqual([(a[1].split("?")[0], a[3]) for a in listings], [("/models/", 200)] * 2)
         self.assert_served_once("listed/", keys)
+
+    def test_object_replaced_under_a_cache_is_never_mixed(self):
+        # The cache holds the first slice of the old object; the object is replaced at the
+        # origin (same size, other bytes, another ETag); a node's load gets the old slice from
+        # the cache and the new ones from the origin: the ETags of its ranges disagree and the
+        # load fails, naming the object, with nothing published. The origin itself has the new
+        # object whole (a daemon that reaches it directly loads it).
+        key, node = "replaced.safetensors", self.nodes[3]
+        old = self.files[key]
+        new = safetensors([("r", 2_600_000), ("s", 2_600_000)], 17)
+        self.assertEqual(len(new), len(old))
+        try:
+            self.s3.put(key, old)
+            cached = subprocess.run(["curl", "-sf", "-o", "/dev/null", "-r", "0-99",
+                                     f"http://{node['cache']}:{self.port}/models/{key}"], capture_output=True)
+            self.assertEqual(cached.returncode, 0, cached.stderr)
+            self.s3.put(key, new)
+            d = node["daemon"]
+            r = d.ctl("load", f"s3://models/{key}", "--name", "replaced")
+            self.assertNotEqual(r.returncode, 0, f"a load mixing two versions succeeded: {r.stdout}")
+            self.assertIn(f"s3://models/{key}", r.stdout + r.stderr)
+            self.assertRegex(r.stdout + r.stderr, "changed while it was being loaded|ETag|giving up")
+            self.assertNotIn("replaced", [c["name"] for c in json.loads(d.ctl("list").stdout)["checkpoints"]])
+            self.assertEqual(d.ctl("status").returncode, 0)
+            direct = Daemon(self.scratch, ["--remote-allow", "s3://models/", "--remote-endpoint",
+                                           f"http://127.0.0.1:{self.s3.port}", "--remote-path-style"],
+                            {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_REGION": "us-east-1"})
+            self.addCleanup(direct.stop)
+            r = direct.ctl("load", f"s3://models/{key}", "--name", "replaced")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            got = persisted_tensors(direct, "replaced", self.scratch)
+            self.assertEqual(got, tensors_of(new))
+        finally:
+            self.s3.put(key, old)
 
     def test_http_proxy_variable(self):
         # The other way of docs/operations.md: the endpoint is the origin itself (not reachable
