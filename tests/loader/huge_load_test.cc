@@ -54,6 +54,15 @@ class HugeLoadTest : public ::testing::Test {
     return spec;
   }
   size_t Entries() const { return static_cast<size_t>(std::distance(fs::directory_iterator(dir_->path()), {})); }
+  // LoadIntoSegment of the checkpoint with case c's strategy and engine (3 threads, 1 MiB reads).
+  Result<LoadedSegment> Load(const Case& c) const {
+    LoadOptions options;
+    options.threads = 3;
+    options.engine = c.engine;
+    options.populate = c.populate;
+    options.chunk_bytes = 1 << 20;
+    return LoadIntoSegment(plan_, Spec(), options);
+  }
 
   ScratchDir scratch_;
   std::unique_ptr<TmpfsMount> mount_;
@@ -67,12 +76,7 @@ TEST_F(HugeLoadTest, LoadsOntoHugePagesWithEveryStrategy) {
   const bool kernel_huge = mount_->KernelGivesHugePages();
   for (const Case& c : kCases) {
     SCOPED_TRACE(std::to_string(static_cast<int>(c.populate)) + " " + ReadEngineName(c.engine));
-    LoadOptions options;
-    options.threads = 3;
-    options.engine = c.engine;
-    options.populate = c.populate;
-    options.chunk_bytes = 1 << 20;
-    auto loaded = LoadIntoSegment(plan_, Spec(), options);
+    auto loaded = Load(c);
     if (!loaded.ok() && loaded.status().code() == StatusCode::kUnsupported) continue;  // no io_uring here
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     EXPECT_EQ(loaded->page_bytes, 2u << 20);
@@ -94,18 +98,12 @@ TEST_F(HugeLoadTest, LoadsOntoHugePagesWithEveryStrategy) {
 }
 
 TEST_F(HugeLoadTest, OnSmallPagesEveryStrategyLeavesNoHole) {
-  // 4 KiB pages: kDeferred populates only the pages between and after the tensors (the
-  // reads allocated theirs); none is left a hole.
+  // 4 KiB pages: whatever the strategy, no page of the segment is left a hole.
   Mount("size=64m");
   if (IsSkipped()) return;
   for (const Case& c : kCases) {
     SCOPED_TRACE(std::to_string(static_cast<int>(c.populate)) + " " + ReadEngineName(c.engine));
-    LoadOptions options;
-    options.threads = 3;
-    options.engine = c.engine;
-    options.populate = c.populate;
-    options.chunk_bytes = 1 << 20;
-    auto loaded = LoadIntoSegment(plan_, Spec(), options);
+    auto loaded = Load(c);
     if (!loaded.ok() && loaded.status().code() == StatusCode::kUnsupported) continue;  // no io_uring here
     ASSERT_TRUE(loaded.ok()) << loaded.status().ToString();
     EXPECT_EQ(loaded->page_bytes, 4096u);
@@ -123,12 +121,7 @@ TEST_F(HugeLoadTest, ATmpfsTooSmallFailsEveryStrategyCleanly) {
   if (IsSkipped()) return;
   for (const Case& c : kCases) {
     SCOPED_TRACE(std::to_string(static_cast<int>(c.populate)) + " " + ReadEngineName(c.engine));
-    LoadOptions options;
-    options.threads = 3;
-    options.engine = c.engine;
-    options.populate = c.populate;
-    options.chunk_bytes = 1 << 20;
-    auto loaded = LoadIntoSegment(plan_, Spec(), options);
+    auto loaded = Load(c);
     ASSERT_FALSE(loaded.ok());
     if (loaded.status().code() == StatusCode::kUnsupported) continue;  // no io_uring here
     EXPECT_EQ(loaded.status().code(), StatusCode::kResourceExhausted) << loaded.status().ToString();

@@ -115,6 +115,17 @@ def chunk_parts(entry):
             if c.get("kind") == "WeightConverter" and c.get("operations") == [{"op": "Chunk", "dim": 0}]]
 
 
+def example_plan(mt, ex):
+    """For an example: (its data entry, transformers' plan keys for its tie, its tensors, their
+    shapes by name, ckpt's "hf" plan of its config)."""
+    entry = json.loads(ckpt.plans.TpPlan.hf_entry(mt))
+    tie = tie_of(ex["config"], entry)
+    plan_keys = entry.get("tp_plan_tied") if tie and entry.get("tp_plan_tied") else entry["tp_plan"]
+    tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
+    shapes = {t["name"]: t["shape"] for t in tensors}
+    return entry, plan_keys, tensors, shapes, ckpt.plans.for_config(ex["config"], "hf")
+
+
 def load_examples():
     with open(EXAMPLES) as f:
         return json.load(f)
@@ -163,12 +174,7 @@ class HfPlanDataTest(unittest.TestCase):
         for mt, ex in sorted(self.examples.items()):
             if mt in KNOWN_GAPS:
                 continue
-            entry = json.loads(ckpt.plans.TpPlan.hf_entry(mt))
-            tie = tie_of(ex["config"], entry)
-            plan_keys = entry.get("tp_plan_tied") if tie and entry.get("tp_plan_tied") else entry["tp_plan"]
-            tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
-            shapes = {t["name"]: t["shape"] for t in tensors}
-            plan = ckpt.plans.for_config(ex["config"], "hf")
+            _, plan_keys, tensors, shapes, plan = example_plan(mt, ex)
             for world in (2, 4):
                 for rank in range(world):
                     with self.subTest(model_type=mt, world=world, rank=rank):
@@ -191,14 +197,11 @@ class HfPlanDataTest(unittest.TestCase):
         (or not) as transformers' style for the part's own name says."""
         checked = 0
         for mt, ex in sorted(self.examples.items()):
-            entry = json.loads(ckpt.plans.TpPlan.hf_entry(mt))
-            if mt in KNOWN_GAPS or not chunk_parts(entry):
+            if mt in KNOWN_GAPS:
                 continue
-            tie = tie_of(ex["config"], entry)
-            plan_keys = entry.get("tp_plan_tied") if tie and entry.get("tp_plan_tied") else entry["tp_plan"]
-            tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
-            shapes = {t["name"]: t["shape"] for t in tensors}
-            plan = ckpt.plans.for_config(ex["config"], "hf")
+            entry, plan_keys, tensors, shapes, plan = example_plan(mt, ex)
+            if not chunk_parts(entry):
+                continue
             for world in (2, 4):
                 for rank in range(world):
                     with self.subTest(model_type=mt, world=world, rank=rank):
