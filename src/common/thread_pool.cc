@@ -132,4 +132,15 @@ void ThreadPool::Run() {
   }
 }
 
+void ReleaseInBackground(std::vector<std::shared_ptr<void>> owned) {
+  if (owned.empty()) return;
+  try {
+    std::thread([v = std::move(owned)]() mutable {
+      for (auto& o : v) o.reset();
+    }).detach();
+  } catch (const std::system_error&) {
+    // No thread: the closure, destroyed with the exception, dropped them here (in some order).
+  }
+}
+
 }  // namespace ckpt

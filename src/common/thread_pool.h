@@ -5,7 +5,9 @@
 //  - ParallelFor: count independent items, one thread each, the caller taking part
 //    (populating a mapping's pages);
 //  - ThreadPool: long-lived threads taking queued tasks (the write path's streaming
-//    checksums).
+//    checksums);
+//  - ReleaseInBackground: a detached thread dropping objects whose destructors are slow
+//    (a published segment's writable mapping: munmap costs tens of ms per GiB).
 // Single threads with a role of their own (a connection's thread, the segment's space
 // reservation, the copy engine's per-GPU workers with their streams and pinned buffers)
 // are plain std::threads or ThreadGroups where they live; see each for why.
@@ -62,6 +64,10 @@ Status RunWorkers(int threads, const std::function<Status(int id, const std::ato
 // calling thread, and any item no thread could be started for on the calling thread too;
 // returns when all are done. fn must not throw.
 void ParallelFor(size_t count, const std::function<void(size_t k)>& fn);
+
+// Drops `owned`, first to last, on a detached thread, off the caller's path; inline when no
+// thread can be had. What they own must not need anything the caller frees after the call.
+void ReleaseInBackground(std::vector<std::shared_ptr<void>> owned);
 
 // Long-lived threads that run queued tasks in the order queued (FIFO; several at once, one
 // per thread). Thread-safe: Submit and WaitIdle from any thread.

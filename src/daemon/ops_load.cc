@@ -21,6 +21,7 @@
 #include "common/checked_math.h"
 #include "common/hex.h"
 #include "common/progress_throttle.h"
+#include "common/thread_pool.h"
 
 namespace ckpt::daemon {
 
@@ -324,6 +325,8 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
     spdlog::warn("load of '{}' failed: {}", name, loaded.status().ToString());
     return loaded.status();
   }
+  // The loader's mapping is unmapped on a thread of its own, beside the reply.
+  ReleaseInBackground({std::move(loaded->mapping)});
   watch->Poll();  // a cancel that came with the last bytes still wins
   if (watch->cancel_flag()->load() || ctx.stopping->load()) {
     if (Status removed = ctx.segments->Remove(loaded->file_name); !removed.ok()) {

@@ -42,19 +42,6 @@ bool BoxesOverlap(const WritePiece& a, const WritePiece& b) {
   return true;
 }
 
-// Drops `hasher` then `segment` on a detached thread (inline if no thread can be had).
-void ReleaseInBackground(std::shared_ptr<TensorHasher> hasher, std::shared_ptr<shm::SegmentWriter> segment) {
-  if (!hasher && !segment) return;
-  try {
-    std::thread([h = std::move(hasher), s = std::move(segment)]() mutable {
-      h.reset();
-      s.reset();
-    }).detach();
-  } catch (const std::system_error&) {
-    // The closure (and what it holds) is gone already: released here.
-  }
-}
-
 // Every tensor's pieces, grouped by key in first-seen order (the order of `order`); each
 // tensor's TensorInfo is appended to layout.tensors. Errors: a sub-byte dtype, a global
 // shape or size that overflows, pieces of one key that disagree on dtype or global shape.
@@ -527,7 +514,7 @@ Result<protocol::LoadResponse> WriteSession::Publish() {
   // part sealed), so dropping the members here unmaps nothing.
   hasher_.reset();
   segment_.reset();
-  ReleaseInBackground(std::move(hasher), std::move(segment));
+  ReleaseInBackground({std::move(hasher), std::move(segment)});  // the hasher first, then the mapping
   result_ = result;
   spdlog::info("published '{}' generation {} written by {} part(s): {} tensors, {} bytes in {:.3f} s; {} pages, {} "
                "of {} bytes on huge pages", name_, generation_, parts_, layout_.tensors.size(), layout_.data_bytes,

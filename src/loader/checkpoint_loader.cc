@@ -249,7 +249,9 @@ LoadedSegment Loaded(shm::SegmentWriter& writer, shm::SegmentSpec spec, const st
   out.tensors = std::move(spec.tensors);
   for (size_t i = 0; i < checksums.size(); ++i) out.tensors[i].checksum = checksums[i];
   out.page_bytes = spec.directory->pages().segment_alignment();
-  out.huge_bytes = writer.HugeMappedBytes();
+  // Read from /proc/self/smaps, whose walk of the mapping costs tens of ms per GiB: only
+  // where huge pages can be (a 4 KiB-page directory maps none).
+  out.huge_bytes = spec.directory->pages().huge ? writer.HugeMappedBytes() : 0;
   out.populate_summary = writer.populate_summary();
   return out;
 }
@@ -322,7 +324,9 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   if (crc_checks.any()) CKPT_RETURN_IF_ERROR(WithChange(plan, crc_checks.Finish(files, ops)));
   CKPT_RETURN_IF_ERROR(FilesUnchanged(plan));
   // Every page allocated before the segment is published: a client never faults on a hole.
-  CKPT_RETURN_IF_ERROR(writer->Populate(options.threads));
+  // Every tensor's bytes are in place (aliases share theirs), so a kDeferred segment lacks
+  // only the pages between and after them.
+  CKPT_RETURN_IF_ERROR(writer->PopulateAroundTensors(options.threads));
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CKPT_RETURN_IF_ERROR(writer->Publish(checksums, static_cast<uint64_t>(seconds * 1e9)));
@@ -331,6 +335,7 @@ Result<LoadedSegment> LoadIntoSegment(const format::LoadPlan& plan, shm::Segment
   out.data_bytes = total;
   out.seconds = seconds;
   out.io_summary = options.make_reader ? reader->Describe() : DescribeIo(files, *reader);
+  out.mapping = std::shared_ptr<shm::SegmentWriter>(std::move(writer));
   return out;
 }
 

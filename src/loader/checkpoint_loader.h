@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,10 @@ struct LoadedSegment {
   uint64_t huge_bytes = 0;
   // How its pages were allocated: "MADV_POPULATE_WRITE x16", "posix_fallocate", ...
   std::string populate_summary;
+  // The loader's writable mapping of the (published) segment; dropping the last owner
+  // unmaps it, which takes tens of ms per GiB: a caller on a latency path drops it with
+  // ReleaseInBackground (common/thread_pool.h).
+  std::shared_ptr<void> mapping;
 };
 
 // `spec` gives the segment's directory, names, generation and mode; its tensor list, side

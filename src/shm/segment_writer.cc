@@ -119,7 +119,8 @@ Status SegmentWriter::ReservePages(const SegmentSpec& spec, UniqueFd rw_fd, uint
       populated_ = all;
       populate_summary_ = all ? "MADV_POPULATE_WRITE x" + std::to_string(std::max(1, threads))
                               : "MADV_POPULATE_WRITE per read";
-      if (!all && !pages.hugetlb) deferred_fd_ = std::move(rw_fd);  // hugetlbfs has no write()
+      deferred_ = !all;
+      if (deferred_ && !pages.hugetlb) deferred_fd_ = std::move(rw_fd);  // hugetlbfs has no write()
     }
   }
   reserved_.store(segment_bytes, std::memory_order_release);  // WaitReserved: at once
@@ -251,6 +252,35 @@ Status SegmentWriter::Populate(int threads) {
   CKPT_RETURN_IF_ERROR(PopulateWrite(mapping_->data(), mapping_->size(), threads,
                                      directory_->pages().segment_alignment(),
                                      "segment " + directory_->PathOf(mapping_->name())));
+  populated_ = true;
+  return Status::Ok();
+}
+
+Status SegmentWriter::PopulateAroundTensors(int threads) {
+  if (populated_ || !deferred_) return Populate(threads);
+  const std::string what = "segment " + directory_->PathOf(mapping_->name());
+  const uint64_t align = directory_->pages().segment_alignment();
+  std::byte* base = mapping_->data();
+  const SegmentHeader* h = HeaderOf(base);
+  const TensorEntry* entries = EntriesOf(base);
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // [begin, end) of each tensor's bytes
+  for (uint64_t i = 0; i < h->tensor_count; ++i) {
+    if (entries[i].nbytes > 0) spans.emplace_back(entries[i].data_offset, entries[i].data_offset + entries[i].nbytes);
+  }
+  std::sort(spans.begin(), spans.end());
+  // Bytes [covered, begin) hold no tensor: their whole pages are the holes (the pages that
+  // hold byte covered - 1 and byte begin were written). Create populated [0, data_offset).
+  uint64_t covered = h->data_offset;
+  const auto fill = [&](uint64_t from, uint64_t to) -> Status {
+    from = (from + align - 1) / align * align;
+    to = to / align * align;
+    return to > from ? PopulateWrite(base + from, to - from, threads, align, what) : Status::Ok();
+  };
+  for (const auto& [begin, end] : spans) {
+    CKPT_RETURN_IF_ERROR(fill(covered, begin));
+    covered = std::max(covered, end);
+  }
+  CKPT_RETURN_IF_ERROR(fill(covered, mapping_->size()));  // the size is whole pages
   populated_ = true;
   return Status::Ok();
 }

@@ -105,6 +105,11 @@ class SegmentWriter {
   // kParallel; for kBackground, waits for the reserving thread to finish the file.
   // ResourceExhausted when the file system is full; the segment stays unpublished.
   Status Populate(int threads);
+  // kDeferred, once every tensor's bytes have been written (each write allocated the pages
+  // it touched, as pwrite to data_fd() and stores after MADV_POPULATE_WRITE do): allocates
+  // only the pages no tensor's bytes fall in (the padding between tensors, the tail), which
+  // Populate() would find among millions of present pages. Other modes: Populate(threads).
+  Status PopulateAroundTensors(int threads);
 
   // kBackground: blocks until bytes [0, end) of the segment are reserved (OK) or the
   // reservation failed (its error: ResourceExhausted when the file system is full, each
@@ -141,6 +146,7 @@ class SegmentWriter {
   std::unique_ptr<ShmMapping> mapping_;
   UniqueFd rw_fd_;  // kBackground only, until the reservation ends
   UniqueFd deferred_fd_;  // kDeferred only, until Publish (data_fd())
+  bool deferred_ = false;  // kDeferred with MADV_POPULATE_WRITE (PopulateAroundTensors)
   std::thread reserver_;
   std::atomic<uint64_t> reserved_{0};
   std::atomic<bool> stop_reserving_{false};

@@ -1,7 +1,10 @@
-// The one home of worker threads: ThreadGroup, RunWorkers, ParallelFor, ThreadPool.
+// The one home of worker threads: ThreadGroup, RunWorkers, ParallelFor, ThreadPool, ReleaseInBackground.
 #include "common/thread_pool.h"
 
 #include <gtest/gtest.h>
+
+#include <future>
+#include <mutex>
 
 #include <atomic>
 #include <chrono>
@@ -128,6 +131,37 @@ TEST(ThreadPoolTest, OneThreadRunsTasksInOrderAndDestructionDropsTheRest) {
   while (!started.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   pool->reset();
   EXPECT_EQ(after.load(), 1);
+}
+
+// Dropped first to last on another thread, the caller not waiting for them.
+TEST(ReleaseInBackgroundTest, DropsEveryObjectInOrderOnAnotherThread) {
+  struct Recorder {
+    Recorder(std::mutex* m, std::vector<std::pair<int, std::thread::id>>* l, std::promise<void>* p, int i)
+        : mu(m), log(l), last(p), id(i) {}
+    Recorder(const Recorder&) = delete;
+    std::mutex* mu;
+    std::vector<std::pair<int, std::thread::id>>* log;
+    std::promise<void>* last;
+    int id;
+    ~Recorder() {
+      std::lock_guard<std::mutex> lock(*mu);
+      log->emplace_back(id, std::this_thread::get_id());
+      if (id == 2) last->set_value();
+    }
+  };
+  std::mutex mu;
+  std::vector<std::pair<int, std::thread::id>> log;
+  std::promise<void> last;
+  std::future<void> done = last.get_future();
+  ReleaseInBackground({std::make_shared<Recorder>(&mu, &log, &last, 1), std::make_shared<Recorder>(&mu, &log, &last, 2)});
+  done.wait();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[0].first, 1);
+  EXPECT_EQ(log[1].first, 2);
+  EXPECT_NE(log[0].second, std::this_thread::get_id());
+  EXPECT_EQ(log[0].second, log[1].second);
+  ReleaseInBackground({});  // nothing: no thread
 }
 
 }  // namespace

@@ -197,6 +197,35 @@ TEST(HugeSegmentTest, ATmpfsTooSmallFailsCleanlyWithEveryPopulateStrategy) {
   ASSERT_TRUE(small.ok()) << small.status().ToString();
 }
 
+TEST(HugeSegmentTest, DeferredTensorsWrittenThroughTheDescriptorLeaveOnlyTheTailToPopulate) {
+  // kDeferred on tmpfs (4 KiB and 2 MiB pages): the tensors' bytes pwritten to data_fd()
+  // allocate their pages; PopulateAroundTensors allocates the rest; no hole is left, the
+  // bytes read back through the mapping, and Publish accepts the segment.
+  for (const char* options : {"size=32m", "huge=within_size,size=32m"}) {
+    SCOPED_TRACE(options);
+    HugeDir h(options);
+    if (!h.mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << h.mount.error();
+    ASSERT_TRUE(h.dir);
+    auto writer = SegmentWriter::Create(BigSpec(*h.dir, 3, PagePopulate::kDeferred));
+    ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+    SegmentWriter& w = **writer;
+    ASSERT_GE(w.data_fd(), 0);
+    const std::vector<char> big(3u << 20, 'x');
+    ASSERT_EQ(::pwrite(w.data_fd(), big.data(), big.size(), static_cast<off_t>(w.tensor_offset(0))),
+              static_cast<ssize_t>(big.size()));
+    ASSERT_EQ(::pwrite(w.data_fd(), "hello", 5, static_cast<off_t>(w.tensor_offset(1))), 5);
+    EXPECT_EQ(std::memcmp(w.tensor_data(1), "hello", 5), 0);  // the mapping sees the writes
+    ASSERT_TRUE(w.PopulateAroundTensors(2).ok());
+    UniqueFd ro = w.TakeReadOnlyFd();
+    EXPECT_EQ(::lseek(ro.get(), 0, SEEK_HOLE), static_cast<off_t>(w.segment_bytes()));
+    ASSERT_TRUE(w.Publish({Checksum(w.tensor_data(0), 3u << 20), Checksum("hello", 5)}, 1).ok());
+    EXPECT_EQ(w.data_fd(), -1) << "the writable descriptor is closed once published";
+    const std::string name = w.file_name();
+    writer->reset();
+    ASSERT_TRUE(h.dir->Remove(name).ok());
+  }
+}
+
 TEST(HugeSegmentTest, PopulateWriteReportsAFullFileSystemInsteadOfRaisingSigbus) {
   HugeDir h("size=1m");
   if (!h.mount.mounted()) GTEST_SKIP() << "cannot mount a tmpfs: " << h.mount.error();
