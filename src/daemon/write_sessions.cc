@@ -571,7 +571,7 @@ CatalogEntry WriteSession::PublishedEntry(const shm::SegmentWriter& segment, con
   entry.page_bytes = env_.segments->pages().segment_alignment();
   // What the kernel mapped huge (a walk of /proc/self/smaps: about 70 ms for 10 GiB);
   // none where the directory gives no huge pages.
-  entry.huge_bytes = env_.segments->pages().huge ? static_cast<int64_t>(segment.HugeMappedBytes()) : 0;
+  entry.huge_bytes = static_cast<int64_t>(segment.HugeMappedBytes());
   entry.load_seconds = took.count() / 1e9;
   entry.loaded_unix_s = NowUnixSeconds();
   std::vector<TensorInfo> tensors = layout_.tensors;

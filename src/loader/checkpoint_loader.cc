@@ -249,9 +249,7 @@ LoadedSegment Loaded(shm::SegmentWriter& writer, shm::SegmentSpec spec, const st
   out.tensors = std::move(spec.tensors);
   for (size_t i = 0; i < checksums.size(); ++i) out.tensors[i].checksum = checksums[i];
   out.page_bytes = spec.directory->pages().segment_alignment();
-  // Read from /proc/self/smaps, whose walk of the mapping costs tens of ms per GiB: only
-  // where huge pages can be (a 4 KiB-page directory maps none).
-  out.huge_bytes = spec.directory->pages().huge ? writer.HugeMappedBytes() : 0;
+  out.huge_bytes = writer.HugeMappedBytes();
   out.populate_summary = writer.populate_summary();
   return out;
 }

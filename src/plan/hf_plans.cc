@@ -246,7 +246,7 @@ class PlanWriter {
       return std::all_of(v.begin(), v.end(), [](const auto& p) { return p.has_value(); });
     };
     if (all_plain(plain) && all_plain(plain_targets)) {
-      if (sources.size() == 1 && targets.size() >= 2 && IsOnlyDim0(c, "Chunk")) return AddChunk(sources[0], targets);
+      if (sources.size() == 1 && targets.size() >= 2 && IsOnlyDim0(c, "Chunk")) return AddChunk(sources[0], plain_targets);
       if (sources.size() >= 2 && targets.size() == 1 && IsOnlyDim0(c, "Concatenate"))
         return AddConcatenation(sources, plain, *plain_targets[0]);
     }
@@ -260,12 +260,12 @@ class PlanWriter {
     return Status::Ok();
   }
 
-  // Chunk(dim 0) of `source` into `targets` (plain names): a matching tensor is cut into
-  // equal parts, part k named as the tensor with the source's text replaced by target k
-  // (transformers: full_layer_name.replace), each part placed by the plan's own rules.
-  Status AddChunk(const std::string& source, const std::vector<std::string>& targets) {
+  // Chunk(dim 0) of `source` into `targets` (their plain texts): a matching tensor is cut
+  // into equal parts, part k named as the tensor with the source's text replaced by target
+  // k (transformers: full_layer_name.replace), each part placed by the plan's own rules.
+  Status AddChunk(const std::string& source, const std::vector<std::optional<std::string>>& targets) {
     json parts = json::array();
-    for (const std::string& t : targets) parts.push_back("$1" + *PlainText(t) + "$2");
+    for (const auto& t : targets) parts.push_back("$1" + *t + "$2");
     rules_.push_back({{"pattern", "^(.*?)" + SourceRegex(source) + "(.*)$"}, {"chunk_into", parts}});
     return Status::Ok();
   }
@@ -280,24 +280,14 @@ class PlanWriter {
     json order = json::array();
     for (const auto& p : plain) order.push_back(*p);
     std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
-    const std::string bare = target[0] == '.' ? target.substr(1) : target;
-    const size_t dot = bare.rfind('.');
-    for (auto it = plan_->begin(); it != plan_->end(); ++it) {
-      const std::string& key = it.key();
-      for (const std::string& tail : {bare, dot == std::string::npos ? std::string() : bare.substr(0, dot)}) {
-        if (tail.empty() || key.size() <= tail.size() || key.compare(key.size() - tail.size(), tail.size(), tail) != 0 ||
-            key[key.size() - tail.size() - 1] != '.' || !it.value().is_string())
-          continue;
-        std::string prefix = key.substr(0, key.size() - tail.size());
-        if (target[0] == '.') prefix.pop_back();
-        prefixes.emplace_back(PlanKeyRegex(prefix),
-                              json{{"refuse", Where() + ": transformers concatenates " + std::to_string(sources.size()) +
-                                                  " tensors into '" + key + "' and splits the result " +
-                                                  it.value().get<std::string>() +
-                                                  ", across its sources, which ckptd does not do; use convention "
-                                                  "\"megatron\" where a built-in family has it, or a plan file "
-                                                  "(docs/tp-plans.md)"}});
-      }
+    for (const TargetKey& k : KeysOf(target, /*module_too=*/true)) {
+      if (k.style.empty()) continue;
+      prefixes.emplace_back(k.prefix, json{{"refuse", Where() + ": transformers concatenates " +
+                                                          std::to_string(sources.size()) + " tensors into '" + k.key +
+                                                          "' and splits the result " + k.style +
+                                                          ", across its sources, which ckptd does not do; use "
+                                                          "convention \"megatron\" where a built-in family has it, "
+                                                          "or a plan file (docs/tp-plans.md)"}});
     }
     prefixes.emplace_back(".*?", "replicate");
     for (const auto& [prefix, rule] : prefixes) {
@@ -308,6 +298,34 @@ class PlanWriter {
       }
     }
     return Status::Ok();
+  }
+
+  // The plan keys that name `target` (a fused parameter's name after its module prefix; a
+  // leading '.' joins it to the prefix without one) or, with `module_too`, its module: for
+  // each, the prefix before it as a plan-key regex, the key and its style (StyleOf).
+  struct TargetKey {
+    std::string prefix;
+    std::string key;
+    std::string style;
+  };
+  std::vector<TargetKey> KeysOf(const std::string& target, bool module_too) const {
+    const std::string bare = target[0] == '.' ? target.substr(1) : target;
+    const size_t dot = bare.rfind('.');
+    std::vector<std::string> tails = {bare};
+    if (module_too && dot != std::string::npos) tails.push_back(bare.substr(0, dot));
+    std::vector<TargetKey> out;
+    for (auto it = plan_->begin(); it != plan_->end(); ++it) {
+      const std::string& key = it.key();
+      for (const std::string& tail : tails) {
+        if (key.size() <= tail.size() || key.compare(key.size() - tail.size(), tail.size(), tail) != 0 ||
+            key[key.size() - tail.size() - 1] != '.')
+          continue;
+        std::string prefix = key.substr(0, key.size() - tail.size());  // "model.layers.*." (ends with '.')
+        if (target[0] == '.') prefix.pop_back();
+        out.push_back({PlanKeyRegex(prefix), key, StyleOf(key)});
+      }
+    }
+    return out;
   }
 
   // The style transformers gives the fused parameter `prefix + target`: the plan's exact
@@ -352,17 +370,8 @@ class PlanWriter {
       order.push_back(s.substr(star + 3));
       bodies.push_back(SourceRegex(s.substr(0, star)) + "\\.(\\d+)\\.(" + RegexEscape(s.substr(star + 3)) + ")");
     }
-    const std::string bare = target[0] == '.' ? target.substr(1) : target;
     std::vector<std::pair<std::string, std::string>> prefixes;  // (prefix regex, style)
-    for (auto it = plan_->begin(); it != plan_->end(); ++it) {
-      const std::string& key = it.key();
-      if (key.size() > bare.size() && key.compare(key.size() - bare.size(), bare.size(), bare) == 0 &&
-          key[key.size() - bare.size() - 1] == '.') {
-        std::string prefix = key.substr(0, key.size() - bare.size());  // "model.layers.*." (ends with '.')
-        if (target[0] == '.') prefix.pop_back();
-        prefixes.emplace_back(PlanKeyRegex(prefix), StyleOf(key));
-      }
-    }
+    for (const TargetKey& k : KeysOf(target, /*module_too=*/false)) prefixes.emplace_back(k.prefix, k.style);
     prefixes.emplace_back(".*?", "");
     for (const auto& [prefix, style] : prefixes) {
       CKPT_ASSIGN_OR_RETURN(json rule, SourceRule(style, concatenates, target));

@@ -286,6 +286,8 @@ Status SegmentWriter::PopulateAroundTensors(int threads) {
 }
 
 uint64_t SegmentWriter::HugeMappedBytes() const {
+  // /proc/self/smaps walks the whole mapping (tens of ms per GiB): only where huge pages can be.
+  if (!directory_->pages().huge) return 0;
   auto bytes = PmdMappedBytes(mapping_->data());
   return bytes.ok() ? *bytes : 0;
 }

@@ -121,7 +121,7 @@ class SegmentWriter {
   uint64_t tensor_offset(size_t i) const;
 
   // Bytes of this writer's mapping that the kernel maps with huge (PMD) entries, from
-  // /proc/self/smaps; 0 if it cannot be read.
+  // /proc/self/smaps; 0 if it cannot be read or the directory offers no huge pages.
   uint64_t HugeMappedBytes() const;
   // How the pages were reserved, for logs: "posix_fallocate", "MADV_POPULATE_WRITE x8", ...
   const std::string& populate_summary() const { return populate_summary_; }
