@@ -132,7 +132,7 @@ void ThreadPool::Run() {
   }
 }
 
-void ReleaseInBackground(std::vector<std::shared_ptr<void>> owned) {
+void ReleaseOwnedInBackground(std::vector<std::shared_ptr<void>> owned) {
   if (owned.empty()) return;
   try {
     std::thread([v = std::move(owned)]() mutable {

@@ -65,9 +65,19 @@ Status RunWorkers(int threads, const std::function<Status(int id, const std::ato
 // returns when all are done. fn must not throw.
 void ParallelFor(size_t count, const std::function<void(size_t k)>& fn);
 
-// Drops `owned`, first to last, on a detached thread, off the caller's path; inline when no
-// thread can be had. What they own must not need anything the caller frees after the call.
-void ReleaseInBackground(std::vector<std::shared_ptr<void>> owned);
+// Drops `owned` (the caller's references, moved in), first to last, on a detached thread,
+// off the caller's path; inline when no thread can be had. What they own must not need
+// anything the caller frees after the call.
+void ReleaseOwnedInBackground(std::vector<std::shared_ptr<void>> owned);
+// ReleaseOwnedInBackground of the arguments, in order: each reference is moved into the
+// thread's list (a braced list would copy them and leave the caller a reference to drop).
+template <class... T>
+void ReleaseInBackground(std::shared_ptr<T>... owned) {
+  std::vector<std::shared_ptr<void>> v;
+  v.reserve(sizeof...(T));
+  (v.push_back(std::move(owned)), ...);
+  ReleaseOwnedInBackground(std::move(v));
+}
 
 // Long-lived threads that run queued tasks in the order queued (FIFO; several at once, one
 // per thread). Thread-safe: Submit and WaitIdle from any thread.

@@ -326,7 +326,7 @@ Result<protocol::LoadResponse> LoadAndPublish(const DaemonContext& ctx, const Ow
     return loaded.status();
   }
   // The loader's mapping is unmapped on a thread of its own, beside the reply.
-  ReleaseInBackground({std::move(loaded->mapping)});
+  ReleaseInBackground(std::move(loaded->mapping));
   watch->Poll();  // a cancel that came with the last bytes still wins
   if (watch->cancel_flag()->load() || ctx.stopping->load()) {
     if (Status removed = ctx.segments->Remove(loaded->file_name); !removed.ok()) {

@@ -514,7 +514,7 @@ Result<protocol::LoadResponse> WriteSession::Publish() {
   // part sealed), so dropping the members here unmaps nothing.
   hasher_.reset();
   segment_.reset();
-  ReleaseInBackground({std::move(hasher), std::move(segment)});  // the hasher first, then the mapping
+  ReleaseInBackground(std::move(hasher), std::move(segment));  // the hasher first, then the mapping
   result_ = result;
   spdlog::info("published '{}' generation {} written by {} part(s): {} tensors, {} bytes in {:.3f} s; {} pages, {} "
                "of {} bytes on huge pages", name_, generation_, parts_, layout_.tensors.size(), layout_.data_bytes,

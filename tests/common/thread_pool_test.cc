@@ -153,7 +153,10 @@ TEST(ReleaseInBackgroundTest, DropsEveryObjectInOrderOnAnotherThread) {
   std::vector<std::pair<int, std::thread::id>> log;
   std::promise<void> last;
   std::future<void> done = last.get_future();
-  ReleaseInBackground({std::make_shared<Recorder>(&mu, &log, &last, 1), std::make_shared<Recorder>(&mu, &log, &last, 2)});
+  auto first = std::make_shared<Recorder>(&mu, &log, &last, 1);
+  auto second = std::make_shared<Recorder>(&mu, &log, &last, 2);
+  ReleaseInBackground(std::move(first), std::move(second));
+  EXPECT_FALSE(first || second) << "the caller keeps no reference to drop";
   done.wait();
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(log.size(), 2u);
@@ -161,7 +164,7 @@ TEST(ReleaseInBackgroundTest, DropsEveryObjectInOrderOnAnotherThread) {
   EXPECT_EQ(log[1].first, 2);
   EXPECT_NE(log[0].second, std::this_thread::get_id());
   EXPECT_EQ(log[0].second, log[1].second);
-  ReleaseInBackground({});  // nothing: no thread
+  ReleaseInBackground();  // nothing: no thread
 }
 
 }  // namespace

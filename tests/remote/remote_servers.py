@@ -234,7 +234,8 @@ class FaultProxy:
     (close without answering), "truncate" (headers, half the body, close), "lie" (a 206 whose
     Content-Length and body are shorter than its Content-Range); `always` spoils every one.
     `verifier` (a SigV4Verifier, or None) answers 403 with its S3 error before forwarding.
-    `served` records every answer sent: (method, path, Range header, status, body bytes)."""
+    `served` records every answer, before its bytes are sent (a client that has read an answer
+    finds it recorded): (method, path, Range header, status, body bytes)."""
 
     def __init__(self, upstream, listen="127.0.0.1", verifier=None):
         self.upstream = upstream
@@ -244,11 +245,11 @@ class FaultProxy:
 
         class Handler(socketserver.StreamRequestHandler):
             def answer(self, status, reason, body, method, path, rng):
+                with proxy.lock:  # before the bytes: a client that has read them finds it recorded
+                    proxy.served.append((method, path, rng, status, len(body)))
                 self.wfile.write(b"HTTP/1.1 %d %s\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n%s"
                                  % (status, reason.encode(), len(body), body))
                 self.wfile.flush()
-                with proxy.lock:
-                    proxy.served.append((method, path, rng, status, len(body)))
 
             def handle(self):
                 while True:
@@ -297,12 +298,12 @@ class FaultProxy:
                         out.append(f"Content-Range: {resp.getheader('Content-Range')}")
                         body = body[:len(body) // 2]
                     out.append(f"Content-Length: {len(body)}")
-                    self.wfile.write(("\r\n".join(out) + "\r\n\r\n").encode())
                     sent = len(body) // 2 if fault == "truncate" else len(body)
+                    with proxy.lock:  # before the bytes, as in answer()
+                        proxy.served.append((method, path, rng, resp.status, sent))
+                    self.wfile.write(("\r\n".join(out) + "\r\n\r\n").encode())
                     self.wfile.write(body[:sent])
                     self.wfile.flush()
-                    with proxy.lock:
-                        proxy.served.append((method, path, rng, resp.status, sent))
                     if fault == "truncate":
                         return
 
