@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /* 1 was the C++ table of ckpt 0.1 (symbol ckpt_gpu_plugin_v1), refused as such. */
-#define CKPT_GPU_PLUGIN_ABI_VERSION 2u
+#define CKPT_GPU_PLUGIN_ABI_VERSION 3u
 /* The soname the host looks for, beside itself and then on the library path. */
 #define CKPT_GPU_PLUGIN_SONAME "libckptclient-cuda.so.0"
 /* The plugin's one exported symbol, a function of type ckpt_gpu_plugin_entry_fn. */
@@ -86,6 +86,7 @@ typedef struct ckpt_gpu_piece {
   uint8_t reserved[2];
   int64_t row_begin;
   int64_t row_count;
+  int64_t row_step;
 } ckpt_gpu_piece;
 
 /* ckpt::ShardOutput: one tensor of the rank's state dict. */

@@ -64,12 +64,15 @@
 // 0 ($n: capture groups), sorted by "fuse_key" (a group or a list of groups; a key listed in
 // "fuse_order" sorts by its position there, all-digit keys numerically, others by text);
 // "stack": g views the output with a new leading dim, one entry per distinct value of group
-// g ("stack_count": n requires n of them); "fuse_count": n requires the output to fuse exactly
+// g ("stack_count": n requires n of them, [n, m] n or m); "fuse_count": n requires the output to fuse exactly
 // n source tensors; "if_absent": pattern applies the entry only when
 // no tensor of the checkpoint matches that pattern (e.g. a tied embedding: no lm_head).
 // "chunk_into": [name, ...] instead of a rule (transformers' Chunk conversion): a matching
 // tensor is cut along dim 0 into that many equal parts (dim 0 must divide), part k a tensor
-// named name_k ($n groups) of those rows, placed by the rule its own name matches.
+// named name_k ($n groups) of those rows, placed by the rule its own name matches. With
+// "permute_for_rope": {"parts": [k, ...], "heads": n}, those parts' rows are reordered as
+// transformers' PermuteForRope does: each of n heads' interleaved rotary pairs (rows 2j, 2j+1)
+// become its two halves (rows j, half + j); such a part is whole or split along a later dim.
 // Plan keys besides rules/default: "require": [{"pattern": p, "count": n, "what": text}]
 // (p must match at least n tensors, else an error naming `what`), "max_world": {"world": n,
 // "why": text} (larger worlds refused), "family", "comment", "block_scales" (below), and
@@ -110,10 +113,12 @@ namespace ckpt {
 struct ShardPiece {
   std::string source;  // tensor name in the checkpoint
   ShardSpec spec;
-  // The spec applies to rows [row_begin, row_begin + row_count) of the source's dim 0 (a
-  // section of a fused tensor); row_count < 0: the whole tensor.
+  // The spec applies to rows row_begin, row_begin + row_step, ... (row_count of them) of the
+  // source's dim 0 (a section of a fused tensor; a step > 1: every row_step-th row, as a
+  // RoPE permutation takes them); row_count < 0: the whole tensor.
   int64_t row_begin = 0;
   int64_t row_count = -1;
+  int64_t row_step = 1;
 };
 
 // One tensor of a rank's state dict: its pieces' shards concatenated along dim 0 (one piece

@@ -100,6 +100,7 @@ COutputs ToC(const std::vector<ShardOutput>& outputs) {
       piece.ceil_parts = p.spec.ceil_parts ? 1 : 0;
       piece.row_begin = p.row_begin;
       piece.row_count = p.row_count;
+      piece.row_step = p.row_step;
       c.pieces.push_back(piece);
     }
     c.outputs.push_back(out);
@@ -132,6 +133,7 @@ Result<std::vector<ShardOutput>> FromC(const ckpt_gpu_output* outputs, uint64_t 
       piece.spec.ceil_parts = p.ceil_parts != 0;
       piece.row_begin = p.row_begin;
       piece.row_count = p.row_count;
+      piece.row_step = p.row_step;
       o.pieces.push_back(std::move(piece));
     }
   }

@@ -37,8 +37,10 @@ const json& Data() {
 // What the plan needs of the model's config.json.
 
 struct ModelConfig {
+  json raw;                         // the whole config.json (null when none was given)
   std::optional<bool> tie;          // tie_word_embeddings (the text config's, for composite models)
   std::optional<int64_t> experts;   // the routed expert count
+  int64_t zero_experts = 0;         // longcat_flash's zero_expert_num: identity experts beside them
 };
 
 std::optional<bool> TieOf(const json& c) {
@@ -60,6 +62,7 @@ Result<ModelConfig> ReadConfig(const std::string& config_json, const json& entry
   if (config_json.empty()) return mc;
   const json c = json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (!c.is_object()) return InvalidArgument("config is not a JSON object");
+  mc.raw = c;
   const json* text = &c;
   if (entry.contains("text_config") && entry["text_config"].is_string()) {
     const std::string key = entry["text_config"].get<std::string>();
@@ -69,6 +72,10 @@ Result<ModelConfig> ReadConfig(const std::string& config_json, const json& entry
   if (!mc.tie) mc.tie = TieOf(c);
   mc.experts = ExpertsOf(*text);
   if (!mc.experts) mc.experts = ExpertsOf(c);
+  for (const json* j : {text, &c}) {
+    if (j->contains("zero_expert_num") && (*j)["zero_expert_num"].is_number_integer() && mc.zero_experts == 0)
+      mc.zero_experts = std::max<int64_t>(0, (*j)["zero_expert_num"].get<int64_t>());
+  }
   return mc;
 }
 
@@ -139,6 +146,17 @@ std::optional<std::string> PlainText(const std::string& pattern) {
 bool IsOnlyDim0(const json& c, const char* op) {
   const json ops = c.value("operations", json::array());
   return ops.size() == 1 && ops[0].value("op", "") == op && ops[0].value("dim", -1) == 0;
+}
+
+// The PermuteForRope (not inverse) that follows a Chunk(dim 0) as converter `c`'s second and
+// last operation, or null.
+const json* RopePermutationAfterChunk(const json& c) {
+  if (!c.contains("operations") || !c["operations"].is_array()) return nullptr;
+  const json& ops = c["operations"];  // a reference into `c`: the result points into it
+  if (ops.size() != 2 || ops[0].value("op", "") != "Chunk" || ops[0].value("dim", -1) != 0) return nullptr;
+  const json& p = ops[1];
+  if (p.value("op", "") != "PermuteForRope" || p.value("inverse", false)) return nullptr;
+  return &p;
 }
 
 class PlanWriter {
@@ -247,6 +265,8 @@ class PlanWriter {
     };
     if (all_plain(plain) && all_plain(plain_targets)) {
       if (sources.size() == 1 && targets.size() >= 2 && IsOnlyDim0(c, "Chunk")) return AddChunk(sources[0], plain_targets);
+      if (const json* rope = RopePermutationAfterChunk(c); rope && sources.size() == 1 && targets.size() >= 2)
+        return AddChunk(sources[0], plain_targets, rope);
       if (sources.size() >= 2 && targets.size() == 1 && IsOnlyDim0(c, "Concatenate"))
         return AddConcatenation(sources, plain, *plain_targets[0]);
     }
@@ -263,11 +283,44 @@ class PlanWriter {
   // Chunk(dim 0) of `source` into `targets` (their plain texts): a matching tensor is cut
   // into equal parts, part k named as the tensor with the source's text replaced by target
   // k (transformers: full_layer_name.replace), each part placed by the plan's own rules.
-  Status AddChunk(const std::string& source, const std::vector<std::optional<std::string>>& targets) {
+  // With `rope` (a PermuteForRope after the Chunk), the parts whose target names one of its
+  // permute_layer_names get their rows reordered, over the heads of its sub-config.
+  Status AddChunk(const std::string& source, const std::vector<std::optional<std::string>>& targets,
+                  const json* rope = nullptr) {
     json parts = json::array();
     for (const auto& t : targets) parts.push_back("$1" + *t + "$2");
-    rules_.push_back({{"pattern", "^(.*?)" + SourceRegex(source) + "(.*)$"}, {"chunk_into", parts}});
+    json rule = {{"pattern", "^(.*?)" + SourceRegex(source) + "(.*)$"}, {"chunk_into", parts}};
+    if (rope) {
+      json permuted = json::array();
+      const std::vector<std::string> layers = Strings(*rope, "permute_layer_names");
+      for (size_t k = 0; k < targets.size(); ++k) {
+        if (std::any_of(layers.begin(), layers.end(), [&](const std::string& l) { return targets[k]->find(l) != std::string::npos; }))
+          permuted.push_back(k);
+      }
+      auto heads = RopeHeads(*rope);
+      if (!heads.ok()) {  // refused where such a tensor is, not for the whole plan
+        rules_.push_back({{"pattern", SourceRegex(source)}, {"rule", {{"refuse", heads.status().message()}}}});
+        return Status::Ok();
+      }
+      if (!permuted.empty()) rule["permute_for_rope"] = {{"parts", permuted}, {"heads", *heads}};
+    }
+    rules_.push_back(std::move(rule));
     return Status::Ok();
+  }
+
+  // The head count PermuteForRope reads: num_attention_heads of the config's `subconfig_key`
+  // sub-config (else of the config itself), 1 where it has none, as transformers does.
+  Result<int64_t> RopeHeads(const json& rope) const {
+    if (!config_.raw.is_object())
+      return InvalidArgument(Where() + ": transformers permutes rotary rows at load (PermuteForRope) by the head "
+                             "count of the model's config.json, which was not given");
+    const std::string key = rope.value("subconfig_key", std::string());
+    const json& sub = !key.empty() && config_.raw.contains(key) && config_.raw[key].is_object() ? config_.raw[key] : config_.raw;
+    if (!sub.contains("num_attention_heads")) return 1;
+    if (!sub["num_attention_heads"].is_number_integer() || sub["num_attention_heads"].get<int64_t>() < 1)
+      return InvalidArgument(Where() + ": config field " + (key.empty() ? "" : key + ".") +
+                             "num_attention_heads must be an integer >= 1");
+    return sub["num_attention_heads"].get<int64_t>();
   }
 
   // Concatenate(dim 0) of `sources` (plain names; `plain` their texts) into `target`: the
@@ -378,7 +431,11 @@ class PlanWriter {
       for (size_t i = 0; i < bodies.size(); ++i) {
         json e = {{"pattern", "^(" + prefix + ")" + bodies[i] + "$"}, {"rule", rule}, {"fuse_into", "$1" + target},
                   {"fuse_key", {2, 3}}, {"fuse_order", order}, {"stack", 2}};
-        if (config_.experts) e["stack_count"] = *config_.experts;
+        // transformers' model stacks gate/up for the zero experts too (longcat_flash's
+        // LongcatFlashExperts), so a checkpoint it saved holds either count
+        if (config_.experts) e["stack_count"] = config_.zero_experts > 0
+                                                    ? json{*config_.experts, *config_.experts + config_.zero_experts}
+                                                    : json(*config_.experts);
         rules_.push_back(std::move(e));
       }
     }

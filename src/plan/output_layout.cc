@@ -8,16 +8,50 @@
 
 namespace ckpt {
 
+namespace {
+
+// `layout`'s regions, laid out over a dense tensor of rows of `row_bytes`, moved onto the
+// rows they stand for: dense row i is source row i * step (offsets relative to the piece's
+// first row). A region must be whole dense rows or lie inside one row per region row (the
+// shards of a whole tensor, of a dim-0 split and of a split of a later dim); Unsupported
+// for any other.
+Status SpreadRows(uint64_t row_bytes, int64_t step, ShardLayout* layout) {
+  const uint64_t pitch = row_bytes * static_cast<uint64_t>(step);
+  for (CopyRegion& r : layout->regions) {
+    if (r.rows == 0 || r.row_bytes == 0) continue;
+    const uint64_t row = r.src_offset / row_bytes, in_row = r.src_offset % row_bytes;
+    if (r.rows == 1 && in_row == 0 && r.row_bytes % row_bytes == 0) {  // whole dense rows
+      r.rows = r.row_bytes / row_bytes;
+      r.row_bytes = row_bytes;
+      r.src_pitch = pitch;
+      r.dst_pitch = row_bytes;
+    } else if ((r.rows == 1 || r.src_pitch == row_bytes) && in_row + r.row_bytes <= row_bytes) {  // a part of each row
+      r.src_pitch = pitch;
+    } else {
+      return Unsupported("every " + std::to_string(step) + "th row of a tensor cannot be split this way");
+    }
+    r.src_offset = row * pitch + in_row;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<ShardLayout> PieceLayout(const ShardPiece& piece, const TensorInfo& info) {
-  if (piece.row_count < 0 && piece.row_begin == 0) return PlanShard(info.dtype, info.shape, piece.spec);
-  if (info.shape.empty() || piece.row_begin < 0 || piece.row_count < 0 ||
-      piece.row_begin > info.shape[0] || piece.row_count > info.shape[0] - piece.row_begin)
+  if (piece.row_count < 0 && piece.row_begin == 0 && piece.row_step == 1)
+    return PlanShard(info.dtype, info.shape, piece.spec);
+  const int64_t step = piece.row_step;
+  const int64_t rows = info.shape.empty() ? 0 : info.shape[0];
+  const int64_t span = piece.row_count <= 0 || step < 1 ? piece.row_count : (piece.row_count - 1) * step + 1;
+  if (info.shape.empty() || step < 1 || piece.row_begin < 0 || piece.row_count < 0 || piece.row_begin > rows ||
+      span > rows - piece.row_begin)
     return InvalidArgument("rows [" + std::to_string(piece.row_begin) + ", +" + std::to_string(piece.row_count) +
-                           ") are outside the tensor");
+                           (step == 1 ? "" : " every " + std::to_string(step)) + ") are outside the tensor");
   std::vector<int64_t> shape = info.shape;
   shape[0] = piece.row_count;
   CKPT_ASSIGN_OR_RETURN(ShardLayout layout, PlanShard(info.dtype, shape, piece.spec));
   const uint64_t row_bytes = info.shape[0] == 0 ? 0 : info.nbytes / static_cast<uint64_t>(info.shape[0]);
+  if (step > 1 && row_bytes > 0) CKPT_RETURN_IF_ERROR(SpreadRows(row_bytes, step, &layout));
   const uint64_t offset = static_cast<uint64_t>(piece.row_begin) * row_bytes;
   for (CopyRegion& r : layout.regions) r.src_offset += offset;
   return layout;

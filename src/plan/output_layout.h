@@ -12,8 +12,9 @@
 
 namespace ckpt {
 
-// The layout of one piece: its spec applied to its row range of `info` (InvalidArgument for
-// rows outside the tensor, and PlanShard's errors).
+// The layout of one piece: its spec applied to its rows of `info` (InvalidArgument for rows
+// outside the tensor, Unsupported for a split of stepped rows other than whole rows or parts
+// of each row, and PlanShard's errors).
 Result<ShardLayout> PieceLayout(const ShardPiece& piece, const TensorInfo& info);
 
 // A source tensor by name, or null when the checkpoint has none of that name.

@@ -222,12 +222,16 @@ struct TpPlan::Entry {
   std::vector<int> fuse_keys;
   std::vector<std::string> fuse_order;
   int stack = 0;  // > 0: view the fused output with a leading dim per distinct value of this group
-  int64_t stack_count = 0;
+  std::vector<int64_t> stack_counts;  // non-empty: the stack holds one of these counts
   int64_t fuse_count = 0;  // > 0: the fused output holds exactly this many source tensors
   std::optional<Regex> if_absent;
   // Non-empty: a matching tensor is cut along dim 0 into this many equal parts, part k a
   // tensor of its own named chunk_into[k] ($n groups), placed by the rule its name matches.
   std::vector<std::string> chunk_into;
+  // The parts whose rows are reordered as transformers' PermuteForRope does, over
+  // `rope_heads` heads (chunk_into only; none when empty).
+  std::vector<size_t> rope_parts;
+  int64_t rope_heads = 0;
 };
 
 // A rename of every tensor name before the rules see it, as transformers' WeightTransform
@@ -375,8 +379,13 @@ Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::En
     if (!g.ok()) return g.status().WithContext(where);
     if (*g == 0) return InvalidArgument(where + ": \"stack\" must name a capture group >= 1");
     entry->stack = *g;
-    if (e.contains("stack_count")) {
-      CKPT_ASSIGN_OR_RETURN(entry->stack_count, PositiveInt(e["stack_count"], "stack_count"));
+    if (e.contains("stack_count")) {  // n or [n, ...]
+      const auto& counts = e["stack_count"];
+      for (const auto& c : counts.is_array() ? counts : nlohmann::json::array({counts})) {
+        CKPT_ASSIGN_OR_RETURN(int64_t n, PositiveInt(c, "stack_count"));
+        entry->stack_counts.push_back(n);
+      }
+      if (entry->stack_counts.empty()) return InvalidArgument(where + ": \"stack_count\" lists no count");
     }
   } else if (e.contains("stack_count")) {
     return InvalidArgument(where + ": \"stack_count\" without \"stack\"");
@@ -386,10 +395,11 @@ Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::En
 }
 
 // Sets entry's "chunk_into" from rule `e`: 2..64 non-empty templates whose groups the
-// pattern has, and no other key but the pattern's (the parts are placed by their own rules).
+// pattern has, optionally "permute_for_rope": {"parts": [k, ...], "heads": n}, and no other
+// key but the pattern's (the parts are placed by their own rules).
 Status ParseChunks(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
   for (auto it = e.begin(); it != e.end(); ++it) {
-    if (it.key() != "pattern" && it.key() != "chunk_into" && it.key() != "comment")
+    if (it.key() != "pattern" && it.key() != "chunk_into" && it.key() != "permute_for_rope" && it.key() != "comment")
       return InvalidArgument(where + ": \"chunk_into\" takes no \"" + it.key() +
                              "\" (each part is placed by the rule its own name matches)");
   }
@@ -406,6 +416,17 @@ Status ParseChunks(const nlohmann::json& e, const std::string& where, TpPlan::En
                              entry->pattern_text + "/ has " + std::to_string(entry->pattern.groups()));
     entry->chunk_into.push_back(part.get<std::string>());
   }
+  if (!e.contains("permute_for_rope")) return Status::Ok();
+  const auto& rope = e["permute_for_rope"];
+  if (!rope.is_object() || rope.size() != 2 || !rope.contains("parts") || !rope["parts"].is_array() ||
+      rope["parts"].empty() || !rope.contains("heads"))
+    return InvalidArgument(where + ": \"permute_for_rope\" must be {\"parts\": [k, ...], \"heads\": n}");
+  CKPT_ASSIGN_OR_RETURN(entry->rope_heads, PositiveInt(rope["heads"], "permute_for_rope heads"));
+  for (const auto& k : rope["parts"]) {
+    if (!k.is_number_integer() || k.get<int64_t>() < 0 || k.get<uint64_t>() >= entry->chunk_into.size())
+      return InvalidArgument(where + ": \"permute_for_rope\" parts are indices of \"chunk_into\"");
+    entry->rope_parts.push_back(k.get<size_t>());
+  }
   return Status::Ok();
 }
 
@@ -417,7 +438,8 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
     return InvalidArgument(where + ": needs \"pattern\" (string) and \"rule\" (or, instead of a rule, \"chunk_into\")");
   for (auto it = e.begin(); it != e.end(); ++it) {
     static const char* kKeys[] = {"pattern",     "rule",      "transpose",  "fuse_into",  "fuse_key", "fuse_order",
-                                  "fuse_count",  "stack",     "stack_count", "if_absent", "chunk_into", "comment"};
+                                  "fuse_count",  "stack",     "stack_count", "if_absent", "chunk_into", "permute_for_rope",
+                                  "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument(where + ": unknown key '" + it.key() + "'");
   }
@@ -430,6 +452,7 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
     CKPT_RETURN_IF_ERROR(ParseChunks(e, where, entry.get()));
     return entry;
   }
+  if (e.contains("permute_for_rope")) return InvalidArgument(where + ": \"permute_for_rope\" without \"chunk_into\"");
   auto rule = ParseRule(e["rule"]);
   if (!rule.ok()) return rule.status().WithContext(where + " (/" + entry->pattern_text + "/)");
   entry->rule = *rule;
@@ -1061,6 +1084,10 @@ class TpPlan::Resolution {
       auto placed = Place(part, (pm.entry ? *pm.entry : *plan_.default_).rule, pm.groups, rank_, world_);
       if (!placed.ok()) return placed.status().WithContext(part_where);
       if (!placed->owned) continue;
+      const bool permuted = std::count(e.rope_parts.begin(), e.rope_parts.end(), static_cast<size_t>(k)) > 0;
+      if (permuted) {
+        CKPT_ASSIGN_OR_RETURN(placed->pieces, PermutedForRope(part, e.rope_heads, placed->pieces, part_where));
+      }
       for (ShardPiece& piece : placed->pieces) {
         piece.source = t.name;
         if (piece.row_count < 0) piece.row_count = rows;
@@ -1071,6 +1098,38 @@ class TpPlan::Resolution {
       CKPT_RETURN_IF_ERROR(AddPieces(part.name, part.name, "", pm, std::move(placed->pieces), part_where));
     }
     return Status::Ok();
+  }
+
+  // The pieces of `part` (placed whole as `pieces`) with its rows in transformers'
+  // PermuteForRope order: head h's rows 2j + s (its interleaved rotary pairs) become rows
+  // s * half + j (the two halves), h < heads, j < half. A split of any dim but 0 is kept (it
+  // commutes with a reordering of rows); a split of dim 0 is refused.
+  static Result<std::vector<ShardPiece>> PermutedForRope(const TensorInfo& part, int64_t heads,
+                                                         const std::vector<ShardPiece>& pieces, const std::string& where) {
+    const int64_t rows = part.shape.empty() ? 0 : part.shape[0];
+    if (rows % (2 * heads) != 0)
+      return InvalidArgument(where + ": " + std::to_string(rows) + " rows are not " + std::to_string(heads) +
+                             " heads of rotary pairs (transformers' PermuteForRope)");
+    const int ndim = static_cast<int>(part.shape.size());
+    const ShardSpec& spec = pieces.empty() ? ShardSpec{} : pieces[0].spec;
+    const bool splits_rows = spec.world > 1 && (spec.kind == ShardSpec::Kind::kFlatPartition ||
+                                                (spec.kind == ShardSpec::Kind::kSplit && (spec.dim % ndim + ndim) % ndim == 0));
+    if (pieces.size() != 1 || pieces[0].row_count >= 0 || splits_rows)
+      return InvalidArgument(where + ": its rule splits the rows that transformers' PermuteForRope reorders, which "
+                             "ckptd does not do (use convention \"megatron\" where a built-in family has it, or a "
+                             "plan file, docs/tp-plans.md)");
+    const int64_t head_rows = rows / heads, half = head_rows / 2;
+    std::vector<ShardPiece> out;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t s = 0; s < 2; ++s) {
+        ShardPiece p = pieces[0];
+        p.row_begin = h * head_rows + s;
+        p.row_count = half;
+        p.row_step = 2;
+        out.push_back(std::move(p));
+      }
+    }
+    return out;
   }
 
   // Adds `pieces` to their output (made when it is the first): `own`, or, when `match`'s
@@ -1163,13 +1222,19 @@ class TpPlan::Resolution {
   // Views `out` with a leading dim of one entry per distinct stack value.
   Status Stack(const std::string& name, const Fused& f, ShardOutput* out) const {
     const int64_t n = static_cast<int64_t>(f.stack_values.size());
-    if (f.entry->stack_count > 0) {
+    if (!f.entry->stack_counts.empty()) {
       const bool ep = f.entry->rule.kind == Rule::Kind::kExpert;
-      const int64_t want = ep ? f.entry->stack_count / world_ : f.entry->stack_count;
-      if (n != want)
+      std::string wanted;
+      bool fits = false;
+      for (int64_t count : f.entry->stack_counts) {
+        const int64_t want = ep ? count / world_ : count;
+        fits |= n == want;
+        wanted += (wanted.empty() ? "" : " or ") + std::to_string(want);
+      }
+      if (!fits)
         return InvalidArgument("output '" + name + "' stacks " + std::to_string(n) + " experts" +
                                (ep ? " on rank " + std::to_string(rank_) : std::string()) + ", the config names " +
-                               std::to_string(want) + " (missing expert tensors, or a config that disagrees)");
+                               wanted + " (missing expert tensors, or a config that disagrees)");
     }
     CKPT_ASSIGN_OR_RETURN(OutputLayout flat, PlanOutputWith(*out, Lookup()));
     if (flat.shape.empty() || flat.shape[0] % n != 0)

@@ -260,6 +260,7 @@ py::dict PieceDict(const ckpt::ShardPiece& p) {
   d["uneven"] = p.spec.allow_uneven ? (p.spec.ceil_parts ? "chunk" : "tensor_split") : "no";
   d["row_begin"] = p.row_begin;
   d["row_count"] = p.row_count;
+  d["row_step"] = p.row_step;
   return d;
 }
 

@@ -529,6 +529,108 @@ TEST(TpPlanChunkTest, BadChunksAreClearErrors) {
   EXPECT_NE(fp8.status().message().find("weight 'w' is cut into parts"), std::string::npos) << fp8.status().ToString();
 }
 
+// transformers' PermuteForRope of a 2-d weight or 1-d bias of `heads` heads (rows h * hd +
+// 2j + s become h * hd + s * hd / 2 + j), written as its _apply is: view(heads, half, 2, cols)
+// .transpose(1, 2).
+std::vector<float> PermutedForRope(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t heads) {
+  const int64_t half = rows / heads / 2;
+  std::vector<float> out(w.size());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t j = 0; j < half; ++j)
+      for (int64_t s = 0; s < 2; ++s)
+        for (int64_t c = 0; c < cols; ++c)
+          out[static_cast<size_t>(((h * 2 + s) * half + j) * cols + c)] =
+              w[static_cast<size_t>(((h * half + j) * 2 + s) * cols + c)];
+  return out;
+}
+
+// chunk_into with permute_for_rope: the permuted parts hold their rows in transformers'
+// order, whole or split along a later dim; a rule that splits the rows is refused.
+TEST(TpPlanChunkTest, RopePermutedPartsAreTransformersRowOrder) {
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(.*?)wqkv(.*)$", "chunk_into": ["$1q$2", "$1k$2", "$1v$2"],
+       "permute_for_rope": {"parts": [0, 1], "heads": 2}},
+      {"pattern": "\\.k\\.weight$", "rule": "rowwise"}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const int64_t rows = 8, cols = 3;  // 2 heads of 4 rows (2 rotary pairs) per part
+  const std::vector<TensorInfo> t = {T("a.wqkv.weight", {3 * rows, cols}), T("a.wqkv.bias", {3 * rows})};
+  const std::vector<float> w = Iota(3 * rows * cols, 0), b = Iota(3 * rows, 1000);
+  const std::map<std::string, std::vector<float>> data = {{"a.wqkv.weight", w}, {"a.wqkv.bias", b}};
+  auto part = [](const std::vector<float>& v, int64_t k, int64_t n) {
+    return std::vector<float>(v.begin() + k * n, v.begin() + (k + 1) * n);
+  };
+  for (int world : {1, 2, 3}) {
+    for (int rank = 0; rank < world; ++rank) {
+      auto outs = plan->Resolve(t, rank, world);
+      ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+      auto m = ByName(*outs);
+      ASSERT_EQ(m.size(), 6u);
+      EXPECT_EQ(GatherFloats(m["a.q.weight"], t, data), PermutedForRope(part(w, 0, rows * cols), rows, cols, 2));
+      EXPECT_EQ(GatherFloats(m["a.q.bias"], t, data), PermutedForRope(part(b, 0, rows), rows, 1, 2));
+      EXPECT_EQ(GatherFloats(m["a.k.bias"], t, data), PermutedForRope(part(b, 1, rows), rows, 1, 2));
+      EXPECT_EQ(GatherFloats(m["a.v.weight"], t, data), part(w, 2, rows * cols));  // not permuted
+      EXPECT_EQ(GatherFloats(m["a.v.bias"], t, data), part(b, 2, rows));
+      // k's weight permuted, then split rowwise (its columns): torch.chunk parts of 3 columns
+      const std::vector<float> k = PermutedForRope(part(w, 1, rows * cols), rows, cols, 2);
+      const int64_t c0 = world == 2 ? rank * 2 : (world == 3 ? rank : 0);
+      const int64_t c1 = world == 2 ? std::min<int64_t>(3, c0 + 2) : (world == 3 ? c0 + 1 : 3);
+      std::vector<float> k_cols;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = c0; c < c1; ++c) k_cols.push_back(k[static_cast<size_t>(r * cols + c)]);
+      EXPECT_EQ(GatherFloats(m["a.k.weight"], t, data), k_cols) << "world " << world << " rank " << rank;
+    }
+  }
+  // A split of the permuted rows, heads that do not divide the rows, bad settings: refused.
+  auto by_rows = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(.*?)wqkv(.*)$", "chunk_into": ["$1q$2", "$1k$2", "$1v$2"],
+       "permute_for_rope": {"parts": [0], "heads": 2}},
+      {"pattern": "\\.q\\.", "rule": "colwise"}]})J");
+  ASSERT_TRUE(by_rows.ok()) << by_rows.status().ToString();
+  auto split = by_rows->Resolve(t, 0, 2);
+  ASSERT_FALSE(split.ok());
+  EXPECT_NE(split.status().message().find("splits the rows that transformers' PermuteForRope reorders"),
+            std::string::npos) << split.status().ToString();
+  EXPECT_NE(split.status().message().find("'a.q.weight'"), std::string::npos) << split.status().ToString();
+  EXPECT_TRUE(by_rows->Resolve(t, 0, 1).ok());
+  auto odd = plan->Resolve({T("a.wqkv.weight", {3 * 6, cols})}, 0, 1);  // 6 rows: not 2 heads of pairs
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("6 rows are not 2 heads of rotary pairs"), std::string::npos)
+      << odd.status().ToString();
+  for (const char* bad : {
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", "b"], "permute_for_rope": {"parts": [2], "heads": 1}}]})J",
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", "b"], "permute_for_rope": {"parts": [0], "heads": 0}}]})J",
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", "b"], "permute_for_rope": {"parts": [0]}}]})J",
+           R"J({"rules": [{"pattern": "x", "chunk_into": ["a", "b"], "permute_for_rope": {"parts": [], "heads": 1}}]})J",
+           R"J({"rules": [{"pattern": "x", "rule": "replicate", "permute_for_rope": {"parts": [0], "heads": 1}}]})J"}) {
+    auto p = TpPlan::FromJson(bad);
+    EXPECT_FALSE(p.ok()) << bad;
+  }
+}
+
+// "stack_count" as a list: the stack holds one of the counts (longcat_flash's gate/up
+// experts, which transformers stacks for its zero experts too); any other is refused.
+TEST(TpPlanChunkTest, StackCountListAcceptsEachCount) {
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(m)\\.e\\.(\\d+)\\.w$", "rule": "replicate", "fuse_into": "$1.w", "fuse_key": 2, "stack": 2,
+       "stack_count": [2, 3]}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (int n : {2, 3}) {
+    std::vector<TensorInfo> t;
+    for (int e = 0; e < n; ++e) t.push_back(T("m.e." + std::to_string(e) + ".w", {4, 2}));
+    auto outs = plan->Resolve(t, 0, 1);
+    ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+    EXPECT_EQ((*outs)[0].shape, (std::vector<int64_t>{n, 4, 2}));
+  }
+  auto four = plan->Resolve({T("m.e.0.w", {4, 2}), T("m.e.1.w", {4, 2}), T("m.e.2.w", {4, 2}), T("m.e.3.w", {4, 2})}, 0, 1);
+  ASSERT_FALSE(four.ok());
+  EXPECT_NE(four.status().message().find("stacks 4 experts, the config names 2 or 3"), std::string::npos)
+      << four.status().ToString();
+  EXPECT_FALSE(TpPlan::FromJson(R"J({"rules": [{"pattern": "(m)(\\d)", "rule": "replicate", "fuse_into": "x",
+      "stack": 2, "stack_count": []}]})J").ok());
+  EXPECT_FALSE(TpPlan::FromJson(R"J({"rules": [{"pattern": "(m)(\\d)", "rule": "replicate", "fuse_into": "x",
+      "stack": 2, "stack_count": [2, 0]}]})J").ok());
+}
+
 TEST(TpPlanChunkTest, FuseCountNamesAMissingSource) {
   auto plan = TpPlan::FromJson(R"J({"rules": [
       {"pattern": "^(m\\.)(q|k|v)c$", "rule": "replicate", "fuse_into": "$1c", "fuse_key": 2,

@@ -56,17 +56,12 @@ def expected_dim(style, name, ndim):
 # does not map to the model's names; each fails loudly (see test_known_gaps_fail_loudly), or
 # follows transformers' own loader where that loader is wrong:
 KNOWN_GAPS = {
-    # routed experts beside "zero" (identity) experts: the stack counts 260 tensors where the
-    # config names 4 routed experts; refused naming the output.
-    "longcat_flash": "stacks 260 experts",
     # an entry carried from the earlier generator run (no rename scopes) with that run's
     # example: its audio and vision towers' saved names are not mapped; refused.
     "gemma3n": "none of its rules matches",
     # conversions the engine does not shard (a Chunk/Transpose/Concatenate transformers does
     # at load): refused, naming the tensor, the model type and the operation.
-    "kimi_k25": "model type 'kimi_k25'.*transformers converts this tensor at load",  # its vision wqkv
     "qwen3_vl_moe": "model type 'qwen3_vl_moe'.*transformers converts this tensor at load",  # experts (Transpose)
-    "step3p7": "model type 'step3p7'.*transformers converts this tensor at load",  # vision in_proj (Chunk)
     # transformers 5.17's loader renames its own saved names to names its model lacks
     # ("model.language_model.model.x" -> "model.model.language_model.model.x": the prefix is
     # added before the language_model rename, which then no longer matches); ckptd follows
@@ -110,9 +105,11 @@ def out_shape(o, shapes):
 
 
 def chunk_parts(entry):
-    """transformers' Chunk(dim 0) conversions of an entry: (source pattern, target patterns)."""
+    """transformers' Chunk(dim 0) conversions of an entry, alone or before a PermuteForRope:
+    (source pattern, target patterns)."""
     return [(c["source_patterns"][0], c["target_patterns"]) for c in entry.get("conversions", [])
-            if c.get("kind") == "WeightConverter" and c.get("operations") == [{"op": "Chunk", "dim": 0}]]
+            if c.get("kind") == "WeightConverter" and c.get("operations", [None])[0] == {"op": "Chunk", "dim": 0}
+            and all(o["op"] == "PermuteForRope" for o in c["operations"][1:])]
 
 
 def example_plan(mt, ex):
@@ -124,6 +121,25 @@ def example_plan(mt, ex):
     tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]]
     shapes = {t["name"]: t["shape"] for t in tensors}
     return entry, plan_keys, tensors, shapes, ckpt.plans.for_config(ex["config"], "hf")
+
+
+def rope_conversions(entry):
+    """transformers' Chunk(dim 0) + PermuteForRope conversions of an entry: (source pattern,
+    target patterns, the permuted targets' layer names, sub-config key)."""
+    out = []
+    for c in entry.get("conversions", []):
+        ops = c.get("operations", [])
+        if c.get("kind") == "WeightConverter" and [o["op"] for o in ops] == ["Chunk", "PermuteForRope"]:
+            out.append((c["source_patterns"][0], c["target_patterns"], ops[1]["permute_layer_names"],
+                        ops[1].get("subconfig_key")))
+    return out
+
+
+def rope_rows(rows, heads):
+    """The source row of each row of a PermuteForRope'd part, as transformers' _apply makes
+    them: view(heads, rows // heads // 2, 2, ...).transpose(1, 2).reshape(rows, ...)."""
+    import torch
+    return torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows).tolist()
 
 
 def load_examples():
@@ -221,6 +237,31 @@ class HfPlanDataTest(unittest.TestCase):
                             if got is not None:
                                 self.assertEqual((p["rank"], p["world"]), (rank, world), o.name)
                             checked += 1
+        self.assertGreater(checked, 0)
+
+    def test_rope_permuted_parts_take_the_rows_transformers_permutes(self):
+        """A Chunk + PermuteForRope conversion's permuted part (kimi_k25's and step3p7's vision
+        q/k) holds, row by row, the rows of its source that transformers' permutation puts
+        there, at every world (the vision towers are replicated)."""
+        checked = 0
+        for mt, ex in sorted(self.examples.items()):
+            entry, _, tensors, shapes, plan = example_plan(mt, ex)
+            for source, targets, layers, sub in rope_conversions(entry):
+                heads = (ex["config"].get(sub) or ex["config"]).get("num_attention_heads", 1)
+                for world in (1, 2, 4):
+                    for o in plan.resolve(tensors, world - 1, world):
+                        src = o.pieces[0]["source"]
+                        if not re.search(source, src) or not any(t in o.name for t in targets):
+                            continue
+                        k = next(i for i, t in enumerate(targets) if t in o.name)
+                        part = shapes[src][0] // len(targets)
+                        got = [p["row_begin"] + i * p["row_step"] for p in o.pieces for i in range(p["row_count"])]
+                        permuted = any(l in targets[k] for l in layers)
+                        want = [k * part + r for r in (rope_rows(part, heads) if permuted else range(part))]
+                        with self.subTest(model_type=mt, output=o.name, world=world):
+                            self.assertEqual(got, want)
+                            self.assertEqual({p["kind"] for p in o.pieces}, {"replicate"})
+                        checked += 1
         self.assertGreater(checked, 0)
 
     def test_known_gaps_fail_loudly_where_they_fail(self):

@@ -86,6 +86,9 @@ def shrink_dict(d, vocab, mrope=False):
     for key, value in list(out.items()):
         if isinstance(value, list) and layers and value and (key in LIST_PER_LAYER or len(value) == old_layers):
             out[key] = _per_layer(value, layers)
+    if isinstance(out.get("per_layer_config"), dict) and layers:
+        out["per_layer_config"] = _per_layer_overrides(out["per_layer_config"], d.get("layer_types"),
+                                                       out.get("layer_types"), layers)
     if "kv_lora_rank" in out and "num_key_value_heads" in out:
         # multi-head latent attention: keys have every head (transformers' own configs say
         # num_key_value_heads = num_attention_heads; sdpa would repeat them otherwise)
@@ -101,6 +104,24 @@ def shrink_dict(d, vocab, mrope=False):
     for key in TOKEN_FIELDS:
         if isinstance(out.get(key), int) and out[key] >= vocab:
             out[key] = 0 if key == "pad_token_id" else 2
+    return out
+
+
+def _per_layer_overrides(overrides, old_types, new_types, layers):
+    """A per-layer override dict ({layer index: {field: value}}: gemma4's full-attention
+    layers, neomme) for the tiny layer count: each tiny layer takes the overrides of the first
+    old layer of its type (its layer_types entry), else none; the overrides' sizes shrunk."""
+    by_index = {int(k): v for k, v in overrides.items() if str(k).lstrip("-").isdigit()}
+    out = {}
+    for i in range(layers):
+        if old_types and new_types and i < len(new_types):
+            same = [j for j, t in enumerate(old_types) if t == new_types[i] and j in by_index]
+            source = same[0] if same else None
+        else:
+            source = i if i in by_index else None
+        if source is not None and isinstance(by_index[source], dict):
+            out[i] = {k: (type(v)(SIZES[k]) if k in SIZES and isinstance(v, int) and not isinstance(v, bool) else v)
+                      for k, v in by_index[source].items()}
     return out
 
 
