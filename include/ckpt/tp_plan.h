@@ -65,7 +65,10 @@
 // "fuse_order" sorts by its position there, all-digit keys numerically, others by text);
 // "stack": g views the output with a new leading dim, one entry per distinct value of group
 // g ("stack_count": n requires n of them, [n, m] n or m); "fuse_count": n requires the output to fuse exactly
-// n source tensors; "if_absent": pattern applies the entry only when
+// n source tensors; "fuse_dim": 1 concatenates the sources along dim 1 instead (a stacked
+// [E, r, c] pair into [E, 2r, c]: each dim-0 index's slabs in fuse order, the output viewed
+// [E, 2r', c']; "stack_count" counts E; a rule that splits dim 0 is refused);
+// "if_absent": pattern applies the entry only when
 // no tensor of the checkpoint matches that pattern (e.g. a tied embedding: no lm_head).
 // "chunk_into": [name, ...] instead of a rule (transformers' Chunk conversion): a matching
 // tensor is cut along dim 0 into that many equal parts (dim 0 must divide), part k a tensor

@@ -142,10 +142,10 @@ std::optional<std::string> PlainText(const std::string& pattern) {
   return out;
 }
 
-// The only operation of converter `c` when it is `op` along dim 0 (Chunk, Concatenate).
-bool IsOnlyDim0(const json& c, const char* op) {
+// Whether converter `c`'s only operation is `op` along `dim` (Chunk, Concatenate).
+bool IsOnly(const json& c, const char* op, int dim) {
   const json ops = c.value("operations", json::array());
-  return ops.size() == 1 && ops[0].value("op", "") == op && ops[0].value("dim", -1) == 0;
+  return ops.size() == 1 && ops[0].value("op", "") == op && ops[0].value("dim", -1) == dim;
 }
 
 // The PermuteForRope (not inverse) that follows a Chunk(dim 0) as converter `c`'s second and
@@ -264,11 +264,13 @@ class PlanWriter {
       return std::all_of(v.begin(), v.end(), [](const auto& p) { return p.has_value(); });
     };
     if (all_plain(plain) && all_plain(plain_targets)) {
-      if (sources.size() == 1 && targets.size() >= 2 && IsOnlyDim0(c, "Chunk")) return AddChunk(sources[0], plain_targets);
+      if (sources.size() == 1 && targets.size() >= 2 && IsOnly(c, "Chunk", 0)) return AddChunk(sources[0], plain_targets);
       if (const json* rope = RopePermutationAfterChunk(c); rope && sources.size() == 1 && targets.size() >= 2)
         return AddChunk(sources[0], plain_targets, rope);
-      if (sources.size() >= 2 && targets.size() == 1 && IsOnlyDim0(c, "Concatenate"))
+      if (sources.size() >= 2 && targets.size() == 1 && IsOnly(c, "Concatenate", 0))
         return AddConcatenation(sources, plain, *plain_targets[0]);
+      if (sources.size() >= 2 && targets.size() == 1 && IsOnly(c, "Concatenate", 1))
+        return AddConcatenationOfSlabs(sources, plain, *plain_targets[0]);
     }
     std::string ops;
     for (const auto& op : c.value("operations", json::array())) ops += (ops.empty() ? "" : ", ") + op.value("op", "?");
@@ -333,8 +335,7 @@ class PlanWriter {
     json order = json::array();
     for (const auto& p : plain) order.push_back(*p);
     std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
-    for (const TargetKey& k : KeysOf(target, /*module_too=*/true)) {
-      if (k.style.empty()) continue;
+    for (const TargetKey& k : StyledKeysOf(target)) {
       prefixes.emplace_back(k.prefix, json{{"refuse", Where() + ": transformers concatenates " +
                                                           std::to_string(sources.size()) + " tensors into '" + k.key +
                                                           "' and splits the result " + k.style +
@@ -348,6 +349,39 @@ class PlanWriter {
         rules_.push_back({{"pattern", "^(" + prefix + ")(" + SourceRegex(s) + ")(.*)$"}, {"rule", rule},
                           {"fuse_into", "$1" + target + "$3"}, {"fuse_key", 2}, {"fuse_order", order},
                           {"fuse_count", sources.size()}});
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Concatenate(dim 1) of `sources` (plain names; `plain` their texts) into `target`:
+  // stacked experts [E, r, c] side by side along dim 1 ([E, 2r, c]: step3p7's gate and up),
+  // each source split as the target's style splits its block (packed_colwise: each source
+  // is one of its blocks; rowwise: the columns), whole where the plan gives it no style; a
+  // style that would cut across the sources is refused for the prefixes that have it.
+  Status AddConcatenationOfSlabs(const std::vector<std::string>& sources,
+                                 const std::vector<std::optional<std::string>>& plain, const std::string& target) {
+    json order = json::array();
+    for (const auto& p : plain) order.push_back(*p);
+    std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
+    for (const TargetKey& k : StyledKeysOf(target)) {
+      auto rule = k.style == "grouped_gemm" ? Result<json>(InvalidArgument("")) : SourceRule(k.style, true, k.key);
+      prefixes.emplace_back(k.prefix, rule.ok() ? *rule
+                                                : json{{"refuse", Where() + ": transformers concatenates " +
+                                                                      std::to_string(sources.size()) +
+                                                                      " tensors along dim 1 into '" + k.key +
+                                                                      "' and splits the result " + k.style +
+                                                                      ", across its sources, which ckptd does not do; "
+                                                                      "use a plan file (docs/tp-plans.md)"}});
+    }
+    prefixes.emplace_back(".*?", "replicate");
+    for (const auto& [prefix, rule] : prefixes) {
+      for (const std::string& s : sources) {
+        json e = {{"pattern", "^(" + prefix + ")(" + SourceRegex(s) + ")(.*)$"}, {"rule", rule},
+                  {"fuse_into", "$1" + target + "$3"}, {"fuse_key", 2}, {"fuse_order", order},
+                  {"fuse_count", sources.size()}, {"fuse_dim", 1}};
+        if (config_.experts) e["stack_count"] = *config_.experts;
+        rules_.push_back(std::move(e));
       }
     }
     return Status::Ok();
@@ -381,6 +415,19 @@ class PlanWriter {
     return out;
   }
 
+  // The plan keys that give the fused parameter `target` a style, one per prefix, as
+  // transformers looks it up: the parameter's own key, else its module's.
+  std::vector<TargetKey> StyledKeysOf(const std::string& target) const {
+    std::vector<TargetKey> out;
+    for (bool module : {false, true}) {
+      for (TargetKey& k : KeysOf(target, module)) {
+        const bool seen = std::any_of(out.begin(), out.end(), [&](const TargetKey& o) { return o.prefix == k.prefix; });
+        if (!k.style.empty() && !seen) out.push_back(std::move(k));
+      }
+    }
+    return out;
+  }
+
   // The style transformers gives the fused parameter `prefix + target`: the plan's exact
   // key, else its module's key; "" when the plan has neither.
   std::string StyleOf(const std::string& key) const {
@@ -394,7 +441,9 @@ class PlanWriter {
   // What each source tensor of a fused expert parameter of `style` gets.
   Result<json> SourceRule(const std::string& style, bool concatenates, const std::string& target) const {
     if (style.empty()) return json("replicate");
-    if (style == "packed_colwise") return concatenates ? json{{"split", 0}} : json{{"split", 0}, {"chunks", 2}};
+    // concatenated sources: each one block of the pair, split on its own (dim -2: the
+    // expert's rows, a per-expert 2-d or a stacked 3-d source alike)
+    if (style == "packed_colwise") return concatenates ? json{{"split", -2}} : json{{"split", 0}, {"chunks", 2}};
     if (style == "colwise" || style == "colwise_gather_output") {
       if (concatenates)
         return InvalidArgument(Where() + ": the fused '" + target + "' is " + style +

@@ -224,6 +224,7 @@ struct TpPlan::Entry {
   int stack = 0;  // > 0: view the fused output with a leading dim per distinct value of this group
   std::vector<int64_t> stack_counts;  // non-empty: the stack holds one of these counts
   int64_t fuse_count = 0;  // > 0: the fused output holds exactly this many source tensors
+  int fuse_dim = 0;        // 1: the sources are concatenated along dim 1 (each dim-0 index's slabs in turn)
   std::optional<Regex> if_absent;
   // Non-empty: a matching tensor is cut along dim 0 into this many equal parts, part k a
   // tensor of its own named chunk_into[k] ($n groups), placed by the rule its name matches.
@@ -346,13 +347,15 @@ Status ParseFuseKeys(const nlohmann::json& e, const std::string& where, TpPlan::
   return Status::Ok();
 }
 
-// Sets entry's fusion ("fuse_into", "fuse_key", "fuse_order", "stack", "stack_count") from
+// Sets entry's fusion ("fuse_into", "fuse_key", "fuse_order", "fuse_count", "fuse_dim", "stack",
+// "stack_count") from
 // rule `e`; InvalidArgument if the fusion keys come without "fuse_into" or do not fit the pattern.
 Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
   if (!e.contains("fuse_into")) {
     if (e.contains("fuse_key") || e.contains("fuse_order") || e.contains("stack") || e.contains("stack_count") ||
-        e.contains("fuse_count"))
-      return InvalidArgument(where + ": \"fuse_key\"/\"fuse_order\"/\"fuse_count\"/\"stack\" without \"fuse_into\"");
+        e.contains("fuse_count") || e.contains("fuse_dim"))
+      return InvalidArgument(where + ": \"fuse_key\"/\"fuse_order\"/\"fuse_count\"/\"fuse_dim\"/\"stack\" without "
+                             "\"fuse_into\"");
     return Status::Ok();
   }
   if (!e["fuse_into"].is_string() || e["fuse_into"].get<std::string>().empty())
@@ -374,21 +377,28 @@ Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::En
   if (e.contains("fuse_count")) {
     CKPT_ASSIGN_OR_RETURN(entry->fuse_count, PositiveInt(e["fuse_count"], "fuse_count"));
   }
+  if (e.contains("fuse_dim")) {
+    if (!e["fuse_dim"].is_number_integer() || (e["fuse_dim"] != 0 && e["fuse_dim"] != 1))
+      return InvalidArgument(where + ": \"fuse_dim\" must be 0 or 1");
+    entry->fuse_dim = e["fuse_dim"].get<int>();
+    if (entry->fuse_dim == 1 && (e.contains("stack") || e.contains("transpose")))
+      return InvalidArgument(where + ": \"fuse_dim\": 1 stacks by dim 0 itself: no \"stack\" or \"transpose\"");
+  }
   if (e.contains("stack")) {
     auto g = GroupIndex(e["stack"], entry->pattern, "stack");
     if (!g.ok()) return g.status().WithContext(where);
     if (*g == 0) return InvalidArgument(where + ": \"stack\" must name a capture group >= 1");
     entry->stack = *g;
-    if (e.contains("stack_count")) {  // n or [n, ...]
-      const auto& counts = e["stack_count"];
-      for (const auto& c : counts.is_array() ? counts : nlohmann::json::array({counts})) {
-        CKPT_ASSIGN_OR_RETURN(int64_t n, PositiveInt(c, "stack_count"));
-        entry->stack_counts.push_back(n);
-      }
-      if (entry->stack_counts.empty()) return InvalidArgument(where + ": \"stack_count\" lists no count");
+  }
+  if (e.contains("stack_count")) {  // n or [n, ...]
+    if (!entry->stack && entry->fuse_dim != 1)
+      return InvalidArgument(where + ": \"stack_count\" without \"stack\" (or \"fuse_dim\": 1)");
+    const auto& counts = e["stack_count"];
+    for (const auto& c : counts.is_array() ? counts : nlohmann::json::array({counts})) {
+      CKPT_ASSIGN_OR_RETURN(int64_t n, PositiveInt(c, "stack_count"));
+      entry->stack_counts.push_back(n);
     }
-  } else if (e.contains("stack_count")) {
-    return InvalidArgument(where + ": \"stack_count\" without \"stack\"");
+    if (entry->stack_counts.empty()) return InvalidArgument(where + ": \"stack_count\" lists no count");
   }
   if (entry->transpose && entry->stack) return InvalidArgument(where + ": \"transpose\" and \"stack\" exclude each other");
   return Status::Ok();
@@ -438,7 +448,7 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
     return InvalidArgument(where + ": needs \"pattern\" (string) and \"rule\" (or, instead of a rule, \"chunk_into\")");
   for (auto it = e.begin(); it != e.end(); ++it) {
     static const char* kKeys[] = {"pattern",     "rule",      "transpose",  "fuse_into",  "fuse_key", "fuse_order",
-                                  "fuse_count",  "stack",     "stack_count", "if_absent", "chunk_into", "permute_for_rope",
+                                  "fuse_count",  "fuse_dim",  "stack",       "stack_count", "if_absent", "chunk_into", "permute_for_rope",
                                   "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument(where + ": unknown key '" + it.key() + "'");
@@ -1013,6 +1023,9 @@ class TpPlan::Resolution {
     if (!e.chunk_into.empty())
       return InvalidArgument("FP8 block scales: weight '" + w.name + "' is cut into parts (rule /" + e.pattern_text +
                              "/), which ckptd does not do with its block scale '" + t.name + "'");
+    if (e.fuse_dim == 1)
+      return InvalidArgument("FP8 block scales: weight '" + w.name + "' is concatenated along dim 1 (rule /" +
+                             e.pattern_text + "/), which ckptd does not do with its block scale '" + t.name + "'");
     auto placed = Place(w, e.rule, match.groups, rank_, world_);
     if (!placed.ok()) return placed.status().WithContext(where);
     if (!placed->owned) return Status::Ok();
@@ -1055,7 +1068,31 @@ class TpPlan::Resolution {
       auto layout = PieceLayout(piece, t);
       if (!layout.ok()) return layout.status().WithContext(where);
     }
+    if (m && m->fuse_dim == 1) return AddSlabs(t, name, match, placed->pieces, where);
     return AddPieces(name, name, "", match, std::move(placed->pieces), where);
+  }
+
+  // `t` (matched as `name`, placed whole as `pieces`) into a dim-1 concatenation: its slab
+  // i (dim-0 index i, e.g. expert i of a stacked [E, rows, cols]) goes after slab i of the
+  // sources before it in the fuse order, so that the output is the sources concatenated
+  // along dim 1. A split of dim 0 is refused (it would cut across the slabs).
+  Status AddSlabs(const TensorInfo& t, const std::string& name, const Match& match, const std::vector<ShardPiece>& pieces,
+                  const std::string& where) {
+    const int ndim = static_cast<int>(t.shape.size());
+    const ShardSpec& spec = pieces.empty() ? ShardSpec{} : pieces[0].spec;
+    if (ndim < 2)
+      return InvalidArgument(where + ": a concatenation along dim 1 (\"fuse_dim\": 1) needs tensors of 2 or more dims");
+    if (pieces.size() != 1 || pieces[0].row_count >= 0 || spec.kind == ShardSpec::Kind::kFlatPartition ||
+        (spec.kind == ShardSpec::Kind::kSplit && spec.world > 1 && (spec.dim % ndim + ndim) % ndim == 0))
+      return InvalidArgument(where + ": its rule splits dim 0, across the slabs a concatenation along dim 1 "
+                             "(\"fuse_dim\": 1) puts side by side");
+    for (int64_t i = 0; i < t.shape[0]; ++i) {
+      ShardPiece slab = pieces[0];
+      slab.row_begin = i;
+      slab.row_count = 1;
+      CKPT_RETURN_IF_ERROR(AddPieces(name, name, "", match, {std::move(slab)}, where, i));
+    }
+    return Status::Ok();
   }
 
   // `t` (matched as `name`) cut along dim 0 into its entry's chunk_into parts, equal as
@@ -1134,9 +1171,9 @@ class TpPlan::Resolution {
 
   // Adds `pieces` to their output (made when it is the first): `own`, or, when `match`'s
   // entry fuses, its fuse_into expanded from `key` (the matched name) + `suffix`, the pieces
-  // sorted later by their fuse key.
+  // sorted later by their fuse key (after `slab`, a dim-1 concatenation's slab, where >= 0).
   Status AddPieces(const std::string& own, const std::string& key, const std::string& suffix, const Match& match,
-                   std::vector<ShardPiece> pieces, const std::string& where) {
+                   std::vector<ShardPiece> pieces, const std::string& where, int64_t slab = -1) {
     const Entry* m = match.entry;
     std::string out_name = own;
     const bool fuse = m && !m->fuse_into.empty();
@@ -1165,8 +1202,12 @@ class TpPlan::Resolution {
     output_of_[own] = out_name;
     Fused& f = fused_[out_name];
     if (!f.entry) f.entry = m;
-    const std::vector<KeyPart> key_parts = FuseKey(*m, match.groups, key);
+    std::vector<KeyPart> key_parts = FuseKey(*m, match.groups, key);
     if (m->stack) f.stack_values.insert(match.groups[m->stack]);
+    if (slab >= 0) {
+      key_parts.insert(key_parts.begin(), KeyPart(1, static_cast<uint64_t>(slab), ""));
+      f.stack_values.insert(std::to_string(slab));
+    }
     for (ShardPiece& piece : pieces) {
       f.keys.push_back({key_parts, out.pieces.size()});
       out.pieces.push_back(std::move(piece));
@@ -1214,7 +1255,7 @@ class TpPlan::Resolution {
                                  f.entry->pattern_text + "/), it needs " + std::to_string(f.entry->fuse_count) +
                                  " (a missing tensor of the checkpoint?)");
       }
-      if (f.entry->stack) CKPT_RETURN_IF_ERROR(Stack(name, f, &out));
+      if (f.entry->stack || f.entry->fuse_dim == 1) CKPT_RETURN_IF_ERROR(Stack(name, f, &out));
     }
     return Status::Ok();
   }
@@ -1243,6 +1284,10 @@ class TpPlan::Resolution {
                              " equal parts (experts of different sizes?)");
     std::vector<int64_t> shape = {n, flat.shape[0] / n};
     shape.insert(shape.end(), flat.shape.begin() + 1, flat.shape.end());
+    if (f.entry->fuse_dim == 1) {  // [n, sources, dim 1, ...] -> [n, sources x dim 1, ...]
+      shape[1] *= shape[2];
+      shape.erase(shape.begin() + 2);
+    }
     out->shape = std::move(shape);
     return Status::Ok();
   }

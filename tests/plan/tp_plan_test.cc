@@ -631,6 +631,63 @@ TEST(TpPlanChunkTest, StackCountListAcceptsEachCount) {
       "stack": 2, "stack_count": [2, 0]}]})J").ok());
 }
 
+// "fuse_dim": 1: stacked [E, r, c] gate and up side by side along dim 1 (torch.cat(dim=1)),
+// each split as its block of a packed_colwise output, the view [E, 2r/world, c].
+TEST(TpPlanChunkTest, FuseDim1ConcatenatesStackedSlabs) {
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(m\\.)(gate|up)(\\.w)$", "rule": {"split": -2}, "fuse_into": "$1gate_up", "fuse_key": 2,
+       "fuse_order": ["gate", "up"], "fuse_count": 2, "fuse_dim": 1, "stack_count": 3}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const int64_t E = 3, r = 4, c = 2;
+  const std::vector<TensorInfo> t = {T("m.up.w", {E, r, c}), T("m.gate.w", {E, r, c})};
+  const std::map<std::string, std::vector<float>> data = {{"m.gate.w", Iota(E * r * c, 0)},
+                                                          {"m.up.w", Iota(E * r * c, 1000)}};
+  for (int world : {1, 2, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      auto outs = plan->Resolve(t, rank, world);
+      ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+      ASSERT_EQ(outs->size(), 1u);
+      const ShardOutput& o = (*outs)[0];
+      EXPECT_EQ(o.name, "m.gate_up");
+      const int64_t rows = r / world;
+      EXPECT_EQ(o.shape, (std::vector<int64_t>{E, 2 * rows, c}));
+      // expert e: gate's rows of this rank, then up's (torch.cat([gate, up], dim=1) split per block)
+      std::vector<float> want;
+      for (int64_t e = 0; e < E; ++e)
+        for (float base : {0.f, 1000.f})
+          for (int64_t i = rank * rows; i < (rank + 1) * rows; ++i)
+            for (int64_t j = 0; j < c; ++j) want.push_back(base + static_cast<float>((e * r + i) * c + j));
+      EXPECT_EQ(GatherFloats(o, t, data), want) << "world " << world << " rank " << rank;
+    }
+  }
+  // Missing source, another expert count, a split of dim 0, a 1-d source, bad settings.
+  auto missing = plan->Resolve({t[1]}, 0, 1);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("fuses 1 tensors"), std::string::npos) << missing.status().ToString();
+  auto four = plan->Resolve({T("m.up.w", {4, r, c}), T("m.gate.w", {4, r, c})}, 0, 1);
+  ASSERT_FALSE(four.ok());
+  EXPECT_NE(four.status().message().find("stacks 4 experts, the config names 3"), std::string::npos)
+      << four.status().ToString();
+  auto dim0 = TpPlan::FromJson(R"J({"rules": [{"pattern": "^(m\\.)(gate|up)(\\.w)$", "rule": "column",
+      "fuse_into": "$1gate_up", "fuse_key": 2, "fuse_dim": 1}]})J");
+  ASSERT_TRUE(dim0.ok()) << dim0.status().ToString();
+  auto across = dim0->Resolve(t, 0, 3);
+  ASSERT_FALSE(across.ok());
+  EXPECT_NE(across.status().message().find("splits dim 0, across the slabs"), std::string::npos)
+      << across.status().ToString();
+  auto flat = dim0->Resolve({T("m.gate.w", {4}), T("m.up.w", {4})}, 0, 1);
+  ASSERT_FALSE(flat.ok());
+  EXPECT_NE(flat.status().message().find("needs tensors of 2 or more dims"), std::string::npos) << flat.status().ToString();
+  for (const char* bad : {
+           R"J({"rules": [{"pattern": "(x)", "rule": "replicate", "fuse_dim": 1}]})J",
+           R"J({"rules": [{"pattern": "(x)", "rule": "replicate", "fuse_into": "y", "fuse_dim": 2}]})J",
+           R"J({"rules": [{"pattern": "(x)", "rule": "replicate", "fuse_into": "y", "fuse_dim": 1, "stack": 1}]})J",
+           R"J({"rules": [{"pattern": "(x)", "rule": "replicate", "fuse_into": "y", "fuse_dim": 1, "transpose": true}]})J",
+           R"J({"rules": [{"pattern": "(x)", "rule": "replicate", "fuse_into": "y", "stack_count": 2}]})J"}) {
+    EXPECT_FALSE(TpPlan::FromJson(bad).ok()) << bad;
+  }
+}
+
 TEST(TpPlanChunkTest, FuseCountNamesAMissingSource) {
   auto plan = TpPlan::FromJson(R"J({"rules": [
       {"pattern": "^(m\\.)(q|k|v)c$", "rule": "replicate", "fuse_into": "$1c", "fuse_key": 2,

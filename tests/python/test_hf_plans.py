@@ -417,6 +417,33 @@ class HfPlanDataTest(unittest.TestCase):
                                     r"'model.layers.\*.attn.conv' and splits the result colwise"):
             split.resolve(tensors, 0, 2)
 
+    def test_stacked_experts_concatenated_along_dim_1(self):
+        """step3p7's Concatenate(dim 1) of its stacked moe.gate_proj / moe.up_proj [E, I, H] into
+        mlp.experts.gate_up_proj [E, 2I, H], packed_colwise: on each rank, per expert, its
+        chunk of gate's rows then of up's (the example's tiny model has no MoE layer, so
+        one is added as transformers' save_pretrained would write it)."""
+        ex = self.examples["step3p7"]
+        E, I, H = 4, 32, 64
+        tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"]] + [
+            {"name": "model.layers.1.moe.gate_proj.weight", "dtype": "F32", "shape": [E, I, H]},
+            {"name": "model.layers.1.moe.up_proj.weight", "dtype": "F32", "shape": [E, I, H]},
+            {"name": "model.layers.1.moe.down_proj.weight", "dtype": "F32", "shape": [E, H, I]}]
+        plan = ckpt.plans.for_config(ex["config"], "hf")
+        for world in (1, 2, 4):
+            for rank in range(world):
+                outs = {o.name: o for o in plan.resolve(tensors, rank, world)}
+                gu = outs["model.language_model.layers.1.mlp.experts.gate_up_proj"]
+                self.assertEqual(list(gu.view), [E, 2 * I // world, H])
+                self.assertEqual([(p["source"].split(".")[-2], p["row_begin"], p["row_count"]) for p in gu.pieces],
+                                 [(s, e, 1) for e in range(E) for s in ("gate_proj", "up_proj")])
+                down = outs["model.language_model.layers.1.mlp.experts.down_proj"].pieces
+                if world > 1:  # gate and up each split along their rows (dim 1), down along dim 2
+                    self.assertEqual({(p["kind"], p["dim"] % 3, p["rank"], p["world"]) for p in gu.pieces},
+                                     {("split", 1, rank, world)})
+                    self.assertEqual([(p["kind"], p["dim"] % 3) for p in down], [("split", 2)])
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"gate_up_proj' fuses 1 tensors"):
+            plan.resolve([t for t in tensors if "up_proj.weight" not in t["name"] or "gate" in t["name"]], 0, 2)
+
     def test_renames_apply_before_the_plan(self):
         entry = {"tp_plan": {"lm_head": "colwise_gather_output"},
                  "conversions": [{"kind": "WeightRenaming", "source_patterns": ["^embed_out\\."],
