@@ -60,6 +60,10 @@
 //                          number <capture group g> (expert e belongs to rank e / (n / world));
 //                          the other ranks' state dicts omit it
 // Entry keys besides pattern/rule: "transpose": true writes the (2-d) shard transposed;
+// "swap_dims": {"dims": [d0, d1], "unless": [k, n]} (transformers' Transpose at load, its
+// check_dims as "unless") transposes a whole matching tensor's last two dims (d0, d1), not
+// where its dim k is n already (then the other of the two must be n); a rule that splits
+// such a tensor is refused;
 // "fuse_into" names an output the matching tensors' shards are concatenated into along dim
 // 0 ($n: capture groups), sorted by "fuse_key" (a group or a list of groups; a key listed in
 // "fuse_order" sorts by its position there, all-digit keys numerically, others by text);
@@ -125,8 +129,9 @@ struct ShardPiece {
 };
 
 // One tensor of a rank's state dict: its pieces' shards concatenated along dim 0 (one piece
-// unless fused), then optionally transposed (2-d only) or viewed as `shape` (same number of
-// elements, e.g. stacked experts [E, rows / E, ...]; not with transpose).
+// unless fused), then optionally transposed (its last two dims swapped; a 3-d or larger one
+// only from one whole tensor) or viewed as `shape` (same number of elements, e.g. stacked
+// experts [E, rows / E, ...]; not with transpose).
 struct ShardOutput {
   std::string name;
   std::vector<ShardPiece> pieces;

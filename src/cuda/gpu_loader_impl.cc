@@ -83,12 +83,37 @@ Result<GpuLoaderImpl::Planned> GpuLoaderImpl::Plan(const std::vector<ShardOutput
       return InvalidArgument("output '" + out.name + "': refusing to convert " + DTypeName(layout.dtype) + " to " + DTypeName(to));
     if ((out.transpose || to != layout.dtype) && DTypeSize(layout.dtype) > 8)
       return Unsupported("output '" + out.name + "': no GPU kernel for " + DTypeName(layout.dtype));
+    CKPT_ASSIGN_OR_RETURN(std::vector<ShardLayout> matrices, MatricesOf(out, layout));
+    planned.matrices.push_back(std::move(matrices));
     planned.dtypes.push_back(to);
     planned.bytes.push_back(layout.nbytes / DTypeSize(layout.dtype) * DTypeSize(to));
     planned.layouts.push_back(std::move(layout));
     planned.sources.push_back(std::move(sources));
   }
   return planned;
+}
+
+Result<std::vector<ShardLayout>> GpuLoaderImpl::MatricesOf(const ShardOutput& out, const OutputLayout& layout) {
+  const size_t nd = layout.shape.size();
+  if (!out.transpose || nd <= 2) return std::vector<ShardLayout>{};
+  if (layout.pieces.size() != 1 || !layout.pieces[0].contiguous() || layout.pieces[0].regions.empty())
+    return Unsupported("output '" + out.name + "': a transpose of " + std::to_string(nd) +
+                       " dims is loaded only from one whole tensor");
+  const uint64_t esize = DTypeSize(layout.dtype);
+  const auto rows = static_cast<uint64_t>(layout.shape[nd - 1]), cols = static_cast<uint64_t>(layout.shape[nd - 2]);
+  const uint64_t bytes = rows * cols * esize;
+  std::vector<ShardLayout> out_matrices;
+  if (bytes == 0) return out_matrices;
+  for (uint64_t m = 0; m < layout.nbytes / bytes; ++m) {
+    ShardLayout s;
+    s.dtype = layout.dtype;
+    s.shape = {static_cast<int64_t>(rows), static_cast<int64_t>(cols)};
+    s.nbytes = bytes;
+    s.regions.push_back({layout.pieces[0].regions[0].src_offset + m * bytes, cols * esize, 0, cols * esize,
+                         cols * esize, rows});
+    out_matrices.push_back(std::move(s));
+  }
+  return out_matrices;
 }
 
 Result<GpuStateDict> GpuLoaderImpl::Load(const std::vector<ShardOutput>& outputs) {
@@ -168,6 +193,23 @@ Status GpuLoaderImpl::Copy(const std::vector<ShardOutput>& outputs, const Planne
     for (size_t p = 0; p < L.pieces.size(); ++p) {
       const ShardLayout& s = L.pieces[p];
       if (s.nbytes == 0) continue;
+      if (!planned.matrices[o].empty()) {  // a batched transpose: one 2-d transpose per matrix
+        const std::vector<ShardLayout>& ms = planned.matrices[o];
+        for (size_t m = 0; m < ms.size(); ++m) {
+          cuda::CopyJob j;
+          j.layout = &ms[m];
+          j.src = source_.data(planned.sources[o][p]);
+          j.from = L.dtype;
+          j.to = planned.dtypes[o];
+          j.transpose = true;
+          j.out_offset = offsets[o] + m * (ms[m].nbytes / esize * DTypeSize(j.to));
+          j.out_rows = static_cast<uint64_t>(ms[m].shape[0]);
+          j.name = &outputs[o].name;
+          j.tag = static_cast<int>(o) + 1;
+          jobs.push_back(j);
+        }
+        continue;
+      }
       cuda::CopyJob j;
       j.layout = &s;
       j.src = source_.data(planned.sources[o][p]);

@@ -42,8 +42,13 @@ class GpuLoaderImpl : public GpuLoader {
     std::vector<DType> dtypes;
     std::vector<uint64_t> bytes;
     std::vector<std::vector<size_t>> sources;
+    // Per output: for a transposed one of 3 or more dims (one whole source tensor), each of
+    // its matrices as a layout of its own, transposed by a job of its own; else empty.
+    std::vector<std::vector<ShardLayout>> matrices;
   };
   Result<Planned> Plan(const std::vector<ShardOutput>& outputs) const;
+  // Planned::matrices of one output (Unsupported for a batched transpose of pieces).
+  static Result<std::vector<ShardLayout>> MatricesOf(const ShardOutput& out, const OutputLayout& layout);
   static Result<std::shared_ptr<cuda::DeviceBuffer>> AllocateArena(uint64_t bytes);
   // Copies outputs `which` from host memory to the destination's base + offsets[o]; fills
   // the copy stats. On error nothing is in flight any more.

@@ -41,6 +41,7 @@ struct ModelConfig {
   std::optional<bool> tie;          // tie_word_embeddings (the text config's, for composite models)
   std::optional<int64_t> experts;   // the routed expert count
   int64_t zero_experts = 0;         // longcat_flash's zero_expert_num: identity experts beside them
+  std::optional<int64_t> hidden;    // the text model's hidden_size
 };
 
 std::optional<bool> TieOf(const json& c) {
@@ -73,6 +74,8 @@ Result<ModelConfig> ReadConfig(const std::string& config_json, const json& entry
   mc.experts = ExpertsOf(*text);
   if (!mc.experts) mc.experts = ExpertsOf(c);
   for (const json* j : {text, &c}) {
+    if (!mc.hidden && j->contains("hidden_size") && (*j)["hidden_size"].is_number_integer())
+      mc.hidden = (*j)["hidden_size"].get<int64_t>();
     if (j->contains("zero_expert_num") && (*j)["zero_expert_num"].is_number_integer() && mc.zero_experts == 0)
       mc.zero_experts = std::max<int64_t>(0, (*j)["zero_expert_num"].get<int64_t>());
   }
@@ -254,6 +257,10 @@ class PlanWriter {
       return Status::Ok();
     }
     if (kind != "WeightConverter") return Status::Ok();
+    const json operations = c.value("operations", json::array());
+    if (sources.size() == 1 && targets.size() == 1 && operations.size() == 1 &&
+        operations[0].value("op", "") == "Transpose" && PlainText(sources[0]) && PlainText(targets[0]))
+      return AddTranspose(sources[0], *PlainText(targets[0]), operations[0]);
     bool concatenates = false;
     if (targets.size() == 1 && IsExpertFusion(c, &concatenates)) return AddExpertFusion(sources, targets[0], concatenates);
     std::vector<std::optional<std::string>> plain;
@@ -279,6 +286,38 @@ class PlanWriter {
                         {"rule", {{"refuse", Where() + ": transformers converts this tensor at load (" + ops +
                                                  ") in a way ckptd does not shard; use convention \"megatron\" "
                                                  "where a built-in family has it, or a plan file (docs/tp-plans.md)"}}}});
+    return Status::Ok();
+  }
+
+  // Transpose(dim0, dim1) of `source` as `target` (its plain text; a rename where they
+  // differ): the whole tensor transposed, not where transformers' check_dims finds it in the
+  // model's layout already. That layout is the Linear one of transformers' stacked experts
+  // ([E, out, in]): a down projection's out, every other one's in is the hidden size.
+  Status AddTranspose(const std::string& source, const std::string& target, const json& op) {
+    json swap = {{"dims", {op.value("dim0", 0), op.value("dim1", 1)}}};
+    const std::string refused = Where() + ": transformers transposes this tensor at load only where it is not in its "
+                                          "model's layout (check_dims), which ";
+    std::optional<std::string> refusal;
+    if (op.value("check_dims", false)) {
+      const bool down = target.size() >= 9 && target.compare(target.size() - 9, 9, "down_proj") == 0;
+      if (config_.hidden) swap["unless"] = {down ? op.value("dim0", 0) : op.value("dim1", 1), *config_.hidden};
+      else refusal = refused + "needs the hidden_size of the model's config.json";
+      if (PlainText(source) != target) refusal = refused + "ckptd does not do under another name";
+    }
+    std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
+    for (const TargetKey& k : StyledKeysOf(target)) prefixes.emplace_back(k.prefix, json(k.style));
+    prefixes.emplace_back(".*?", "replicate");
+    for (const auto& [prefix, rule] : prefixes) {
+      json e = {{"pattern", "^(" + prefix + ")(" + SourceRegex(source) + ")(.*)$"}};
+      if (refusal) {
+        e["rule"] = {{"refuse", *refusal}};
+      } else {
+        e["rule"] = rule;
+        e["swap_dims"] = swap;
+        if (PlainText(source) != target) e["fuse_into"] = "$1" + target + "$3";
+      }
+      rules_.push_back(std::move(e));
+    }
     return Status::Ok();
   }
 

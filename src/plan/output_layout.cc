@@ -84,9 +84,9 @@ Result<OutputLayout> PlanOutputWith(const ShardOutput& output, const TensorLooku
     result.pieces.push_back(std::move(*layout));
   }
   if (output.transpose) {
-    if (result.shape.size() != 2) return InvalidArgument("output '" + output.name + "': transpose needs a 2-d tensor");
+    if (result.shape.size() < 2) return InvalidArgument("output '" + output.name + "': transpose needs a 2-d or larger tensor");
     if (!output.shape.empty()) return InvalidArgument("output '" + output.name + "': transpose and a view exclude each other");
-    std::swap(result.shape[0], result.shape[1]);
+    std::swap(result.shape[result.shape.size() - 2], result.shape.back());
   }
   if (!output.shape.empty()) {
     for (int64_t d : output.shape) {
@@ -124,7 +124,8 @@ Status GatherOutput(const ShardOutput& output, const OutputLayout& layout, const
     }
     return Status::Ok();
   }
-  // Transposed: gather untransposed, then write [cols, rows].
+  // Transposed: gather untransposed, then write each [cols, rows] matrix (the last two dims;
+  // the leading ones, if any, are a batch).
   std::vector<std::byte> tmp(layout.nbytes);
   for (size_t p = 0; p < layout.pieces.size(); ++p) {
     CKPT_RETURN_IF_ERROR(GatherShard(layout.pieces[p], sources[p], tmp.data() + layout.piece_offsets[p],
@@ -132,10 +133,15 @@ Status GatherOutput(const ShardOutput& output, const OutputLayout& layout, const
   }
   const uint64_t esize = DTypeSize(layout.dtype);
   if (esize == 0) return Unsupported("cannot transpose a packed sub-byte dtype");
-  const uint64_t rows = static_cast<uint64_t>(layout.shape[1]), cols = static_cast<uint64_t>(layout.shape[0]);
-  for (uint64_t r = 0; r < rows; ++r)
-    for (uint64_t c = 0; c < cols; ++c)
-      std::memcpy(out + (c * rows + r) * esize, tmp.data() + (r * cols + c) * esize, esize);
+  const size_t nd = layout.shape.size();
+  const uint64_t rows = static_cast<uint64_t>(layout.shape[nd - 1]), cols = static_cast<uint64_t>(layout.shape[nd - 2]);
+  const uint64_t matrix = rows * cols * esize, batch = rows * cols == 0 ? 0 : layout.nbytes / matrix;
+  for (uint64_t b = 0; b < batch; ++b) {
+    std::byte* to = out + b * matrix;
+    const std::byte* from = tmp.data() + b * matrix;
+    for (uint64_t r = 0; r < rows; ++r)
+      for (uint64_t c = 0; c < cols; ++c) std::memcpy(to + (c * rows + r) * esize, from + (r * cols + c) * esize, esize);
+  }
   return Status::Ok();
 }
 

@@ -218,6 +218,11 @@ struct TpPlan::Entry {
   Regex pattern;
   Rule rule;
   bool transpose = false;
+  // swap_dims: a matching tensor is replaced by its transpose (dims swap_dims[0] and [1],
+  // its last two), unless its dim unless_dim already has length unless_size (where set):
+  // transformers' Transpose conversion at load, check_dims included. Whole tensors only.
+  std::optional<std::pair<int, int>> swap_dims;
+  std::optional<std::pair<int, int64_t>> swap_unless;
   std::string fuse_into;  // empty: no fusion
   std::vector<int> fuse_keys;
   std::vector<std::string> fuse_order;
@@ -440,6 +445,26 @@ Status ParseChunks(const nlohmann::json& e, const std::string& where, TpPlan::En
   return Status::Ok();
 }
 
+// Sets entry's "swap_dims": {"dims": [d0, d1], "unless": [dim, size]} ("unless" optional);
+// no "transpose" or "stack" beside it.
+Status ParseSwapDims(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
+  const auto& s = e["swap_dims"];
+  const auto pair_of_ints = [](const nlohmann::json& j) {
+    return j.is_array() && j.size() == 2 && j[0].is_number_integer() && j[1].is_number_integer();
+  };
+  if (!s.is_object() || !s.contains("dims") || !pair_of_ints(s["dims"]) || s.size() > 2 ||
+      (s.size() == 2 && (!s.contains("unless") || !pair_of_ints(s["unless"]))))
+    return InvalidArgument(where + ": \"swap_dims\" must be {\"dims\": [d0, d1], \"unless\": [dim, size]}");
+  if (e.contains("transpose") || e.contains("stack"))
+    return InvalidArgument(where + ": \"swap_dims\" takes no \"transpose\" or \"stack\"");
+  entry->swap_dims = {s["dims"][0].get<int>(), s["dims"][1].get<int>()};
+  if (s.contains("unless")) {
+    if (s["unless"][1].get<int64_t>() < 0) return InvalidArgument(where + ": \"swap_dims\" unless a negative size");
+    entry->swap_unless = {s["unless"][0].get<int>(), s["unless"][1].get<int64_t>()};
+  }
+  return Status::Ok();
+}
+
 // The entry of plan rule `e` (named `where` in errors): its pattern, rule, transpose,
 // if_absent and fusion; or its pattern and chunks (ParseChunks).
 Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const std::string& where) {
@@ -448,7 +473,7 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
     return InvalidArgument(where + ": needs \"pattern\" (string) and \"rule\" (or, instead of a rule, \"chunk_into\")");
   for (auto it = e.begin(); it != e.end(); ++it) {
     static const char* kKeys[] = {"pattern",     "rule",      "transpose",  "fuse_into",  "fuse_key", "fuse_order",
-                                  "fuse_count",  "fuse_dim",  "stack",       "stack_count", "if_absent", "chunk_into", "permute_for_rope",
+                                  "fuse_count",  "fuse_dim",  "stack",       "stack_count", "if_absent", "chunk_into", "permute_for_rope", "swap_dims",
                                   "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument(where + ": unknown key '" + it.key() + "'");
@@ -474,6 +499,7 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
     if (!e["transpose"].is_boolean()) return InvalidArgument(where + ": \"transpose\" must be a boolean");
     entry->transpose = e["transpose"].get<bool>();
   }
+  if (e.contains("swap_dims")) CKPT_RETURN_IF_ERROR(ParseSwapDims(e, where, entry.get()));
   if (e.contains("if_absent")) {
     if (!e["if_absent"].is_string()) return InvalidArgument(where + ": \"if_absent\" must be a pattern");
     auto absent = Regex::Compile(e["if_absent"].get<std::string>());
@@ -1069,7 +1095,49 @@ class TpPlan::Resolution {
       if (!layout.ok()) return layout.status().WithContext(where);
     }
     if (m && m->fuse_dim == 1) return AddSlabs(t, name, match, placed->pieces, where);
-    return AddPieces(name, name, "", match, std::move(placed->pieces), where);
+    bool swap = false;
+    if (m && m->swap_dims) {
+      CKPT_ASSIGN_OR_RETURN(swap, SwapsDims(t, *m, placed->pieces, where));
+    }
+    CKPT_RETURN_IF_ERROR(AddPieces(name, name, "", match, std::move(placed->pieces), where));
+    if (swap) {
+      ShardOutput& out = outputs_[by_name_.at(m->fuse_into.empty() ? name : output_of_.at(name))];
+      if (out.pieces.size() != 1) return InvalidArgument(where + ": \"swap_dims\" of a fused output");
+      out.transpose = true;
+    }
+    return Status::Ok();
+  }
+
+  // Whether entry `e`'s swap_dims transposes `t` (placed as `pieces`): not where its
+  // "unless" dim already has its size; the swapped dims must be the last two, the other of
+  // them then of that size, and `t` whole on this rank (a split of a transposed tensor is
+  // refused).
+  static Result<bool> SwapsDims(const TensorInfo& t, const Entry& e, const std::vector<ShardPiece>& pieces,
+                                const std::string& where) {
+    const int ndim = static_cast<int>(t.shape.size());
+    const auto norm = [ndim](int d) { return d < 0 ? d + ndim : d; };
+    const int d0 = norm(e.swap_dims->first), d1 = norm(e.swap_dims->second);
+    if (ndim < 2 || std::min(d0, d1) != ndim - 2 || std::max(d0, d1) != ndim - 1)
+      return InvalidArgument(where + ": dims " + std::to_string(e.swap_dims->first) + " and " +
+                             std::to_string(e.swap_dims->second) + " of a " + std::to_string(ndim) +
+                             "-d tensor are not its last two, which are all ckptd transposes");
+    if (e.swap_unless) {
+      const int k = norm(e.swap_unless->first);
+      const int64_t size = e.swap_unless->second;
+      if (k < 0 || k >= ndim) return InvalidArgument(where + ": \"swap_dims\" unless dim out of range");
+      if (t.shape[k] == size) return false;  // already in the model's layout (transformers: shapes equal)
+      const int other = k == d0 ? d1 : (k == d1 ? d0 : -1);
+      if (other < 0 || t.shape[other] != size)
+        return InvalidArgument(where + ": neither as it is nor transposed does its dim " + std::to_string(k) +
+                               " have length " + std::to_string(size) + " (the model's), transformers' Transpose "
+                               "(check_dims) would not fit it either");
+    }
+    const bool whole = pieces.size() == 1 && pieces[0].row_count < 0 &&
+                       (pieces[0].spec.kind == ShardSpec::Kind::kReplicate || pieces[0].spec.world == 1);
+    if (!whole)
+      return InvalidArgument(where + ": transformers transposes it at load and its rule then splits it, which ckptd "
+                             "does not do (use a plan file, docs/tp-plans.md)");
+    return true;
   }
 
   // `t` (matched as `name`, placed whole as `pieces`) into a dim-1 concatenation: its slab

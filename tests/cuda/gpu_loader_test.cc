@@ -144,11 +144,14 @@ std::vector<std::byte> Reference(const Segment& seg, const ShardOutput& out, std
   }
   const DType from = layout->dtype;
   const uint64_t es = DTypeSize(from);
-  if (out.transpose) {
-    const uint64_t cols = layout->shape[0], rows = layout->shape[1];  // after the swap
+  if (out.transpose) {  // each matrix of the last two dims (after the swap)
+    const size_t nd = layout->shape.size();
+    const uint64_t cols = layout->shape[nd - 2], rows = layout->shape[nd - 1], m = rows * cols * es;
     std::vector<std::byte> t(raw.size());
-    for (uint64_t r = 0; r < rows; ++r)
-      for (uint64_t c = 0; c < cols; ++c) std::memcpy(&t[(c * rows + r) * es], &raw[(r * cols + c) * es], es);
+    for (uint64_t b = 0; m > 0 && b < raw.size() / m; ++b)
+      for (uint64_t r = 0; r < rows; ++r)
+        for (uint64_t c = 0; c < cols; ++c)
+          std::memcpy(&t[b * m + (c * rows + r) * es], &raw[b * m + (r * cols + c) * es], es);
     raw.swap(t);
   }
   DType to = (float_dtype && IsFloat(from)) ? *float_dtype : from;
@@ -371,6 +374,48 @@ TEST_F(GpuLoaderTest, SectionsAndStackedExpertsMatchTheCpuPath) {
       ASSERT_TRUE(dict.ok()) << dict.status().ToString();
       ExpectMatches(*pseg, *outs, *dict, DType::kF16, "phi3 " + std::to_string(rank) + "/" + std::to_string(world));
       if (HasFailure()) return;
+    }
+  }
+}
+
+// transformers' load-time conversions (issue 25): RoPE-permuted chunks (stepped rows, whole
+// and split along their columns), a dim-1 concatenation of stacked experts split per block,
+// and 3-d transposes (one job per expert matrix), on every host path, converted to f16 too.
+TEST_F(GpuLoaderTest, LoadTimeConversionsMatchTheCpuPath) {
+  std::vector<TensorInfo> infos = {{"v.wqkv.weight", DType::kF32, {3 * 32, 24}, 0, 0},
+                                   {"v.wqkv.bias", DType::kBF16, {3 * 32}, 0, 0},
+                                   {"m.gate.w", DType::kBF16, {4, 16, 24}, 0, 0},
+                                   {"m.up.w", DType::kBF16, {4, 16, 24}, 0, 0},
+                                   {"m.experts.down", DType::kF32, {4, 16, 24}, 0, 0},
+                                   {"m.experts.keep", DType::kF32, {4, 24, 16}, 0, 0}};
+  auto seg = MakeSegment(infos, 9);
+  ASSERT_TRUE(seg);
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(.*?)wqkv(.*)$", "chunk_into": ["$1q$2", "$1k$2", "$1v$2"],
+       "permute_for_rope": {"parts": [0, 1], "heads": 4}},
+      {"pattern": "\\.k\\.weight$", "rule": "rowwise"},
+      {"pattern": "^(m\\.)(gate|up)(\\.w)$", "rule": {"split": -2}, "fuse_into": "$1gate_up", "fuse_key": 2,
+       "fuse_order": ["gate", "up"], "fuse_dim": 1, "stack_count": 4},
+      {"pattern": "experts\\.(down|keep)$", "rule": "replicate", "swap_dims": {"dims": [1, 2], "unless": [1, 24]}}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  for (int world : {1, 2, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      auto outs = plan->Resolve(seg->reader->tensors(), rank, world);
+      ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+      for (HostPath path : kPaths) {
+        for (std::optional<DType> to : {std::optional<DType>(), std::optional<DType>(DType::kF16)}) {
+          GpuLoadOptions lo;
+          lo.path = path;
+          lo.float_dtype = to;
+          auto loader = GpuLoaderImpl::Create(seg->Source(), 0, lo);
+          ASSERT_TRUE(loader.ok());
+          auto dict = (*loader)->Load(*outs);
+          ASSERT_TRUE(dict.ok()) << dict.status().ToString();
+          ExpectMatches(*seg, *outs, *dict, to, std::to_string(rank) + "/" + std::to_string(world) + " " +
+                                                    HostPathName(path) + (to ? " to f16" : ""));
+          if (HasFailure()) return;
+        }
+      }
     }
   }
 }

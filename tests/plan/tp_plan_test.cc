@@ -688,6 +688,59 @@ TEST(TpPlanChunkTest, FuseDim1ConcatenatesStackedSlabs) {
   }
 }
 
+// "swap_dims": transformers' Transpose at load: a stacked [E, a, b] whole tensor becomes
+// [E, b, a] (each expert's matrix transposed), not where check_dims ("unless") finds it in
+// the model's layout; a rename through fuse_into; a split of it is refused.
+TEST(TpPlanChunkTest, SwapDimsTransposesWholeTensorsUnlessInTheModelsLayout) {
+  auto plan = TpPlan::FromJson(R"J({"rules": [
+      {"pattern": "^(.*?)(experts\\.down)(.*)$", "rule": "replicate", "swap_dims": {"dims": [1, 2], "unless": [1, 4]}},
+      {"pattern": "^(.*?)(gate\\.w1)(.*)$", "rule": "replicate", "swap_dims": {"dims": [0, 1]},
+       "fuse_into": "$1vision.gate$3"}]})J");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::vector<TensorInfo> hub = {T("l.experts.down", {2, 3, 4}), T("l.gate.w1", {3, 2})};
+  const std::map<std::string, std::vector<float>> data = {{"l.experts.down", Iota(24, 0)}, {"l.gate.w1", Iota(6, 100)}};
+  for (int world : {1, 2}) {
+    auto outs = plan->Resolve(hub, world - 1, world);
+    ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+    auto m = ByName(*outs);
+    ASSERT_EQ(m.size(), 2u);
+    auto down = PlanOutput(m["l.experts.down"], hub);
+    ASSERT_TRUE(down.ok()) << down.status().ToString();
+    EXPECT_EQ(down->shape, (std::vector<int64_t>{2, 4, 3}));
+    std::vector<float> want;  // torch.transpose(x, 1, 2).contiguous()
+    for (int e = 0; e < 2; ++e)
+      for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < 3; ++i) want.push_back(static_cast<float>(e * 12 + i * 4 + j));
+    EXPECT_EQ(GatherFloats(m["l.experts.down"], hub, data), want);
+    EXPECT_EQ(GatherFloats(m["l.vision.gate"], hub, data), (std::vector<float>{100, 102, 104, 101, 103, 105}));
+  }
+  // Already in the model's layout (dim 1 is 4): the tensor as it is.
+  auto model = plan->Resolve({T("l.experts.down", {2, 4, 3})}, 0, 1);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_FALSE((*model)[0].transpose);
+  // Neither way round, not the last two dims, or split: refused naming the tensor.
+  auto neither = plan->Resolve({T("l.experts.down", {2, 3, 5})}, 0, 1);
+  ASSERT_FALSE(neither.ok());
+  EXPECT_NE(neither.status().message().find("neither as it is nor transposed"), std::string::npos)
+      << neither.status().ToString();
+  EXPECT_NE(neither.status().message().find("'l.experts.down'"), std::string::npos);
+  auto not_last = plan->Resolve({T("l.gate.w1", {3, 2, 2})}, 0, 1);
+  ASSERT_FALSE(not_last.ok());
+  EXPECT_NE(not_last.status().message().find("are not its last two"), std::string::npos) << not_last.status().ToString();
+  auto split_plan = TpPlan::FromJson(R"J({"rules": [{"pattern": "w", "rule": "column", "swap_dims": {"dims": [0, 1]}}]})J");
+  ASSERT_TRUE(split_plan.ok());
+  EXPECT_TRUE(split_plan->Resolve({T("w", {4, 2})}, 0, 1).ok());
+  auto split = split_plan->Resolve({T("w", {4, 2})}, 0, 2);
+  ASSERT_FALSE(split.ok());
+  EXPECT_NE(split.status().message().find("its rule then splits it"), std::string::npos) << split.status().ToString();
+  for (const char* bad : {R"J({"rules": [{"pattern": "w", "rule": "replicate", "swap_dims": {"dims": [0]}}]})J",
+                          R"J({"rules": [{"pattern": "w", "rule": "replicate", "swap_dims": {"dims": [0, 1], "x": 1}}]})J",
+                          R"J({"rules": [{"pattern": "w", "rule": "replicate", "swap_dims": {"dims": [0, 1]}, "transpose": true}]})J",
+                          R"J({"rules": [{"pattern": "w", "rule": "replicate", "swap_dims": {"dims": [0, 1], "unless": [0, -1]}}]})J"}) {
+    EXPECT_FALSE(TpPlan::FromJson(bad).ok()) << bad;
+  }
+}
+
 TEST(TpPlanChunkTest, FuseCountNamesAMissingSource) {
   auto plan = TpPlan::FromJson(R"J({"rules": [
       {"pattern": "^(m\\.)(q|k|v)c$", "rule": "replicate", "fuse_into": "$1c", "fuse_key": 2,

@@ -59,9 +59,6 @@ KNOWN_GAPS = {
     # an entry carried from the earlier generator run (no rename scopes) with that run's
     # example: its audio and vision towers' saved names are not mapped; refused.
     "gemma3n": "none of its rules matches",
-    # conversions the engine does not shard (a Chunk/Transpose/Concatenate transformers does
-    # at load): refused, naming the tensor, the model type and the operation.
-    "qwen3_vl_moe": "model type 'qwen3_vl_moe'.*transformers converts this tensor at load",  # experts (Transpose)
     # transformers 5.17's loader renames its own saved names to names its model lacks
     # ("model.language_model.model.x" -> "model.model.language_model.model.x": the prefix is
     # added before the language_model rename, which then no longer matches); ckptd follows
@@ -443,6 +440,29 @@ class HfPlanDataTest(unittest.TestCase):
                     self.assertEqual([(p["kind"], p["dim"] % 3) for p in down], [("split", 2)])
         with self.assertRaisesRegex(ckpt.InvalidArgument, r"gate_up_proj' fuses 1 tensors"):
             plan.resolve([t for t in tensors if "up_proj.weight" not in t["name"] or "gate" in t["name"]], 0, 2)
+
+    def test_experts_stored_transposed_are_transposed_as_transformers_check_dims_does(self):
+        """qwen3_vl_moe's Transpose(1, 2, check_dims): experts saved in the model's layout
+        ([E, 2I, H], [E, H, I]: the example) are taken as they are; those of its hub
+        checkpoints ([E, H, 2I], [E, I, H]) are transposed into it; any other shape is named."""
+        ex = self.examples["qwen3_vl_moe"]
+        E, I, H = 4, 16, 64
+        for layout, transposed in (("model", False), ("hub", True)):
+            gu, down = ([E, 2 * I, H], [E, H, I]) if layout == "model" else ([E, H, 2 * I], [E, I, H])
+            tensors = [{"name": n, "dtype": dt, "shape": s} for n, dt, s in ex["tensors"] if "mlp.experts" not in n] + [
+                {"name": "model.language_model.layers.0.mlp.experts.gate_up_proj", "dtype": "F32", "shape": gu},
+                {"name": "model.language_model.layers.0.mlp.experts.down_proj", "dtype": "F32", "shape": down}]
+            plan = ckpt.plans.for_config(ex["config"], "hf")
+            for world in (1, 2, 4):
+                with self.subTest(layout=layout, world=world):
+                    outs = {o.name: o for o in plan.resolve(tensors, world - 1, world)}
+                    for name in ("gate_up_proj", "down_proj"):
+                        o = outs["model.language_model.layers.0.mlp.experts." + name]
+                        self.assertEqual(o.transpose, transposed, name)
+                        self.assertEqual([p["kind"] for p in o.pieces], ["replicate"])
+            with self.assertRaisesRegex(ckpt.InvalidArgument, r"experts.gate_up_proj'.*neither as it is nor transposed"):
+                bad = [dict(t, shape=[E, 2 * I, 2 * I]) if t["name"].endswith("gate_up_proj") else t for t in tensors]
+                plan.resolve(bad, 0, 1)
 
     def test_renames_apply_before_the_plan(self):
         entry = {"tp_plan": {"lm_head": "colwise_gather_output"},

@@ -1,0 +1,122 @@
+"""transformers' load-time conversions that ckptd reproduces (issue 25), through the real
+ckptd: a checkpoint of each model type's own tensor names (the examples of test_hf_plans,
+random values), loaded by the daemon, and every rank's state_dict(plan="auto",
+convention="hf") against the same conversion done with torch the way transformers'
+core_model_loading does it, then split as transformers' style says:
+  qwen3_vl_moe  Transpose(1, 2, check_dims): hub experts [E, H, 2I] become [E, 2I, H]
+  kimi_k25      Chunk + PermuteForRope of the vision tower's fused wqkv
+  step3p7       Concatenate(dim 1) of stacked moe.gate_proj / moe.up_proj, packed_colwise
+Run by ctest (tests/CMakeLists.txt sets CKPTD_BIN, CKPT_TOOLS_DIR, PYTHONPATH)."""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+
+import ckpt
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_ckpt import Daemon  # noqa: E402
+
+sys.path.insert(0, os.environ.get("CKPT_TOOLS_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "tools")))
+import make_checkpoint  # noqa: E402
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "hf_family_examples.json")
+E, I, H = 4, 32, 64  # experts, expert rows, hidden (the examples' tiny sizes)
+
+
+def permute_for_rope(t, heads):
+    """transformers' PermuteForRope._apply (not inverse)."""
+    rows = t.shape[0]
+    if t.ndim == 2:
+        return t.view(heads, rows // heads // 2, 2, t.shape[1]).transpose(1, 2).reshape(rows, t.shape[1])
+    return t.view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(rows)
+
+
+class HfConversionsTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        with open(EXAMPLES) as f:
+            examples = json.load(f)["families"]
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.daemon = Daemon(cls.tmp.name)
+        cls.daemon.start()
+        cls.client = ckpt.connect(cls.daemon.socket)
+        g = torch.Generator().manual_seed(25)
+        cls.sd, cls.config = {}, {}
+        extra = {  # tensors the tiny examples lack, as their hub checkpoints hold them
+            # (2 x 16 rows, not 2 x 32 = H: a square [E, H, H] is the model's layout either way,
+            # and transformers' check_dims then keeps it as it is)
+            "qwen3_vl_moe": {"model.language_model.layers.0.mlp.experts.gate_up_proj": [E, H, 2 * 16],
+                             "model.language_model.layers.0.mlp.experts.down_proj": [E, 16, H]},
+            "step3p7": {"model.layers.1.moe.gate_proj.weight": [E, I, H], "model.layers.1.moe.up_proj.weight": [E, I, H],
+                        "model.layers.1.moe.down_proj.weight": [E, H, I]},
+            "kimi_k25": {}}
+        for mt, more in extra.items():
+            ex = examples[mt]
+            shapes = {n: s for n, _, s in ex["tensors"] if not n.startswith(tuple(k.rsplit(".", 2)[0] for k in more))}
+            shapes.update(more)
+            sd = {n: torch.randn(*s, generator=g) if s else torch.randn((), generator=g) for n, s in shapes.items()}
+            folder = os.path.join(cls.tmp.name, mt)
+            os.makedirs(folder)
+            make_checkpoint.write_safetensors(os.path.join(folder, "model.safetensors"), sd)
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(ex["config"], f)
+            cls.client.load(folder, mt)
+            cls.sd[mt], cls.config[mt] = sd, ex["config"]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client = None
+        cls.daemon.cleanup()
+        cls.tmp.cleanup()
+
+    def shards(self, mt, names):
+        """{world: [{name: tensor} per rank]} of `names` at worlds 1, 2, 4."""
+        out = {}
+        for world in (1, 2, 4):
+            out[world] = [self.client.state_dict(mt, rank, world, "auto", convention="hf", names=names)
+                          for rank in range(world)]
+        return out
+
+    def test_qwen3_vl_moe_hub_experts_are_transposed_into_the_models_layout(self):
+        p = "model.language_model.layers.0.mlp.experts."
+        sd = self.sd["qwen3_vl_moe"]
+        for world, ranks in self.shards("qwen3_vl_moe", [p + "gate_up_proj", p + "down_proj"]).items():
+            for rank, got in enumerate(ranks):
+                with self.subTest(world=world, rank=rank):
+                    for name in ("gate_up_proj", "down_proj"):  # replicated: the plan has no style for them
+                        self.assertTrue(torch.equal(got[p + name], sd[p + name].transpose(1, 2).contiguous()), name)
+
+    def test_kimi_k25_vision_qkv_is_chunked_and_rope_permuted(self):
+        sd, heads = self.sd["kimi_k25"], self.config["kimi_k25"]["vision_config"]["num_attention_heads"]
+        src, dst = "vision_tower.encoder.blocks.0.wqkv.", "model.vision_tower.layers.0.attn."
+        names = [dst + f"{x}_proj.{k}" for x in "qkv" for k in ("weight", "bias")]
+        for world, ranks in self.shards("kimi_k25", names).items():
+            for rank, got in enumerate(ranks):
+                for kind in ("weight", "bias"):
+                    q, k, v = torch.chunk(sd[src + kind], 3, dim=0)
+                    want = {"q": permute_for_rope(q, heads), "k": permute_for_rope(k, heads), "v": v}
+                    for x, t in want.items():
+                        with self.subTest(world=world, rank=rank, tensor=x + kind):
+                            self.assertTrue(torch.equal(got[dst + f"{x}_proj.{kind}"], t))
+
+    def test_step3p7_stacked_gate_and_up_are_concatenated_along_dim_1_and_split_per_block(self):
+        sd = self.sd["step3p7"]
+        gu, down = ("model.language_model.layers.1.mlp.experts." + n for n in ("gate_up_proj", "down_proj"))
+        gate, up = sd["model.layers.1.moe.gate_proj.weight"], sd["model.layers.1.moe.up_proj.weight"]
+        for world, ranks in self.shards("step3p7", [gu, down]).items():
+            for rank, got in enumerate(ranks):
+                with self.subTest(world=world, rank=rank):
+                    # transformers: torch.cat([gate, up], dim=1), then packed_colwise: each of the
+                    # two blocks of dim 1 split over the ranks; down_proj rowwise (its last dim)
+                    fused = torch.cat([gate, up], dim=1)
+                    blocks = [b.chunk(world, dim=1)[rank] for b in fused.chunk(2, dim=1)]
+                    self.assertTrue(torch.equal(got[gu], torch.cat(blocks, dim=1)))
+                    self.assertTrue(torch.equal(got[down], sd["model.layers.1.moe.down_proj.weight"].chunk(world, dim=2)[rank]))
+
+
+if __name__ == "__main__":
+    unittest.main()
