@@ -263,6 +263,10 @@ class PlanWriter {
       return AddTranspose(sources[0], *PlainText(targets[0]), operations[0]);
     bool concatenates = false;
     if (targets.size() == 1 && IsExpertFusion(c, &concatenates)) return AddExpertFusion(sources, targets[0], concatenates);
+    if (targets.size() >= 2 && operations.size() == 1 &&
+        operations[0].value("op", "") == "ErnieFuseAndSplitTextVisionExperts" &&
+        operations[0].value("stack_dim", -1) == 0 && operations[0].value("concat_dim", -1) == 1)
+      return AddExpertSplit(sources, targets);
     std::vector<std::optional<std::string>> plain;
     for (const std::string& s : sources) plain.push_back(PlainText(s));
     std::vector<std::optional<std::string>> plain_targets;
@@ -503,13 +507,23 @@ class PlanWriter {
   // one entry per source, keyed by (expert, source order), stacked by expert. Where the plan
   // has keys for the target, each key's prefix gets its own entry (its style), then any
   // other prefix the target's module style (or replicate).
-  Status AddExpertFusion(const std::vector<std::string>& sources, const std::string& target, bool concatenates) {
+  // With `experts` (AddExpertSplit), only the checkpoint's experts [begin, end), stacked in order.
+  struct ExpertRange {
+    int64_t begin = 0, end = 0;
+  };
+  Status AddExpertFusion(const std::vector<std::string>& sources, const std::string& target, bool concatenates,
+                         std::optional<ExpertRange> experts = std::nullopt) {
+    std::string index = "\\d+";
+    if (experts) {
+      index.clear();
+      for (int64_t e = experts->begin; e < experts->end; ++e) index += (index.empty() ? "" : "|") + std::to_string(e);
+    }
     std::vector<std::string> order, bodies;
     for (const std::string& s : sources) {
       const size_t star = s.find(".*.");
       if (star == std::string::npos) return Status::Ok();  // not per-expert: nothing to fuse
       order.push_back(s.substr(star + 3));
-      bodies.push_back(SourceRegex(s.substr(0, star)) + "\\.(\\d+)\\.(" + RegexEscape(s.substr(star + 3)) + ")");
+      bodies.push_back(SourceRegex(s.substr(0, star)) + "\\.(" + index + ")\\.(" + RegexEscape(s.substr(star + 3)) + ")");
     }
     std::vector<std::pair<std::string, std::string>> prefixes;  // (prefix regex, style)
     for (const TargetKey& k : KeysOf(target, /*module_too=*/false)) prefixes.emplace_back(k.prefix, k.style);
@@ -521,12 +535,41 @@ class PlanWriter {
                   {"fuse_key", {2, 3}}, {"fuse_order", order}, {"stack", 2}};
         // transformers' model stacks gate/up for the zero experts too (longcat_flash's
         // LongcatFlashExperts), so a checkpoint it saved holds either count
-        if (config_.experts) e["stack_count"] = config_.zero_experts > 0
-                                                    ? json{*config_.experts, *config_.experts + config_.zero_experts}
-                                                    : json(*config_.experts);
+        if (experts) e["stack_count"] = experts->end - experts->begin;
+        else if (config_.experts) e["stack_count"] = config_.zero_experts > 0
+                                                         ? json{*config_.experts, *config_.experts + config_.zero_experts}
+                                                         : json(*config_.experts);
         rules_.push_back(std::move(e));
       }
     }
+    return Status::Ok();
+  }
+
+  // ErnieFuseAndSplitTextVisionExperts: the per-expert sources' experts cut into
+  // len(targets) consecutive groups of ceil(total / len(targets)) (transformers'
+  // split_list_into_chunks), group j fused into target j as MergeModulelist (+ Concatenate
+  // along dim 1 for several sources) would. The total: the config's moe_num_experts, a list
+  // (summed) or one count per group.
+  Status AddExpertSplit(const std::vector<std::string>& sources, const std::vector<std::string>& targets) {
+    const json* text = config_.raw.is_object() && config_.raw.contains(entry_.value("text_config", std::string("")))
+                           ? &config_.raw[entry_["text_config"].get<std::string>()]
+                           : &config_.raw;
+    int64_t total = 0;
+    const json n = text->is_object() ? text->value("moe_num_experts", json()) : json();
+    if (n.is_number_integer()) total = n.get<int64_t>() * static_cast<int64_t>(targets.size());
+    for (const auto& x : n.is_array() ? n : json::array()) total += x.is_number_integer() ? x.get<int64_t>() : 0;
+    if (total <= 0) {
+      for (const std::string& s : sources)
+        rules_.push_back({{"pattern", SourceRegex(s)},
+                          {"rule", {{"refuse", Where() + ": transformers splits these experts into " +
+                                                   std::to_string(targets.size()) + " groups by the config's "
+                                                   "moe_num_experts, which the model's config.json does not give"}}}});
+      return Status::Ok();
+    }
+    const int64_t k = static_cast<int64_t>(targets.size()), per = (total + k - 1) / k;
+    for (int64_t j = 0; j < k && j * per < total; ++j)
+      CKPT_RETURN_IF_ERROR(AddExpertFusion(sources, targets[static_cast<size_t>(j)], sources.size() > 1,
+                                           ExpertRange{j * per, std::min(total, (j + 1) * per)}));
     return Status::Ok();
   }
 

@@ -6,6 +6,8 @@ core_model_loading does it, then split as transformers' style says:
   qwen3_vl_moe  Transpose(1, 2, check_dims): hub experts [E, H, 2I] become [E, 2I, H]
   kimi_k25      Chunk + PermuteForRope of the vision tower's fused wqkv
   step3p7       Concatenate(dim 1) of stacked moe.gate_proj / moe.up_proj, packed_colwise
+  ernie4_5_vl_moe  ErnieFuseAndSplitTextVisionExperts (text and vision experts of one list),
+                its routers' Transpose(0, 1) under new names, a Chunk of their shared bias
 Run by ctest (tests/CMakeLists.txt sets CKPTD_BIN, CKPT_TOOLS_DIR, PYTHONPATH)."""
 import json
 import os
@@ -66,6 +68,23 @@ class HfConversionsTest(unittest.TestCase):
                 json.dump(ex["config"], f)
             cls.client.load(folder, mt)
             cls.sd[mt], cls.config[mt] = sd, ex["config"]
+        # ernie4_5_vl_moe (no example: transformers' own tiny model of it is checked on the GPU
+        # machine): 4 text experts of 6 rows, then 4 vision experts of 2, one list
+        L, sd = "model.layers.1.mlp.", {}
+        for e in range(8):
+            r = 6 if e < 4 else 2
+            for w, s in (("gate_proj", [r, 8]), ("up_proj", [r, 8]), ("down_proj", [8, r])):
+                sd[L + f"experts.{e}.{w}.weight"] = torch.randn(*s, generator=g)
+        sd.update({L + "gate.weight": torch.randn(8, 8, generator=g), L + "gate.weight_1": torch.randn(8, 8, generator=g),
+                   L + "moe_statics.e_score_correction_bias": torch.randn(2, 8, generator=g),
+                   "model.embed_tokens.weight": torch.randn(64, 8, generator=g)})
+        folder = os.path.join(cls.tmp.name, "ernie")
+        os.makedirs(folder)
+        make_checkpoint.write_safetensors(os.path.join(folder, "model.safetensors"), sd)
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({"model_type": "ernie4_5_vl_moe", "text_config": {"moe_num_experts": [4, 4], "hidden_size": 8}}, f)
+        cls.client.load(folder, "ernie")
+        cls.sd["ernie"] = sd
 
     @classmethod
     def tearDownClass(cls):
@@ -116,6 +135,28 @@ class HfConversionsTest(unittest.TestCase):
                     blocks = [b.chunk(world, dim=1)[rank] for b in fused.chunk(2, dim=1)]
                     self.assertTrue(torch.equal(got[gu], torch.cat(blocks, dim=1)))
                     self.assertTrue(torch.equal(got[down], sd["model.layers.1.moe.down_proj.weight"].chunk(world, dim=2)[rank]))
+
+    def test_ernie4_5_vl_moe_experts_split_into_text_and_vision_and_routers_transposed(self):
+        sd, L = self.sd["ernie"], "model.layers.1.mlp."
+        M = "model.language_model.layers.1.mlp."
+        # transformers: the collected list cut into ceil(8 / 2) = 4 per target, each stacked
+        # (dim 0), gate and up concatenated along dim 1
+        experts = {"text_moe": range(0, 4), "vision_moe": range(4, 8)}
+        want = {}
+        for moe, ids in experts.items():
+            stack = {w: torch.stack([sd[L + f"experts.{e}.{w}.weight"] for e in ids]) for w in ("gate_proj", "up_proj", "down_proj")}
+            want[M + moe + ".experts.gate_up_proj"] = torch.cat([stack["gate_proj"], stack["up_proj"]], dim=1)
+            want[M + moe + ".experts.down_proj"] = stack["down_proj"]
+        want[M + "text_moe.gate.weight"] = sd[L + "gate.weight"].transpose(0, 1).contiguous()
+        want[M + "vision_moe.gate.weight"] = sd[L + "gate.weight_1"].transpose(0, 1).contiguous()
+        bias = torch.chunk(sd[L + "moe_statics.e_score_correction_bias"], 2, dim=0)
+        want[M + "text_moe.gate.moe_statics.e_score_correction_bias"] = bias[0]
+        want[M + "vision_moe.gate.moe_statics.e_score_correction_bias"] = bias[1]
+        for world, ranks in self.shards("ernie", list(want)).items():
+            for rank, got in enumerate(ranks):
+                for name, t in want.items():  # the plan has no style for them: replicated
+                    with self.subTest(world=world, rank=rank, tensor=name):
+                        self.assertTrue(torch.equal(got[name], t))
 
 
 if __name__ == "__main__":
