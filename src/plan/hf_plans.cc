@@ -278,10 +278,10 @@ class PlanWriter {
       if (sources.size() == 1 && targets.size() >= 2 && IsOnly(c, "Chunk", 0)) return AddChunk(sources[0], plain_targets);
       if (const json* rope = RopePermutationAfterChunk(c); rope && sources.size() == 1 && targets.size() >= 2)
         return AddChunk(sources[0], plain_targets, rope);
-      if (sources.size() >= 2 && targets.size() == 1 && IsOnly(c, "Concatenate", 0))
-        return AddConcatenation(sources, plain, *plain_targets[0]);
-      if (sources.size() >= 2 && targets.size() == 1 && IsOnly(c, "Concatenate", 1))
-        return AddConcatenationOfSlabs(sources, plain, *plain_targets[0]);
+      for (int dim : {0, 1}) {
+        if (sources.size() >= 2 && targets.size() == 1 && IsOnly(c, "Concatenate", dim))
+          return AddConcatenation(sources, plain, *plain_targets[0], dim);
+      }
     }
     std::string ops;
     for (const auto& op : c.value("operations", json::array())) ops += (ops.empty() ? "" : ", ") + op.value("op", "?");
@@ -368,62 +368,40 @@ class PlanWriter {
     return sub["num_attention_heads"].get<int64_t>();
   }
 
-  // Concatenate(dim 0) of `sources` (plain names; `plain` their texts) into `target`: the
-  // tensors of one module concatenated in the sources' order, as a fused output named with
-  // the source's text replaced by the target. Whole on every rank where the plan gives the
-  // target no style; a split of the concatenation (which would cut across its sources) is
-  // refused for the prefixes whose plan keys give one.
+  // Concatenate(`dim`) of `sources` (plain names; `plain` their texts) into `target`, in the
+  // sources' order. Dim 0: the tensors of one module as one fused output, whole where the
+  // plan gives the target no style (a split would cut across its sources: refused for the
+  // prefixes whose plan keys give one). Dim 1: stacked experts [E, r, c] side by side
+  // ([E, 2r, c]: step3p7's gate and up), each source split as the target's style splits its
+  // block (packed_colwise: each source one of its blocks; rowwise: the columns); a style
+  // that would cut across the sources is refused the same way.
   Status AddConcatenation(const std::vector<std::string>& sources, const std::vector<std::optional<std::string>>& plain,
-                          const std::string& target) {
+                          const std::string& target, int dim) {
     json order = json::array();
     for (const auto& p : plain) order.push_back(*p);
     std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
     for (const TargetKey& k : StyledKeysOf(target)) {
-      prefixes.emplace_back(k.prefix, json{{"refuse", Where() + ": transformers concatenates " +
-                                                          std::to_string(sources.size()) + " tensors into '" + k.key +
-                                                          "' and splits the result " + k.style +
-                                                          ", across its sources, which ckptd does not do; use "
-                                                          "convention \"megatron\" where a built-in family has it, "
-                                                          "or a plan file (docs/tp-plans.md)"}});
-    }
-    prefixes.emplace_back(".*?", "replicate");
-    for (const auto& [prefix, rule] : prefixes) {
-      for (const std::string& s : sources) {
-        rules_.push_back({{"pattern", "^(" + prefix + ")(" + SourceRegex(s) + ")(.*)$"}, {"rule", rule},
-                          {"fuse_into", "$1" + target + "$3"}, {"fuse_key", 2}, {"fuse_order", order},
-                          {"fuse_count", sources.size()}});
-      }
-    }
-    return Status::Ok();
-  }
-
-  // Concatenate(dim 1) of `sources` (plain names; `plain` their texts) into `target`:
-  // stacked experts [E, r, c] side by side along dim 1 ([E, 2r, c]: step3p7's gate and up),
-  // each source split as the target's style splits its block (packed_colwise: each source
-  // is one of its blocks; rowwise: the columns), whole where the plan gives it no style; a
-  // style that would cut across the sources is refused for the prefixes that have it.
-  Status AddConcatenationOfSlabs(const std::vector<std::string>& sources,
-                                 const std::vector<std::optional<std::string>>& plain, const std::string& target) {
-    json order = json::array();
-    for (const auto& p : plain) order.push_back(*p);
-    std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
-    for (const TargetKey& k : StyledKeysOf(target)) {
-      auto rule = k.style == "grouped_gemm" ? Result<json>(InvalidArgument("")) : SourceRule(k.style, true, k.key);
+      Result<json> rule = InvalidArgument("");
+      if (dim == 1 && k.style != "grouped_gemm") rule = SourceRule(k.style, /*concatenates=*/true, k.key);
       prefixes.emplace_back(k.prefix, rule.ok() ? *rule
                                                 : json{{"refuse", Where() + ": transformers concatenates " +
-                                                                      std::to_string(sources.size()) +
-                                                                      " tensors along dim 1 into '" + k.key +
-                                                                      "' and splits the result " + k.style +
+                                                                      std::to_string(sources.size()) + " tensors" +
+                                                                      (dim == 1 ? " along dim 1" : "") + " into '" +
+                                                                      k.key + "' and splits the result " + k.style +
                                                                       ", across its sources, which ckptd does not do; "
-                                                                      "use a plan file (docs/tp-plans.md)"}});
+                                                                      "use convention \"megatron\" where a built-in "
+                                                                      "family has it, or a plan file (docs/tp-plans.md)"}});
     }
     prefixes.emplace_back(".*?", "replicate");
     for (const auto& [prefix, rule] : prefixes) {
       for (const std::string& s : sources) {
         json e = {{"pattern", "^(" + prefix + ")(" + SourceRegex(s) + ")(.*)$"}, {"rule", rule},
                   {"fuse_into", "$1" + target + "$3"}, {"fuse_key", 2}, {"fuse_order", order},
-                  {"fuse_count", sources.size()}, {"fuse_dim", 1}};
-        if (config_.experts) e["stack_count"] = *config_.experts;
+                  {"fuse_count", sources.size()}};
+        if (dim == 1) {
+          e["fuse_dim"] = 1;
+          if (config_.experts) e["stack_count"] = *config_.experts;
+        }
         rules_.push_back(std::move(e));
       }
     }
