@@ -89,7 +89,9 @@
 // rules, as transformers' WeightRenaming: the matched text's first occurrence becomes `to`
 // ($n groups); with a scope only names under "base_prefix.scope." or "scope." are renamed,
 // the prefix kept; with if_any only in a checkpoint where some name matches it. The outputs
-// keep the renamed names; two names renamed into one are an error.
+// keep the renamed names; two names renamed into one are an error. "not_renamed": [pattern,
+// ...]: a name one of them matches is left as it is by every rename (transformers' loader keeps
+// a name that is the model's own where its renames would make it a name the model lacks).
 // FP8 block scales: a 2-d tensor named <weight> + "_scale_inv" of a 2-d <weight> in the
 // checkpoint ([ceil(out / b0), ceil(in / b1)], one element per [b0, b1] block) is placed from
 // its weight's shard, whatever rule its own name matches: each rank holds exactly the blocks
@@ -228,6 +230,8 @@ class TpPlan {
   class Resolution;  // one Resolve call's steps (src/plan/tp_plan.cc)
   std::vector<std::shared_ptr<const Requirement>> requirements_;
   std::vector<std::shared_ptr<const Rename>> renames_;  // applied in order before the rules
+  struct NameSet;  // patterns (src/plan/tp_plan.cc)
+  std::shared_ptr<const NameSet> not_renamed_;  // "not_renamed": names no rename touches
   std::string json_;
   std::string family_;
   Convention convention_ = Convention::kMegatron;

@@ -88,6 +88,42 @@ def _conversions(model):
     return [_conversion(c) for c in mapping or []]
 
 
+def loader_renames(model, keys):
+    """{checkpoint key: the model key transformers' from_pretrained loads it into} for `keys`:
+    rename_source_key with the model's conversions (legacy ones included), then the loader's
+    rule that a key whose renamed form is no key of the model but which is one itself keeps its
+    own name (core_model_loading.convert_and_load_state_dict_in_model)."""
+    return {key: loaded for key, _, loaded in _renames(model, keys)}
+
+
+def _renames(model, keys):
+    """(key, its name after the model's renames, the name from_pretrained gives it) for `keys`,
+    in the loader's order (GroupWeightRename is stateful)."""
+    from transformers import core_model_loading as cml
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    mapping = get_model_conversion_mapping(model)
+    renamings = [c for c in mapping if isinstance(c, cml.WeightRenaming)]
+    converters = [c for c in mapping if isinstance(c, cml.WeightConverter)]
+    meta = model.state_dict()
+    prefix = getattr(model, "base_model_prefix", None)
+    out = []
+    for key in sorted(keys, key=cml.dot_natural_key):
+        renamed = cml.rename_source_key(key, renamings, converters, prefix, meta)[0]
+        loaded = renamed
+        if renamed not in meta and key in meta:
+            loaded = cml.rename_source_key(key, [], [], prefix, meta)[0]
+        out.append((key, renamed, loaded))
+    return out
+
+
+def _kept_names(model):
+    """The model's own keys (layer numbers as '*') that its renames would move to a key the
+    model lacks, so that from_pretrained keeps them as they are (loader_renames)."""
+    import re
+    return sorted({re.sub(r"(?<=\.)\d+(?=\.)", "*", key)
+                   for key, renamed, loaded in _renames(model, list(model.state_dict())) if renamed != loaded})
+
+
 def _text_config_key(config):
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     if text is config:
@@ -127,6 +163,9 @@ def entry_of_model(model_cls, config, task=None, tied_config=None):
         entry["ep_plan"] = dict(sorted(ep.items()))
     try:
         entry["conversions"] = _conversions(model)
+        kept = _kept_names(model)
+        if kept:
+            entry["kept_names"] = kept
     except Exception as e:  # an older transformers without conversion_mapping
         entry["conversions_error"] = _first_line(e)
     return entry

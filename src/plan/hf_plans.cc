@@ -175,6 +175,12 @@ class PlanWriter {
     json doc = {{"family", model_type_}, {"convention", "hf"}, {"default", "replicate"}, {"rules", rules_},
                 {"comment", "transformers' own plan for model type '" + model_type_ + "' (" + source_ + ")"}};
     if (!renames_.empty()) doc["renames"] = renames_;
+    // the model's own names that transformers' loader keeps where its renames would make
+    // them names the model lacks (the data's "kept_names", layer numbers as '*')
+    json kept = json::array();
+    for (const auto& k : entry_.value("kept_names", json::array()))
+      if (k.is_string()) kept.push_back("^" + PlanKeyRegex(k.get<std::string>()) + "$");
+    if (!kept.empty()) doc["not_renamed"] = kept;
     return doc.dump(1);
   }
 
@@ -369,12 +375,11 @@ class PlanWriter {
   }
 
   // Concatenate(`dim`) of `sources` (plain names; `plain` their texts) into `target`, in the
-  // sources' order. Dim 0: the tensors of one module as one fused output, whole where the
-  // plan gives the target no style (a split would cut across its sources: refused for the
-  // prefixes whose plan keys give one). Dim 1: stacked experts [E, r, c] side by side
-  // ([E, 2r, c]: step3p7's gate and up), each source split as the target's style splits its
-  // block (packed_colwise: each source one of its blocks; rowwise: the columns); a style
-  // that would cut across the sources is refused the same way.
+  // sources' order: dim 0, the tensors of one module as one fused output; dim 1, stacked
+  // experts [E, r, c] side by side ([E, 2r, c]: step3p7's gate and up). Where the plan gives
+  // the target a style, each source is split as SourceRule says (its rank's contiguous part
+  // along the style's dim, so the fused shard is each source's shard in order, as the
+  // module's forward splits it); elsewhere it is whole.
   Status AddConcatenation(const std::vector<std::string>& sources, const std::vector<std::optional<std::string>>& plain,
                           const std::string& target, int dim) {
     json order = json::array();
@@ -382,15 +387,16 @@ class PlanWriter {
     std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
     for (const TargetKey& k : StyledKeysOf(target)) {
       Result<json> rule = InvalidArgument("");
-      if (dim == 1 && k.style != "grouped_gemm") rule = SourceRule(k.style, /*concatenates=*/true, k.key);
+      if (k.style != "grouped_gemm") rule = SourceRule(k.style, /*concatenates=*/true, k.key);
+      else if (dim == 1) rule = json("grouped_gemm");  // stacked sources: whole experts along dim 0
       prefixes.emplace_back(k.prefix, rule.ok() ? *rule
                                                 : json{{"refuse", Where() + ": transformers concatenates " +
                                                                       std::to_string(sources.size()) + " tensors" +
                                                                       (dim == 1 ? " along dim 1" : "") + " into '" +
                                                                       k.key + "' and splits the result " + k.style +
-                                                                      ", across its sources, which ckptd does not do; "
-                                                                      "use convention \"megatron\" where a built-in "
-                                                                      "family has it, or a plan file (docs/tp-plans.md)"}});
+                                                                      ", which ckptd does not do; use convention "
+                                                                      "\"megatron\" where a built-in family has it, "
+                                                                      "or a plan file (docs/tp-plans.md)"}});
     }
     prefixes.emplace_back(".*?", "replicate");
     for (const auto& [prefix, rule] : prefixes) {
@@ -459,18 +465,16 @@ class PlanWriter {
     return "";
   }
 
-  // What each source tensor of a fused expert parameter of `style` gets.
+  // What each source tensor of a fused parameter of `style` gets. A concatenated source
+  // (per-expert 2-d or stacked 3-d alike) is split along dim -2, the rows the style splits,
+  // into its rank's contiguous part: packed_colwise's sources are its blocks, so each is
+  // split on its own. (transformers does that for per-expert sources; a stacked source it
+  // splits as if it were the packed target, two blocks of its own: docs/tp-plans.md.)
   Result<json> SourceRule(const std::string& style, bool concatenates, const std::string& target) const {
     if (style.empty()) return json("replicate");
-    // concatenated sources: each one block of the pair, split on its own (dim -2: the
-    // expert's rows, a per-expert 2-d or a stacked 3-d source alike)
     if (style == "packed_colwise") return concatenates ? json{{"split", -2}} : json{{"split", 0}, {"chunks", 2}};
-    if (style == "colwise" || style == "colwise_gather_output") {
-      if (concatenates)
-        return InvalidArgument(Where() + ": the fused '" + target + "' is " + style +
-                               ", a split across its concatenated sources that ckptd does not make");
-      return json{{"split", 0}, {"uneven", "chunk"}};
-    }
+    if (style == "colwise" || style == "colwise_gather_output")
+      return json{{"split", concatenates ? -2 : 0}, {"uneven", "chunk"}};
     if (style == "rowwise" || style == "rowwise_split_input") return json{{"split", -1}, {"uneven", "chunk"}};
     if (style == "grouped_gemm") {
       if (!config_.experts)

@@ -259,6 +259,18 @@ struct TpPlan::Rename {
   std::optional<Regex> if_any;
 };
 
+// Patterns of names (a plan's "not_renamed"): Has says whether one matches `name`.
+struct TpPlan::NameSet {
+  std::vector<Regex> patterns;
+  Result<bool> Has(const std::string& name) const {
+    for (const Regex& p : patterns) {
+      CKPT_ASSIGN_OR_RETURN(auto m, p.Search(name));
+      if (!m.empty()) return true;
+    }
+    return false;
+  }
+};
+
 struct TpPlan::ScaleSettings {
   BlockScales value;
 };
@@ -289,11 +301,11 @@ Result<int> GroupIndex(const nlohmann::json& v, const Regex& pattern, const std:
 Status CheckPlanKeys(const nlohmann::json& doc) {
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     static const char* kKeys[] = {"rules",     "default", "comment", "convention",  "family",
-                                  "require",   "max_world", "renames", "block_scales"};
+                                  "require",   "max_world", "renames", "not_renamed", "block_scales"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument("unknown key '" + it.key() +
                              "' in plan (known: rules, default, convention, family, require, max_world, renames, "
-                             "block_scales, comment)");
+                             "not_renamed, block_scales, comment)");
   }
   return Status::Ok();
 }
@@ -611,6 +623,17 @@ Result<TpPlan> TpPlan::FromJson(const std::string& json_text) {
     }
   }
   CKPT_ASSIGN_OR_RETURN(plan.renames_, ParseRenames(doc));
+  if (doc.contains("not_renamed")) {
+    auto kept = std::make_shared<NameSet>();
+    if (!doc["not_renamed"].is_array()) return InvalidArgument("plan \"not_renamed\" must be an array of patterns");
+    for (const auto& p : doc["not_renamed"]) {
+      if (!p.is_string()) return InvalidArgument("plan \"not_renamed\" must be an array of patterns");
+      auto compiled = Regex::Compile(p.get<std::string>());
+      if (!compiled.ok()) return compiled.status().WithContext("plan \"not_renamed\"");
+      kept->patterns.push_back(std::move(*compiled));
+    }
+    plan.not_renamed_ = std::move(kept);
+  }
   if (doc.contains("rules")) {
     if (!doc["rules"].is_array()) return InvalidArgument("plan \"rules\" must be an array");
     int index = 0;
@@ -967,6 +990,10 @@ class TpPlan::Resolution {
   // `name` after the plan's active renames, in order (each sees the previous one's result).
   Result<std::string> Renamed(const std::string& name) const {
     std::string out = name;
+    if (plan_.not_renamed_) {
+      CKPT_ASSIGN_OR_RETURN(const bool kept, plan_.not_renamed_->Has(name));
+      if (kept) return out;
+    }
     for (size_t i = 0; i < plan_.renames_.size(); ++i) {
       const auto& r = plan_.renames_[i];
       if (!active_renames_[i]) continue;

@@ -411,13 +411,24 @@ class HfPlanDataTest(unittest.TestCase):
         # a part that does not divide: named with the rule
         with self.assertRaisesRegex(ckpt.InvalidArgument, r"gate_up_proj.weight.*does not cut into 2 equal parts"):
             plan.resolve([dict(tensors[0], shape=[7, 4])], 0, 2)
-        # a target transformers would split across the concatenated sources: refused, naming it
+        # a target the plan splits colwise: each source split along its rows, the rank's part of
+        # each in the sources' order (transformers' shard of each source, and what the module's
+        # forward splits its fused output into)
+        # (2-d sources: colwise splits dim -2, as transformers' Shard(ndim - 2))
         entry["tp_plan"]["model.layers.*.attn.conv"] = "colwise"
         split = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        flat = [dict(t, shape=[6, 2]) if "conv" in t["name"] else t for t in tensors]
+        for rank in (0, 1):
+            conv = {o.name: o for o in split.resolve(flat, rank, 2)}["model.layers.0.attn.conv.weight"]
+            self.assertEqual([(x["source"].split(".")[-2], x["kind"], x["dim"] % 2, x["rank"], x["world"])
+                              for x in conv.pieces], [("q_conv", "split", 0, rank, 2), ("k_conv", "split", 0, rank, 2)])
+        # grouped_gemm (whole experts) of a dim-0 concatenation: refused, naming the style
+        entry["tp_plan"]["model.layers.*.attn.conv"] = "grouped_gemm"
+        experts = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
         with self.assertRaisesRegex(ckpt.InvalidArgument,
                                     r"attn.k_conv.weight.*model type 'toy'.*concatenates 2 tensors into "
-                                    r"'model.layers.\*.attn.conv' and splits the result colwise"):
-            split.resolve(tensors, 0, 2)
+                                    r"'model.layers.\*.attn.conv' and splits the result grouped_gemm"):
+            experts.resolve(flat, 0, 2)
 
     def test_stacked_experts_concatenated_along_dim_1(self):
         """step3p7's Concatenate(dim 1) of its stacked moe.gate_proj / moe.up_proj [E, I, H] into
@@ -475,6 +486,28 @@ class HfPlanDataTest(unittest.TestCase):
         outs = plan.resolve([{"name": "embed_out.weight", "dtype": "F32", "shape": [8, 4]}], 1, 2)
         self.assertEqual([o.name for o in outs], ["lm_head.weight"])
         self.assertEqual((outs[0].pieces[0]["kind"], outs[0].pieces[0]["dim"] % 2), ("split", 0))
+
+    def test_kept_names_are_not_renamed(self):
+        """transformers' loader keeps a key that is the model's own where its renames would make
+        it one the model lacks (deepseek_v4: "\\.norm\\." -> ".kv_norm." would rename the final
+        norm too): the data's kept_names, layer numbers as '*', are left as they are."""
+        entry = {"tp_plan": {"model.layers.*.attn.q": "colwise"},
+                 "conversions": [{"kind": "WeightRenaming", "source_patterns": ["\\.norm\\."],
+                                  "target_patterns": [".kv_norm."]}],
+                 "kept_names": ["model.norm.weight", "model.layers.*.ln.norm.bias"]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        names = ["model.norm.weight", "model.layers.0.attn.norm.weight", "model.layers.3.ln.norm.bias",
+                 "model.layers.3.ln.norm.weight", "x.model.norm.weight", "model.layers.0.attn.q.weight"]
+        outs = plan.resolve([{"name": n, "dtype": "F32", "shape": [4]} for n in names], 0, 1)
+        self.assertEqual(sorted(o.name for o in outs),
+                         sorted(["model.norm.weight", "model.layers.0.attn.kv_norm.weight", "model.layers.0.attn.q.weight",
+                                 "model.layers.3.ln.norm.bias", "model.layers.3.ln.kv_norm.weight",
+                                 "x.model.kv_norm.weight"]))
+        self.assertIn('"not_renamed"', plan.json)
+        # a plan file's not_renamed must be a list of patterns
+        for bad in ('"model.norm.weight"', '[1]', '["("]'):
+            with self.subTest(not_renamed=bad), self.assertRaisesRegex(ckpt.InvalidArgument, r"not_renamed"):
+                ckpt.plans.TpPlan.from_json('{"not_renamed": %s}' % bad)
 
     def test_tie_rule_adds_or_drops_the_embedding_split(self):
         tensors = [{"name": "model.embed_tokens.weight", "dtype": "F32", "shape": [16, 4]},

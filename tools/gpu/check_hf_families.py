@@ -286,7 +286,7 @@ def run_group(args, world, families, device, logits, results_dir, shard=0):
 
 
 def summarize_tensors(rows):
-    errs = [r.get("tensors_error") for r in rows if r.get("tensors_error")] + [r.get("error") for r in rows if r.get("error")]
+    errs = [r[k] for k in ("transformers_unloaded", "tensors_error", "error") for r in rows if r.get(k)]
     if errs:
         return "error: " + errs[0]
     bad = []
@@ -537,7 +537,15 @@ def worker(args):
         ref = None
         try:
             kwargs = {"tp_plan": "auto"} if world > 1 else {"device_map": str(device)}
-            ref = getattr(transformers, entry["class"]).from_pretrained(entry["folder"], **kwargs).eval()
+            ref, info = getattr(transformers, entry["class"]).from_pretrained(entry["folder"], output_loading_info=True,
+                                                                                **kwargs)
+            ref.eval()
+            missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
+            if missing and unexpected:  # its own loader maps its saved names to names its model lacks
+                row["transformers_unloaded"] = (
+                    f"transformers' from_pretrained of its own save_pretrained folder leaves {len(missing)} "
+                    f"parameters at their init ({', '.join(missing[:2])}, ...) and loads {len(unexpected)} saved "
+                    f"tensors into no parameter ({', '.join(unexpected[:2])}, ...)")
         except Exception as e:
             row["error"] = f"transformers' from_pretrained({'tp_plan=auto' if world > 1 else ''}): {first_line(e)}"
             traceback.print_exc()

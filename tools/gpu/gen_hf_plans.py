@@ -73,7 +73,7 @@ def safetensors_header(folder):
 def example_of(model_cls, config):
     """The tiny model's checkpoint as save_pretrained writes it (config, tensors) and the
     model's own parameter names and shapes (what transformers loads it into), and transformers'
-    own rename of each checkpoint key (transformers_renames)."""
+    own rename of each checkpoint key (hf_plans.loader_renames)."""
     import torch
     torch.manual_seed(0)
     real = hf_tiny.tiny_model(model_cls, config)
@@ -85,24 +85,10 @@ def example_of(model_cls, config):
         tensors = safetensors_header(folder)
     example = {"config": saved_config, "tensors": tensors, "model_tensors": model_tensors}
     try:
-        example["renamed"] = transformers_renames(real, [t[0] for t in tensors])
+        example["renamed"] = hf_plans.loader_renames(real, [t[0] for t in tensors])
     except Exception as e:
         example["renamed_error"] = first_line(e)
     return example
-
-
-def transformers_renames(model, keys):
-    """{checkpoint key: the model key transformers' loader renames it to} for `keys`, by
-    transformers' own rename_source_key with the model's conversions (legacy ones included),
-    as from_pretrained calls it; the test of the interpreter checks its renames against it."""
-    from transformers import core_model_loading as cml
-    from transformers.conversion_mapping import get_model_conversion_mapping
-    mapping = get_model_conversion_mapping(model)
-    renamings = [c for c in mapping if isinstance(c, cml.WeightRenaming)]
-    converters = [c for c in mapping if isinstance(c, cml.WeightConverter)]
-    meta = model.state_dict()
-    prefix = getattr(model, "base_model_prefix", None)
-    return {k: cml.rename_source_key(k, renamings, converters, prefix, meta)[0] for k in keys}
 
 
 def describe(model_type):

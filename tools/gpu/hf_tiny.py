@@ -6,6 +6,8 @@ hidden 64, 2 layers, 8 heads, 4 key/value heads, 4 experts, vocabulary 128 (or t
 largest special token id). Needs transformers (the GPU machine); nothing here is used by ckpt
 itself (the model class for a model type: python/ckpt/hf_plans.py's model_class).
 """
+import copy
+import re
 
 # Field -> tiny value. A field is set only where the config already has it.
 SIZES = {
@@ -30,10 +32,16 @@ SIZES = {
     "encoder_attention_heads": 8, "decoder_attention_heads": 8, "encoder_layers": 2, "decoder_layers": 2,
     "encoder_ffn_dim": 128, "decoder_ffn_dim": 128, "moe_ffn_hidden_size": 32, "expert_ffn_hidden_size": 32,
     "encoder_hidden_size": 64, "projector_hidden_size": 64, "mm_hidden_size": 64,
+    # convolutional audio codecs and tokenizers (mimi's grouped upsampling spans its hidden size)
+    "num_filters": 8, "upsample_groups": 64, "num_timestamp_prediction_layers": 1,
 }
+# Per-stage lists (a convolutional tower's blocks per stage: vibevoice's tokenizers): each
+# stage shrunk to this, the stage count kept.
+PER_STAGE = {"depths": 1}
 # A tiny model above this many parameters means a size field SIZES does not know: refused
-# (tiny_model) rather than filling the machine's memory and disk.
-MAX_PARAMETERS = 192 << 20
+# (tiny_model) rather than filling the machine's memory and disk. (gemma3n's timm vision
+# tower, which no config field shrinks, is 300M of its 356M.)
+MAX_PARAMETERS = 384 << 20
 LIST_PER_LAYER = ("layer_types", "mlp_only_layers_list", "attention_types_per_layer")
 TOKEN_FIELDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "decoder_start_token_id")
 VOCAB = 128
@@ -74,12 +82,15 @@ def shrink_dict(d, vocab, mrope=False):
     old_layers = d.get("num_hidden_layers") or d.get("num_layers")
     out = {}
     for key, value in d.items():
-        if isinstance(value, dict) and ("model_type" in value or key.endswith("_config")):
+        named = isinstance(key, str)  # a dict keyed by layer or label numbers has int keys
+        if isinstance(value, dict) and ("model_type" in value or (named and key.endswith("_config"))):
             out[key] = shrink_dict(value, vocab, mrope)
         elif key in SIZES and isinstance(value, (int, float)) and not isinstance(value, bool) and value != 0:
             out[key] = type(value)(SIZES[key])  # a 0 stays: the feature is off (glm5_next's NoPE layers)
-        elif key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
+        elif named and key.startswith("vocab_size") and isinstance(value, int) and not isinstance(value, bool):
             out[key] = vocab
+        elif key in PER_STAGE and isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+            out[key] = [PER_STAGE[key]] * len(value)
         else:
             out[key] = value
     layers = out.get("num_hidden_layers") or out.get("num_layers")
@@ -222,13 +233,15 @@ def tiny_config(model_type, text_config_key=None, **overrides):
         return type(default).from_dict(d)
     except Exception as refused:
         first = refused
-    for refusal, fix in REFUSAL_FIXES:  # what a config class's own validation asks for
-        if refusal in str(first):
-            d = fix(d)
-            try:
-                return type(default).from_dict(d)
-            except Exception as refused:
-                first = refused
+    for _ in range(4):  # what a config class's own validation asks for, a refusal at a time
+        fixes = [fix for refusal, fix in REFUSAL_FIXES if refusal in str(first)]
+        if not fixes:
+            break
+        d = fixes[0](d, str(first))
+        try:
+            return type(default).from_dict(d)
+        except Exception as refused:
+            first = refused
     # a config class whose from_dict refuses its own to_dict: kwargs
     kwargs = {k: v for k, v in d.items() if k not in ("model_type", "architectures")}
     try:
@@ -258,12 +271,34 @@ def _mamba_heads_fit(d):
     return out
 
 
-# (text of a config class's refusal, the change that meets it), tried in turn where the shrunk
-# config is refused: a model without grouped-query attention (esmc), Mamba heads that must
-# span the mixer (bamba, granitemoehybrid).
+# A validation that names the field and the value it must have: "`adaptor_config.
+# intermediate_size` (32) must equal `text_config.hidden_size // 4` (16)." (fun_asr_nano).
+NAMED_VALUE = re.compile(r"`([\w.]+)` \(-?\d+\) must (?:equal|match) `[^`]+` \((-?\d+)\)")
+
+
+def _named_value_set(d, refusal):
+    """`d` with the field the refusal names set to the value it asks for."""
+    found = NAMED_VALUE.search(refusal)
+    out = copy.deepcopy(d)
+    if found:
+        *parents, leaf = found.group(1).split(".")
+        node = out
+        for p in parents:
+            node = node.setdefault(p, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node[leaf] = int(found.group(2))
+    return out
+
+
+# (text of a config class's refusal, the change that meets it given `d` and the refusal),
+# tried in turn where the shrunk config is refused: a model without grouped-query attention
+# (esmc), Mamba heads that must span the mixer (bamba, granitemoehybrid), a field that must
+# have a value another field gives.
 REFUSAL_FIXES = [
-    ("num_key_value_heads", _all_heads_keyed),
-    ("Mamba head state do not match", _mamba_heads_fit),
+    ("num_key_value_heads", lambda d, _: _all_heads_keyed(d)),
+    ("Mamba head state do not match", lambda d, _: _mamba_heads_fit(d)),
+    ("must equal `", _named_value_set),
+    ("must match `", _named_value_set),
 ]
 
 
