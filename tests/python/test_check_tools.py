@@ -93,7 +93,22 @@ STAND_IN = textwrap.dedent('''
             self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
             self.layers = nn.ModuleList([Layer(c) for _ in range(c.num_hidden_layers)])
 
-    class LlamaForCausalLM(nn.Module):
+    class PreTrainedModel(nn.Module):  # transformers' own from_pretrained
+        @classmethod
+        def from_pretrained(cls, folder, tp_plan=None, device_map=None, output_loading_info=False, **kw):
+            if tp_plan:
+                raise NotImplementedError("the stand-in has no tensor parallelism")
+            with open(os.path.join(folder, "config.json")) as f:
+                d = json.load(f)
+            config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
+            model = cls(config)
+            result = model.load_state_dict(torch.load(os.path.join(folder, "pytorch_model.bin")), strict=False)
+            model.tie_weights()
+            missing = [k for k in result.missing_keys if k != "lm_head.weight"]  # tied
+            info = {"missing_keys": set(missing), "unexpected_keys": set(result.unexpected_keys)}
+            return (model, info) if output_loading_info else model
+
+    class LlamaForCausalLM(PreTrainedModel):
         def __init__(self, config):
             super().__init__()
             self.config = config
@@ -124,18 +139,6 @@ STAND_IN = textwrap.dedent('''
                 json.dump(d, f)
             sd = {k: v.contiguous() for k, v in self.state_dict().items() if k != "lm_head.weight"}
             torch.save(sd, os.path.join(folder, "pytorch_model.bin"))
-
-        @classmethod
-        def from_pretrained(cls, folder, tp_plan=None, device_map=None, **kw):
-            if tp_plan:
-                raise NotImplementedError("the stand-in has no tensor parallelism")
-            with open(os.path.join(folder, "config.json")) as f:
-                d = json.load(f)
-            config = CONFIG_MAPPING[d["model_type"]].from_dict(d)
-            model = cls(config)
-            model.load_state_dict(torch.load(os.path.join(folder, "pytorch_model.bin")), strict=False)
-            model.tie_weights()
-            return model
 
     class MistralForCausalLM(LlamaForCausalLM):
         @classmethod

@@ -53,8 +53,7 @@ def expected_dim(style, name, ndim):
 
 
 # Model types whose checkpoints, as transformers' save_pretrained writes them, the interpreter
-# does not map to the model's names; each fails loudly (see test_known_gaps_fail_loudly), or
-# follows transformers' own loader where that loader is wrong:
+# does not map to the model's names; each fails loudly (see test_known_gaps_fail_loudly):
 KNOWN_GAPS = {
     # transformers 5.17's loader renames its own saved names to names its model lacks
     # ("model.language_model.model.x" -> "model.model.language_model.model.x": the prefix is
@@ -62,12 +61,6 @@ KNOWN_GAPS = {
     # it, so no rule matches: refused, where from_pretrained leaves the weights at random.
     "shieldgemma2": "the shieldgemma2 plan: none of its rules matches",
 }
-# Where ckptd renames as transformers' loader does, but that loader maps a key to a name the
-# model lacks (5.17: deepseek_v4's "\.norm\." -> ".kv_norm." renames the final norm too,
-# so from_pretrained leaves model.norm.weight initialized at random;
-# t5gemma2: its encoder-scoped "layers." -> "text_model.layers." renames the vision tower's
-# layers as well.)
-LOADER_BUGS = {"deepseek_v4", "t5gemma2"}
 
 
 def tie_of(config, entry):
@@ -80,8 +73,12 @@ def tie_of(config, entry):
     return entry.get("tie_default", False)
 
 
-def tied_aliases(ex):
-    """The model's tied output embedding, which its checkpoint holds once (as embed_tokens)."""
+def tied_aliases(ex, filled=()):
+    """The model's tied names that its checkpoint holds once: of each of the example's tied
+    groups, the names besides one `filled` (an output); without the groups (an earlier
+    generator), the output embedding where the checkpoint has none."""
+    if "tied" in ex:
+        return {n for group in ex["tied"] if set(group) & set(filled) for n in group if n not in filled}
     names = {n for n, _ in ex["model_tensors"]}
     return {n for n in names if n.endswith("lm_head.weight")} if not any(
         t[0].endswith("lm_head.weight") for t in ex["tensors"]) else set()
@@ -174,8 +171,6 @@ class HfPlanDataTest(unittest.TestCase):
                 model = {n: s for n, s in ex["model_tensors"]}
                 shapes = {t["name"]: t["shape"] for t in tensors}
                 for o in outs:
-                    if mt in LOADER_BUGS:
-                        continue
                     self.assertIn(o.name, model, f"{o.name}: not a parameter of transformers' model")
                     if not o.view:
                         self.assertEqual(out_shape(o, shapes), model[o.name], o.name)
@@ -303,9 +298,9 @@ class HfPlanDataTest(unittest.TestCase):
                             if targets[0] in want and o.name in [want.replace(targets[0], t) for t in targets]:
                                 want = o.name
                         self.assertEqual(o.name, want, f"{p['source']}: ckptd {o.name}, transformers {want}")
-                if mt not in LOADER_BUGS:
-                    self.assertEqual(sorted(model - {o.name for o in outs} - tied_aliases(ex)), [],
-                                     "model parameters no output fills")
+                filled = {o.name for o in outs}
+                self.assertEqual(sorted(model - filled - tied_aliases(ex, filled)), [],
+                                 "model parameters no output fills")
         self.assertGreaterEqual(checked, 100)
 
     def test_scoped_renames_apply_under_their_sub_model_only(self):

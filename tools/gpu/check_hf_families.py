@@ -86,6 +86,12 @@ def family_specs(data_path):
     return specs, data.get("transformers")
 
 
+# Files a model's from_pretrained reads beside its weights that save_pretrained does not write
+# (its hub folder has them): written into the saved folder as the hub's are, with no content
+# that matters to the weights (qwen2_5_omni's speaker table: no speakers).
+HUB_SIDE_FILES = {"qwen2_5_omni": {"spk_dict.pt": {}}}
+
+
 def make_model(item):
     """(row name, entry) for one family: builds its tiny model and saves it; never raises.
     entry: {"status": "ok" | "absent" | "error", "folder", "detail", "tp_plan", "class"}."""
@@ -141,6 +147,8 @@ def make_model(item):
             entry.update(status="error", detail=f"transformers' save_pretrained: {first_line(e)}")
             traceback.print_exc()
             return fam, entry
+        for name, content in HUB_SIDE_FILES.get(fam, {}).items():
+            torch.save(content, os.path.join(folder, name))
         log(f"{fam}: {entry['class']} saved ({', '.join(sorted(os.listdir(folder)))}); transformers TP plan: "
             f"{len(entry['tp_plan'])} rules")
     except Exception as e:
@@ -537,8 +545,12 @@ def worker(args):
         ref = None
         try:
             kwargs = {"tp_plan": "auto"} if world > 1 else {"device_map": str(device)}
-            ref, info = getattr(transformers, entry["class"]).from_pretrained(entry["folder"], output_loading_info=True,
-                                                                                **kwargs)
+            cls = getattr(transformers, entry["class"])
+            # a class with a from_pretrained of its own (qwen2_5_omni's) may not pass the
+            # loading info through: asked of transformers' own only
+            own = getattr(cls.from_pretrained, "__func__", None) is transformers.PreTrainedModel.from_pretrained.__func__
+            ref = cls.from_pretrained(entry["folder"], output_loading_info=own, **kwargs)
+            ref, info = ref if own else (ref, {})
             ref.eval()
             missing, unexpected = sorted(info.get("missing_keys") or []), sorted(info.get("unexpected_keys") or [])
             if missing and unexpected:  # its own loader maps its saved names to names its model lacks

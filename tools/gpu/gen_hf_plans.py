@@ -72,18 +72,26 @@ def safetensors_header(folder):
 
 def example_of(model_cls, config):
     """The tiny model's checkpoint as save_pretrained writes it (config, tensors) and the
-    model's own parameter names and shapes (what transformers loads it into), and transformers'
-    own rename of each checkpoint key (hf_plans.loader_renames)."""
+    model's own parameter names and shapes (what transformers loads it into), its tied names
+    (groups of one tensor), and transformers' own rename of each checkpoint key
+    (hf_plans.loader_renames)."""
     import torch
     torch.manual_seed(0)
     real = hf_tiny.tiny_model(model_cls, config)
     model_tensors = sorted([n, list(t.shape)] for n, t in real.state_dict().items())
+    shared = {}  # tied parameters: one tensor under several names, which the checkpoint holds once
+    for n, t in real.state_dict().items():
+        if t.numel() > 0:  # empty tensors share no storage, whatever their data_ptr
+            shared.setdefault((t.data_ptr(), tuple(t.shape), t.dtype), []).append(n)
+    tied = sorted(sorted(names) for names in shared.values() if len(names) > 1)
     with tempfile.TemporaryDirectory() as folder:
         real.save_pretrained(folder)
         with open(os.path.join(folder, "config.json")) as f:
             saved_config = json.load(f)
         tensors = safetensors_header(folder)
     example = {"config": saved_config, "tensors": tensors, "model_tensors": model_tensors}
+    if tied:
+        example["tied"] = tied
     try:
         example["renamed"] = hf_plans.loader_renames(real, [t[0] for t in tensors])
     except Exception as e:

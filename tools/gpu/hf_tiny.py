@@ -17,7 +17,7 @@ SIZES = {
     "num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_topk": 2,
     "n_shared_experts": 1, "num_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
     "q_lora_rank": 32, "kv_lora_rank": 16, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8,
-    "n_embd": 64, "n_layer": 2, "n_head": 8, "n_inner": 128, "d_model": 64, "num_layers": 2, "num_heads": 8,
+    "n_embd": 64, "n_layer": 2, "n_layers": 2, "n_head": 8, "n_inner": 128, "d_model": 64, "num_layers": 2, "num_heads": 8,
     "ffn_dim": 128, "d_ff": 128, "n_positions": 128, "sliding_window": 32, "decoder_sparse_step": 1,
     "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 8, "linear_value_head_dim": 8,
     "num_kv_heads": 4, "n_head_kv": 4, "rotary_dim": 4,
