@@ -60,6 +60,8 @@ KNOWN_GAPS = {
     # added before the language_model rename, which then no longer matches); ckptd follows
     # it, so no rule matches: refused, where from_pretrained leaves the weights at random.
     "shieldgemma2": "the shieldgemma2 plan: none of its rules matches",
+    # Interleave of stacked experts along dim 1 (w13_weight [E, 2I, H]): refused, naming it
+    "inkling_mm_model": r"w13_weight.*model type 'inkling_mm_model'.*converts this tensor at load \(Interleave\)",
 }
 
 
