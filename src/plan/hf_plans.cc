@@ -177,9 +177,12 @@ class PlanWriter {
     if (!renames_.empty()) doc["renames"] = renames_;
     // the model's own names that transformers' loader keeps where its renames would make
     // them names the model lacks (the data's "kept_names", layer numbers as '*')
+    const json names = entry_.value("kept_names", json::array());
     json kept = json::array();
-    for (const auto& k : entry_.value("kept_names", json::array()))
-      if (k.is_string()) kept.push_back("^" + PlanKeyRegex(k.get<std::string>()) + "$");
+    for (const auto& k : names.is_array() ? names : json::array({json()})) {
+      if (!k.is_string()) return InvalidArgument(Where() + ": \"kept_names\" must be a list of names");
+      kept.push_back("^" + PlanKeyRegex(k.get<std::string>()) + "$");
+    }
     if (!kept.empty()) doc["not_renamed"] = kept;
     return doc.dump(1);
   }

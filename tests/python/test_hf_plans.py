@@ -501,6 +501,9 @@ class HfPlanDataTest(unittest.TestCase):
                                  "model.layers.3.ln.norm.bias", "model.layers.3.ln.kv_norm.weight",
                                  "x.model.kv_norm.weight"]))
         self.assertIn('"not_renamed"', plan.json)
+        for bad in ("model.norm.weight", [3]):  # an entry's kept_names: a list of names
+            with self.subTest(kept_names=bad), self.assertRaisesRegex(ckpt.InvalidArgument, r"toy.*kept_names"):
+                ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(dict(entry, kept_names=bad)), "", "a test")
         # a plan file's not_renamed must be a list of patterns
         for bad in ('"model.norm.weight"', '[1]', '["("]'):
             with self.subTest(not_renamed=bad), self.assertRaisesRegex(ckpt.InvalidArgument, r"not_renamed"):
