@@ -129,12 +129,30 @@ class HfConversionsTest(unittest.TestCase):
         for world, ranks in self.shards("step3p7", [gu, down]).items():
             for rank, got in enumerate(ranks):
                 with self.subTest(world=world, rank=rank):
-                    # transformers: torch.cat([gate, up], dim=1), then packed_colwise: each of the
-                    # two blocks of dim 1 split over the ranks; down_proj rowwise (its last dim)
+                    # torch.cat([gate, up], dim=1) split packed_colwise: each of the two blocks of
+                    # dim 1 split over the ranks; down_proj rowwise (its last dim)
                     fused = torch.cat([gate, up], dim=1)
                     blocks = [b.chunk(world, dim=1)[rank] for b in fused.chunk(2, dim=1)]
                     self.assertTrue(torch.equal(got[gu], torch.cat(blocks, dim=1)))
                     self.assertTrue(torch.equal(got[down], sd["model.layers.1.moe.down_proj.weight"].chunk(world, dim=2)[rank]))
+            # What the shards mean: the experts' MLP summed over the ranks (rowwise down's
+            # all-reduce) is the whole MLP's. transformers 5.17 instead splits each stacked source
+            # as if it were the packed target (_StridedShard(1, split_factor=2) on [E, I, H]:
+            # part r of each half of I), which computes another function (docs/tp-plans.md).
+            x = torch.randn(E, 5, H, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+            full_down = sd["model.layers.1.moe.down_proj.weight"].double()
+
+            def mlp(gate_up, down_w):
+                g, u = gate_up.double().chunk(2, dim=1)
+                return torch.bmm(torch.nn.functional.silu(torch.bmm(x, g.transpose(1, 2))) * torch.bmm(x, u.transpose(1, 2)),
+                                 down_w.double().transpose(1, 2))
+
+            whole = mlp(torch.cat([gate, up], dim=1), full_down)
+            if world > 1:
+                self.assertTrue(torch.allclose(sum(mlp(r[gu], r[down]) for r in ranks), whole))
+                strided = [torch.cat([torch.cat([h.chunk(world, dim=1)[r] for h in w.chunk(2, dim=1)], dim=1)
+                                      for w in (gate, up)], dim=1) for r in range(world)]
+                self.assertFalse(torch.allclose(sum(mlp(strided[r], ranks[r][down]) for r in range(world)), whole))
 
     def test_ernie4_5_vl_moe_experts_split_into_text_and_vision_and_routers_transposed(self):
         sd, L = self.sd["ernie"], "model.layers.1.mlp."
