@@ -37,7 +37,9 @@ namespace {
 // A rule after parsing.
 struct Rule {
   enum class Kind { kReplicate, kSplit, kExpert, kRefuse };
-  enum class Vector { kSame, kReplicate, kReplicateBias, kSplit };
+  // how a 1-d tensor is split: as the rule says, whole, whole if a bias, along dim 0 with the
+  // rule's chunks, or along dim 0 in plain torch.chunk parts (a packed style's bias)
+  enum class Vector { kSame, kReplicate, kReplicateBias, kSplit, kSplitPlain };
   struct Section {
     int64_t rows = 0;
     int64_t heads = 0;
@@ -94,8 +96,9 @@ Result<Rule> NamedRule(const std::string& name) {
     return Split(-2, true, true, V::kSplit);
   if (name == "rowwise" || name == "rowwise_split_input" || name == "rowwise_rep" || name == "local_rowwise")
     return Split(-1, true, true, V::kReplicateBias);
-  if (name == "packed_colwise") return Split(-2, false, false, V::kSplit, 2);
-  if (name == "packed_rowwise" || name == "local_packed_rowwise") return Split(-1, false, false, V::kReplicateBias, 2);
+  // transformers' packed styles: a 1-d tensor is Shard(-1) (colwise) or Replicate (rowwise)
+  if (name == "packed_colwise") return Split(-2, false, false, V::kSplitPlain, 2);
+  if (name == "packed_rowwise" || name == "local_packed_rowwise") return Split(-1, false, false, V::kReplicate, 2);
   if (name == "embedding_rowwise") return Split(0, true, true, V::kSplit);
   if (name == "embedding_colwise") return Split(1, true, true, V::kSplit);
   if (name == "grouped_gemm") {
@@ -868,6 +871,8 @@ Result<Placement> Place(const TensorInfo& t, const Rule& rule, const std::vector
       case Rule::Vector::kSplit:
         dim = 0;
         break;
+      case Rule::Vector::kSplitPlain:
+        return PlaceSplit(t, Split(0, true, true), 0, rank, world);
       case Rule::Vector::kSame:
         break;
     }

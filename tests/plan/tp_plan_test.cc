@@ -53,6 +53,28 @@ TEST(TpPlanTest, GptNeoRules) {
   EXPECT_EQ(wte->shape, (std::vector<int64_t>{12564, 64}));  // rank 1 of tensor_split(50257, 4)
 }
 
+// transformers' packed styles on 1-d tensors: packed_colwise's Shard(-1) (plain torch.chunk
+// parts, not the two blocks of the weight), packed_rowwise's Replicate (any 1-d tensor).
+TEST(TpPlanTest, PackedStylesSplitVectorsAsTransformersDoes) {
+  auto plan = TpPlan::FromJson(R"({"rules": [{"pattern": "^a[.]", "rule": "packed_colwise"},
+                                             {"pattern": "^b[.]", "rule": "packed_rowwise"}]})");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  const std::vector<TensorInfo> ts = {T("a.weight", {8, 4}), T("a.bias", {10}), T("b.weight", {4, 8}),
+                                      T("b.scale", {8})};
+  auto outs = plan->Resolve(ts, 1, 2);
+  ASSERT_TRUE(outs.ok()) << outs.status().ToString();
+  auto m = ByName(*outs);
+  EXPECT_EQ(m["a.weight"].pieces.at(0).spec.fused_chunks, 2);
+  const ShardSpec bias = m["a.bias"].pieces.at(0).spec;
+  EXPECT_EQ(bias.kind, ShardSpec::Kind::kSplit);
+  EXPECT_EQ(bias.fused_chunks, 1);
+  auto out = PlanOutput(m["a.bias"], ts);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(out->shape, (std::vector<int64_t>{5}));  // rows [5, 10), not rows 3-4 and 8-9
+  EXPECT_EQ(m["b.weight"].pieces.at(0).spec.fused_chunks, 2);
+  EXPECT_EQ(m["b.scale"].pieces.at(0).spec.kind, ShardSpec::Kind::kReplicate);
+}
+
 TEST(TpPlanTest, FusedQkvConcatenatesInOrder) {
   TpPlan::BuiltInOptions o;
   o.fuse_qkv = true;

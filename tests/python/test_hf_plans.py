@@ -198,6 +198,9 @@ class HfPlanDataTest(unittest.TestCase):
                             want = expected_dim(style, o.name, ndim) if ndim else None
                             got = None if p["kind"] == "replicate" else p["dim"] % max(ndim, 1)
                             self.assertEqual(got, want, f"{o.name} ({style}): split dim {got}, transformers {want}")
+                            if got is not None and style in ("packed_colwise", "packed_rowwise"):
+                                # _StridedShard(split_factor=2) of a weight, Shard(-1) of a vector
+                                self.assertEqual(p["chunks"], 2 if ndim > 1 else 1, o.name)
 
     def test_chunked_parts_are_split_as_their_own_styles(self):
         """A Chunk(dim 0) conversion's part k is rows [k R/n, (k+1) R/n) of its source, split
