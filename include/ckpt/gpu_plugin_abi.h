@@ -26,7 +26,7 @@ extern "C" {
 #endif
 
 /* 1 was the C++ table of ckpt 0.1 (symbol ckpt_gpu_plugin_v1), refused as such. */
-#define CKPT_GPU_PLUGIN_ABI_VERSION 3u
+#define CKPT_GPU_PLUGIN_ABI_VERSION 4u
 /* The soname the host looks for, beside itself and then on the library path. */
 #define CKPT_GPU_PLUGIN_SONAME "libckptclient-cuda.so.0"
 /* The plugin's one exported symbol, a function of type ckpt_gpu_plugin_entry_fn. */
@@ -83,7 +83,8 @@ typedef struct ckpt_gpu_piece {
   int32_t fused_chunks;
   uint8_t allow_uneven;
   uint8_t ceil_parts;
-  uint8_t reserved[2];
+  uint8_t flat_rows; /* the rows: of the source as 2-d [numel / last dim, last dim] */
+  uint8_t reserved;
   int64_t row_begin;
   int64_t row_count;
   int64_t row_step;

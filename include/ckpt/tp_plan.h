@@ -128,6 +128,9 @@ struct ShardPiece {
   int64_t row_begin = 0;
   int64_t row_count = -1;
   int64_t row_step = 1;
+  // The rows are those of the source taken as 2-d [numel / last dim, last dim] (each matrix
+  // of a stacked tensor in turn: transformers' Interleave of its rows), not of its dim 0.
+  bool flat_rows = false;
 };
 
 // One tensor of a rank's state dict: its pieces' shards concatenated along dim 0 (one piece

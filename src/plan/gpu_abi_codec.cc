@@ -101,6 +101,7 @@ COutputs ToC(const std::vector<ShardOutput>& outputs) {
       piece.row_begin = p.row_begin;
       piece.row_count = p.row_count;
       piece.row_step = p.row_step;
+      piece.flat_rows = p.flat_rows ? 1 : 0;
       c.pieces.push_back(piece);
     }
     c.outputs.push_back(out);
@@ -134,6 +135,7 @@ Result<std::vector<ShardOutput>> FromC(const ckpt_gpu_output* outputs, uint64_t 
       piece.row_begin = p.row_begin;
       piece.row_count = p.row_count;
       piece.row_step = p.row_step;
+      piece.flat_rows = p.flat_rows != 0;
       o.pieces.push_back(std::move(piece));
     }
   }

@@ -151,6 +151,19 @@ bool IsOnly(const json& c, const char* op, int dim) {
   return ops.size() == 1 && ops[0].value("op", "") == op && ops[0].value("dim", -1) == dim;
 }
 
+// Converter `c`'s Interleave (not inverse) when it is its only operation or is followed
+// only by a Chunk along the same dim, or null.
+const json* InterleaveOf(const json& c) {
+  if (!c.contains("operations") || !c["operations"].is_array()) return nullptr;
+  const json& ops = c["operations"];  // a reference into `c`: the result points into it
+  if (ops.empty() || ops.size() > 2 || ops[0].value("op", "") != "Interleave" || ops[0].value("inverse", false) ||
+      !ops[0].contains("dim") || !ops[0]["dim"].is_number_integer())
+    return nullptr;
+  if (ops.size() == 2 && (ops[1].value("op", "") != "Chunk" || ops[1].value("dim", -1) != ops[0]["dim"].get<int>()))
+    return nullptr;
+  return &ops[0];
+}
+
 // The PermuteForRope (not inverse) that follows a Chunk(dim 0) as converter `c`'s second and
 // last operation, or null.
 const json* RopePermutationAfterChunk(const json& c) {
@@ -285,6 +298,10 @@ class PlanWriter {
     };
     if (all_plain(plain) && all_plain(plain_targets)) {
       if (sources.size() == 1 && targets.size() >= 2 && IsOnly(c, "Chunk", 0)) return AddChunk(sources[0], plain_targets);
+      if (const json* interleave = InterleaveOf(c); interleave && sources.size() == 1) {
+        if (targets.size() == 1 && operations.size() == 1) return AddInterleave(sources[0], *plain_targets[0], *interleave);
+        if (targets.size() == 2) return AddChunk(sources[0], plain_targets, nullptr, interleave);
+      }
       if (const json* rope = RopePermutationAfterChunk(c); rope && sources.size() == 1 && targets.size() >= 2)
         return AddChunk(sources[0], plain_targets, rope);
       for (int dim : {0, 1}) {
@@ -299,6 +316,22 @@ class PlanWriter {
                         {"rule", {{"refuse", Where() + ": transformers converts this tensor at load (" + ops +
                                                  ") in a way ckptd does not shard; use convention \"megatron\" "
                                                  "where a built-in family has it, or a plan file (docs/tp-plans.md)"}}}});
+    return Status::Ok();
+  }
+
+  // Interleave(dim) of `source` as `target` (its plain text; a rename where they differ):
+  // the rows of each matrix taken apart (2j to j, 2j + 1 to half + j), split by the target's
+  // style (inkling's stacked experts' w13_weight into gate_up_proj).
+  Status AddInterleave(const std::string& source, const std::string& target, const json& op) {
+    std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
+    for (const TargetKey& k : StyledKeysOf(target)) prefixes.emplace_back(k.prefix, json(k.style));
+    prefixes.emplace_back(".*?", "replicate");
+    for (const auto& [prefix, rule] : prefixes) {
+      json e = {{"pattern", "^(" + prefix + ")(" + SourceRegex(source) + ")(.*)$"}, {"rule", rule},
+                {"interleave", {{"dim", op.value("dim", 0)}}}};
+      if (PlainText(source) != target) e["fuse_into"] = "$1" + target + "$3";
+      rules_.push_back(std::move(e));
+    }
     return Status::Ok();
   }
 
@@ -339,11 +372,14 @@ class PlanWriter {
   // k (transformers: full_layer_name.replace), each part placed by the plan's own rules.
   // With `rope` (a PermuteForRope after the Chunk), the parts whose target names one of its
   // permute_layer_names get their rows reordered, over the heads of its sub-config.
+  // With `interleave` (an Interleave before a Chunk along the same dim: inkling's shared and
+  // dense w13), part k is rows k, k + 2, ... of each matrix.
   Status AddChunk(const std::string& source, const std::vector<std::optional<std::string>>& targets,
-                  const json* rope = nullptr) {
+                  const json* rope = nullptr, const json* interleave = nullptr) {
     json parts = json::array();
     for (const auto& t : targets) parts.push_back("$1" + *t + "$2");
     json rule = {{"pattern", "^(.*?)" + SourceRegex(source) + "(.*)$"}, {"chunk_into", parts}};
+    if (interleave) rule["interleave"] = {{"dim", interleave->value("dim", 0)}};
     if (rope) {
       json permuted = json::array();
       const std::vector<std::string> layers = Strings(*rope, "permute_layer_names");

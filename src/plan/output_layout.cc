@@ -38,6 +38,15 @@ Status SpreadRows(uint64_t row_bytes, int64_t step, ShardLayout* layout) {
 }  // namespace
 
 Result<ShardLayout> PieceLayout(const ShardPiece& piece, const TensorInfo& info) {
+  if (piece.flat_rows) {  // the rows of the source as 2-d [numel / last dim, last dim]
+    if (info.shape.size() < 2) return InvalidArgument("flat rows of a tensor of fewer than 2 dims");
+    TensorInfo flat = info;
+    const int64_t last = info.shape.back();
+    flat.shape = {last == 0 ? 0 : static_cast<int64_t>(NumElements(info.shape)) / last, last};
+    ShardPiece rows = piece;
+    rows.flat_rows = false;
+    return PieceLayout(rows, flat);
+  }
   if (piece.row_count < 0 && piece.row_begin == 0 && piece.row_step == 1)
     return PlanShard(info.dtype, info.shape, piece.spec);
   const int64_t step = piece.row_step;

@@ -241,6 +241,10 @@ struct TpPlan::Entry {
   // `rope_heads` heads (chunk_into only; none when empty).
   std::vector<size_t> rope_parts;
   int64_t rope_heads = 0;
+  // Set: a matching tensor's dim `*interleave` (that of each matrix's rows, dim -2) holds
+  // pairs that transformers' Interleave takes apart (row 2j to j, 2j + 1 to half + j): the
+  // output holds them so (or, with chunk_into of 2, part k is rows k, k + 2, ...).
+  std::optional<int> interleave;
 };
 
 // A rename of every tensor name before the rules see it, as transformers' WeightTransform
@@ -429,7 +433,8 @@ Status ParseFusion(const nlohmann::json& e, const std::string& where, TpPlan::En
 // key but the pattern's (the parts are placed by their own rules).
 Status ParseChunks(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
   for (auto it = e.begin(); it != e.end(); ++it) {
-    if (it.key() != "pattern" && it.key() != "chunk_into" && it.key() != "permute_for_rope" && it.key() != "comment")
+    if (it.key() != "pattern" && it.key() != "chunk_into" && it.key() != "permute_for_rope" &&
+        it.key() != "interleave" && it.key() != "comment")
       return InvalidArgument(where + ": \"chunk_into\" takes no \"" + it.key() +
                              "\" (each part is placed by the rule its own name matches)");
   }
@@ -457,6 +462,20 @@ Status ParseChunks(const nlohmann::json& e, const std::string& where, TpPlan::En
       return InvalidArgument(where + ": \"permute_for_rope\" parts are indices of \"chunk_into\"");
     entry->rope_parts.push_back(k.get<size_t>());
   }
+  return Status::Ok();
+}
+
+// Sets entry's "interleave": {"dim": d}: with a rule (no stack, fuse_count, fuse_dim,
+// transpose or swap_dims beside it) or a chunk_into of 2 parts (no permute_for_rope).
+Status ParseInterleave(const nlohmann::json& e, const std::string& where, TpPlan::Entry* entry) {
+  const auto& i = e["interleave"];
+  if (!i.is_object() || i.size() != 1 || !i.contains("dim") || !i["dim"].is_number_integer())
+    return InvalidArgument(where + ": \"interleave\" must be {\"dim\": d}");
+  for (const char* key : {"stack", "stack_count", "fuse_count", "fuse_dim", "transpose", "swap_dims", "permute_for_rope"})
+    if (e.contains(key)) return InvalidArgument(where + ": \"interleave\" takes no \"" + key + "\"");
+  if (e.contains("chunk_into") && entry->chunk_into.size() != 2)
+    return InvalidArgument(where + ": \"interleave\" with \"chunk_into\" takes 2 parts");
+  entry->interleave = i["dim"].get<int>();
   return Status::Ok();
 }
 
@@ -489,7 +508,7 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
   for (auto it = e.begin(); it != e.end(); ++it) {
     static const char* kKeys[] = {"pattern",     "rule",      "transpose",  "fuse_into",  "fuse_key", "fuse_order",
                                   "fuse_count",  "fuse_dim",  "stack",       "stack_count", "if_absent", "chunk_into", "permute_for_rope", "swap_dims",
-                                  "comment"};
+                                  "interleave", "comment"};
     if (std::find(std::begin(kKeys), std::end(kKeys), it.key()) == std::end(kKeys))
       return InvalidArgument(where + ": unknown key '" + it.key() + "'");
   }
@@ -500,6 +519,7 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
   entry->pattern = std::move(*compiled);
   if (e.contains("chunk_into")) {
     CKPT_RETURN_IF_ERROR(ParseChunks(e, where, entry.get()));
+    if (e.contains("interleave")) CKPT_RETURN_IF_ERROR(ParseInterleave(e, where, entry.get()));
     return entry;
   }
   if (e.contains("permute_for_rope")) return InvalidArgument(where + ": \"permute_for_rope\" without \"chunk_into\"");
@@ -522,6 +542,7 @@ Result<std::shared_ptr<TpPlan::Entry>> ParseEntry(const nlohmann::json& e, const
     entry->if_absent = std::move(*absent);
   }
   CKPT_RETURN_IF_ERROR(ParseFusion(e, where, entry.get()));
+  if (e.contains("interleave")) CKPT_RETURN_IF_ERROR(ParseInterleave(e, where, entry.get()));
   return entry;
 }
 
@@ -1126,6 +1147,7 @@ class TpPlan::Resolution {
       auto layout = PieceLayout(piece, t);
       if (!layout.ok()) return layout.status().WithContext(where);
     }
+    if (m && m->interleave) return AddInterleaved(t, name, match, placed->pieces, where);
     if (m && m->fuse_dim == 1) return AddSlabs(t, name, match, placed->pieces, where);
     bool swap = false;
     if (m && m->swap_dims) {
@@ -1202,16 +1224,20 @@ class TpPlan::Resolution {
   Status AddChunks(const TensorInfo& t, const std::string& name, const Match& match, const std::string& where) {
     const Entry& e = *match.entry;
     const int64_t n = static_cast<int64_t>(e.chunk_into.size());
-    if (t.shape.empty() || t.shape[0] % n != 0)
-      return InvalidArgument(where + ": dim 0 of length " + std::to_string(t.shape.empty() ? 0 : t.shape[0]) +
+    const int ndim = static_cast<int>(t.shape.size());
+    // the cut dim: 0, or with interleave the rows of each matrix (part k: rows k, k + n, ...)
+    const int cut = e.interleave ? (*e.interleave < 0 ? *e.interleave + ndim : *e.interleave) : 0;
+    if (t.shape.empty() || cut < 0 || cut >= ndim || t.shape[cut] % n != 0)
+      return InvalidArgument(where + ": dim " + std::to_string(cut) + " of length " +
+                             std::to_string(t.shape.empty() || cut < 0 || cut >= ndim ? 0 : t.shape[cut]) +
                              " does not cut into " + std::to_string(n) + " equal parts (\"chunk_into\")");
-    const int64_t rows = t.shape[0] / n;
+    const int64_t rows = t.shape[cut] / n;
     for (int64_t k = 0; k < n; ++k) {
       auto part_name = e.pattern.Substitute(name, e.chunk_into[static_cast<size_t>(k)]);
       if (!part_name.ok()) return part_name.status().WithContext(where);
       TensorInfo part = t;
       part.name = *part_name;
-      part.shape[0] = rows;
+      part.shape[cut] = rows;
       part.nbytes = t.nbytes / static_cast<uint64_t>(n);
       CKPT_ASSIGN_OR_RETURN(Match pm, MatchTensor(part.name));
       const std::string part_where = where + ", part " + std::to_string(k) + " '" + part.name + "'" +
@@ -1221,6 +1247,14 @@ class TpPlan::Resolution {
       auto placed = Place(part, (pm.entry ? *pm.entry : *plan_.default_).rule, pm.groups, rank_, world_);
       if (!placed.ok()) return placed.status().WithContext(part_where);
       if (!placed->owned) continue;
+      if (e.interleave) {
+        if (ndim > 2 && pm.entry && !pm.entry->fuse_into.empty())
+          return InvalidArgument(part_where + ": a part of a stacked tensor's interleaved rows is fused, which ckptd "
+                                              "does not do");
+        CKPT_ASSIGN_OR_RETURN(InterleavedPieces ip, Interleaved(t, cut, placed->pieces, static_cast<int>(k), part_where));
+        CKPT_RETURN_IF_ERROR(AddInterleavedPieces(part.name, part.name, pm, std::move(ip), t, part_where));
+        continue;
+      }
       const bool permuted = std::count(e.rope_parts.begin(), e.rope_parts.end(), static_cast<size_t>(k)) > 0;
       if (permuted) {
         CKPT_ASSIGN_OR_RETURN(placed->pieces, PermutedForRope(part, e.rope_heads, placed->pieces, part_where));
@@ -1234,6 +1268,120 @@ class TpPlan::Resolution {
       }
       CKPT_RETURN_IF_ERROR(AddPieces(part.name, part.name, "", pm, std::move(placed->pieces), part_where));
     }
+    return Status::Ok();
+  }
+
+  // transformers' Interleave of `t` along `dim` (the rows of its matrices, dim -2): row 2j of
+  // each matrix becomes row j, row 2j + 1 row half + j. The pieces of `t` that hold `placed`
+  // (one piece: the rule's shard of the tensor so reordered, or, with `part` 0 or 1, of that
+  // half, rows part, part + 2, ... of each matrix) as rows of one matrix at a time, every
+  // second one (the flat rows of a stacked tensor), and the shape they make. A split of the
+  // rows takes the rank's part of them (of the whole tensor: whole pairs, for transformers
+  // splits the source before it takes the pairs apart); a split of the last dim stays; a
+  // split of a stacked tensor's dim 0 takes its matrices; anything else is refused.
+  struct InterleavedPieces {
+    std::vector<ShardPiece> pieces;
+    std::vector<int64_t> shape;
+  };
+  static Result<InterleavedPieces> Interleaved(const TensorInfo& t, int dim, const std::vector<ShardPiece>& placed,
+                                               int part, const std::string& where) {
+    const int ndim = static_cast<int>(t.shape.size());
+    const int d = dim < 0 ? dim + ndim : dim;
+    if (ndim < 2 || ndim > 3 || d != ndim - 2)
+      return InvalidArgument(where + ": transformers interleaves dim " + std::to_string(dim) + " of this " +
+                             std::to_string(ndim) + "-d tensor, not the rows of its matrices (its dim -2), which "
+                             "ckptd does not do");
+    const int64_t rows = t.shape[d], matrices = ndim == 3 ? t.shape[0] : 1;
+    if (rows % 2 != 0)
+      return InvalidArgument(where + ": " + std::to_string(rows) + " rows are not pairs (transformers' Interleave)");
+    if (placed.size() != 1 || placed[0].row_count >= 0)
+      return InvalidArgument(where + ": its rule places it in several pieces, which interleaved rows do not take");
+    const ShardSpec& spec = placed[0].spec;
+    // [begin, begin + count) of `length` for this spec's rank (its own arithmetic, on a 1-d tensor)
+    const auto range = [&spec](int64_t length) -> Result<std::pair<int64_t, int64_t>> {
+      ShardSpec one = spec;
+      one.dim = 0;
+      one.fused_chunks = 1;
+      CKPT_ASSIGN_OR_RETURN(ShardLayout l, PlanShard(DType::kU8, {length}, one));
+      return std::make_pair(l.regions.empty() ? int64_t{0} : static_cast<int64_t>(l.regions[0].src_offset), l.shape[0]);
+    };
+    int64_t first = 0, count = rows / 2, first_matrix = 0, matrix_count = matrices;
+    ShardSpec rest = ShardSpec::Replicate();
+    if (spec.kind == ShardSpec::Kind::kFlatPartition)
+      return InvalidArgument(where + ": a flat partition of interleaved rows, which ckptd does not do");
+    if (spec.kind == ShardSpec::Kind::kSplit && spec.world > 1) {
+      const int sd = spec.dim < 0 ? spec.dim + ndim : spec.dim;
+      if (spec.fused_chunks != 1 && sd != ndim - 1)
+        return InvalidArgument(where + ": its rule splits interleaved rows in " + std::to_string(spec.fused_chunks) +
+                               " blocks, which ckptd does not do");
+      if (sd == d) {
+        CKPT_ASSIGN_OR_RETURN(auto r, range(part < 0 ? rows : rows / 2));
+        if (part < 0 && (r.first % 2 != 0 || r.second % 2 != 0))
+          return InvalidArgument(where + ": rank " + std::to_string(spec.rank) + " of world " +
+                                 std::to_string(spec.world) + " would hold rows [" + std::to_string(r.first) + ", " +
+                                 std::to_string(r.first + r.second) + ") of " + std::to_string(rows) +
+                                 ", which cut a pair of transformers' Interleave");
+        first = part < 0 ? r.first / 2 : r.first;
+        count = part < 0 ? r.second / 2 : r.second;
+      } else if (sd == ndim - 1) {
+        rest = spec;
+        rest.dim = -1;
+      } else if (sd == 0 && ndim == 3) {
+        CKPT_ASSIGN_OR_RETURN(auto r, range(matrices));
+        first_matrix = r.first;
+        matrix_count = r.second;
+      } else {
+        return InvalidArgument(where + ": its rule splits dim " + std::to_string(sd) + " of interleaved rows, which "
+                               "ckptd does not do");
+      }
+    }
+    InterleavedPieces out;
+    for (int64_t b = first_matrix; b < first_matrix + matrix_count; ++b) {
+      for (int s = part < 0 ? 0 : part; s <= (part < 0 ? 1 : part); ++s) {
+        ShardPiece p;
+        p.source = t.name;
+        p.spec = rest;
+        p.row_begin = b * rows + 2 * first + s;
+        p.row_count = count;
+        p.row_step = 2;
+        p.flat_rows = ndim == 3;
+        out.pieces.push_back(std::move(p));
+      }
+    }
+    int64_t cols = t.shape[ndim - 1];
+    if (!out.pieces.empty()) {
+      CKPT_ASSIGN_OR_RETURN(ShardLayout l, PieceLayout(out.pieces[0], t));
+      cols = l.shape.back();
+    }
+    const int64_t out_rows = (part < 0 ? 2 : 1) * count;
+    out.shape = ndim == 3 ? std::vector<int64_t>{matrix_count, out_rows, cols} : std::vector<int64_t>{out_rows, cols};
+    return out;
+  }
+
+  // `t` (matched as `name`) placed as `placed` by an "interleave" entry: its output holds its
+  // rows as transformers' Interleave reorders them (Interleaved), under its name or fuse_into.
+  Status AddInterleaved(const TensorInfo& t, const std::string& name, const Match& match,
+                        const std::vector<ShardPiece>& placed, const std::string& where) {
+    CKPT_ASSIGN_OR_RETURN(InterleavedPieces ip, Interleaved(t, *match.entry->interleave, placed, -1, where));
+    return AddInterleavedPieces(name, name, match, std::move(ip), t, where);
+  }
+
+  // Adds interleaved pieces (checked against `t`) to the output of `own` (`key` for its
+  // entry's fuse_into), which holds them alone, viewed as their shape when stacked.
+  Status AddInterleavedPieces(const std::string& own, const std::string& key, const Match& match, InterleavedPieces ip,
+                              const TensorInfo& t, const std::string& where) {
+    for (const ShardPiece& piece : ip.pieces) {
+      auto layout = PieceLayout(piece, t);
+      if (!layout.ok()) return layout.status().WithContext(where);
+    }
+    const size_t added = ip.pieces.size();
+    CKPT_RETURN_IF_ERROR(AddPieces(own, key, "", match, std::move(ip.pieces), where));
+    const bool fused = match.entry && !match.entry->fuse_into.empty();
+    ShardOutput& out = outputs_[by_name_.at(fused ? output_of_.at(own) : own)];
+    if (out.pieces.size() != added)
+      return InvalidArgument(where + ": its interleaved rows share an output with other tensors ('" + out.name +
+                             "'), which ckptd does not do");
+    if (ip.shape.size() == 3) out.shape = ip.shape;
     return Status::Ok();
   }
 

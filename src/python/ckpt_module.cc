@@ -261,6 +261,7 @@ py::dict PieceDict(const ckpt::ShardPiece& p) {
   d["row_begin"] = p.row_begin;
   d["row_count"] = p.row_count;
   d["row_step"] = p.row_step;
+  d["flat_rows"] = p.flat_rows;
   return d;
 }
 

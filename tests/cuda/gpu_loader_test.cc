@@ -182,6 +182,19 @@ void ExpectMatches(const Segment& seg, const std::vector<ShardOutput>& outs, con
   }
 }
 
+// Every tensor of `seg` whole, as one rank of one resolves them (a family plan would refuse
+// a checkpoint none of its rules fits); with `only`, just the output of that name.
+std::vector<ShardOutput> WholeOutputs(const Segment& seg, const std::string& only = "") {
+  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
+  EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+  auto outs = plan->Resolve(seg.reader->tensors(), 0, 1);
+  EXPECT_TRUE(outs.ok()) << outs.status().ToString();
+  std::vector<ShardOutput> kept;
+  for (ShardOutput& out : *outs)
+    if (only.empty() || out.name == only) kept.push_back(std::move(out));
+  return kept;
+}
+
 class GpuLoaderTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -387,7 +400,9 @@ TEST_F(GpuLoaderTest, LoadTimeConversionsMatchTheCpuPath) {
                                    {"m.gate.w", DType::kBF16, {4, 16, 24}, 0, 0},
                                    {"m.up.w", DType::kBF16, {4, 16, 24}, 0, 0},
                                    {"m.experts.down", DType::kF32, {4, 16, 24}, 0, 0},
-                                   {"m.experts.keep", DType::kF32, {4, 24, 16}, 0, 0}};
+                                   {"m.experts.keep", DType::kF32, {4, 24, 16}, 0, 0},
+                                   {"m.experts.w13", DType::kF32, {4, 16, 24}, 0, 0},
+                                   {"m.w13_dn", DType::kBF16, {16, 24}, 0, 0}};
   auto seg = MakeSegment(infos, 9);
   ASSERT_TRUE(seg);
   auto plan = TpPlan::FromJson(R"J({"rules": [
@@ -396,7 +411,10 @@ TEST_F(GpuLoaderTest, LoadTimeConversionsMatchTheCpuPath) {
       {"pattern": "\\.k\\.weight$", "rule": "rowwise"},
       {"pattern": "^(m\\.)(gate|up)(\\.w)$", "rule": {"split": -2}, "fuse_into": "$1gate_up", "fuse_key": 2,
        "fuse_order": ["gate", "up"], "fuse_dim": 1, "stack_count": 4},
-      {"pattern": "experts\\.(down|keep)$", "rule": "replicate", "swap_dims": {"dims": [1, 2], "unless": [1, 24]}}]})J");
+      {"pattern": "experts\\.(down|keep)$", "rule": "replicate", "swap_dims": {"dims": [1, 2], "unless": [1, 24]}},
+      {"pattern": "^(m\\.experts\\.)w13$", "rule": "colwise", "interleave": {"dim": 1}, "fuse_into": "$1gate_up_i"},
+      {"pattern": "^(m\\.)w13_dn(.*)$", "chunk_into": ["$1g$2", "$1u$2"], "interleave": {"dim": 0}},
+      {"pattern": "^m\\.(g|u)$", "rule": "colwise"}]})J");
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   for (int world : {1, 2, 4}) {
     for (int rank = 0; rank < world; ++rank) {
@@ -521,13 +539,7 @@ TEST_F(GpuLoaderTest, AnOverflowInOneLoadIsNotReportedByTheNextOnTheSameLoader) 
   auto seg = MakeSegment({{"big", DType::kF32, {8, 8}, 0, 0}, {"small", DType::kF32, {8, 8}, 0, 0}}, 9, 1.0,
                          {1e6, 1.0});  // big: beyond fp16 range
   ASSERT_TRUE(seg);
-  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
-  ASSERT_TRUE(plan.ok());
-  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
-  ASSERT_TRUE(outs.ok());
-  std::vector<ShardOutput> small_only;
-  for (const ShardOutput& out : *outs)
-    if (out.name == "small") small_only.push_back(out);
+  const std::vector<ShardOutput> all = WholeOutputs(*seg), small_only = WholeOutputs(*seg, "small");
   ASSERT_EQ(small_only.size(), 1u);
   for (HostPath path : kPaths) {
     GpuLoadOptions o;
@@ -536,7 +548,7 @@ TEST_F(GpuLoaderTest, AnOverflowInOneLoadIsNotReportedByTheNextOnTheSameLoader) 
     o.float_dtype = DType::kF16;
     auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
     ASSERT_TRUE(loader.ok());
-    auto bad = (*loader)->Load(*outs);
+    auto bad = (*loader)->Load(all);
     ASSERT_FALSE(bad.ok()) << HostPathName(path);
     EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(bad.status().message().find("'big'"), std::string::npos) << bad.status().ToString();
@@ -559,14 +571,12 @@ TEST_F(GpuLoaderTest, LoadersDestroyedWhilePreparingStopCleanly) {
     auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
     ASSERT_TRUE(loader.ok()) << loader.status().ToString();
   }
-  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
-  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
-  ASSERT_TRUE(outs.ok());
+  const std::vector<ShardOutput> outs = WholeOutputs(*seg);
   auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
   ASSERT_TRUE(loader.ok());
-  auto dict = (*loader)->Load(*outs);
+  auto dict = (*loader)->Load(outs);
   ASSERT_TRUE(dict.ok()) << dict.status().ToString();
-  ExpectMatches(*seg, *outs, *dict, std::nullopt, "after 20 loaders destroyed while preparing");
+  ExpectMatches(*seg, outs, *dict, std::nullopt, "after 20 loaders destroyed while preparing");
 }
 
 // Workers are prepared one by one in the background and a Load starts with those ready:
@@ -577,13 +587,8 @@ TEST_F(GpuLoaderTest, ALoadRightAfterCreateUsesTheWorkersReadySoFar) {
   auto seg = MakeSegment({{"big", DType::kF32, {64, 512}, 0, 0}, {"small", DType::kF32, {256, 512}, 0, 0}}, 10, 1.0,
                          {1e6, 1.0});
   ASSERT_TRUE(seg);
-  auto plan = TpPlan::FromJson(R"({"default": "replicate"})");
-  ASSERT_TRUE(plan.ok());
-  auto outs = plan->Resolve(seg->reader->tensors(), 0, 1);
-  ASSERT_TRUE(outs.ok());
-  std::vector<ShardOutput> small_only;
-  for (const ShardOutput& out : *outs)
-    if (out.name == "small") small_only.push_back(out);
+  const std::vector<ShardOutput> all = WholeOutputs(*seg), small_only = WholeOutputs(*seg, "small");
+  ASSERT_EQ(small_only.size(), 1u);
   for (int trial = 0; trial < 6; ++trial) {
     GpuLoadOptions o;
     o.streams = 64;
@@ -592,13 +597,13 @@ TEST_F(GpuLoaderTest, ALoadRightAfterCreateUsesTheWorkersReadySoFar) {
     if (convert) o.float_dtype = DType::kF16;
     auto loader = GpuLoaderImpl::Create(seg->Source(), 0, o);
     ASSERT_TRUE(loader.ok());
-    auto first = (*loader)->Load(*outs);
+    auto first = (*loader)->Load(all);
     if (convert) {
       ASSERT_FALSE(first.ok()) << "trial " << trial;
       EXPECT_NE(first.status().message().find("'big'"), std::string::npos) << first.status().ToString();
     } else {
       ASSERT_TRUE(first.ok()) << first.status().ToString();
-      ExpectMatches(*seg, *outs, *first, std::nullopt, "right after Create, trial " + std::to_string(trial));
+      ExpectMatches(*seg, all, *first, std::nullopt, "right after Create, trial " + std::to_string(trial));
     }
     for (int rep = 0; rep < 3; ++rep) {
       auto next = (*loader)->Load(small_only);

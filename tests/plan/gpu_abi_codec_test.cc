@@ -18,6 +18,7 @@ TEST(GpuAbiCodec, OutputsRoundTrip) {
   outs[0].pieces.push_back({"h.0.q", ShardSpec::Split(0, 1, 4, 3, true), 2, 5});
   outs[0].pieces.push_back({"h.0.k", ShardSpec::Chunk(-1, 3, 4), 0, -1});
   outs[0].pieces.push_back({"h.0.q", ShardSpec::Replicate(), 1, 4, 2});
+  outs[0].pieces.push_back({"h.0.q", ShardSpec::Split(-1, 1, 2), 3, 2, 2, /*flat_rows=*/true});
   outs[0].transpose = true;
   outs[1].name = "experts";
   outs[1].pieces.push_back({"e", ShardSpec::FlatPartition(2, 8)});
@@ -38,6 +39,7 @@ TEST(GpuAbiCodec, OutputsRoundTrip) {
       EXPECT_EQ(x.row_begin, y.row_begin);
       EXPECT_EQ(x.row_count, y.row_count);
       EXPECT_EQ(x.row_step, y.row_step);
+      EXPECT_EQ(x.flat_rows, y.flat_rows);
       EXPECT_EQ(x.spec.kind, y.spec.kind);
       EXPECT_EQ(x.spec.dim, y.spec.dim);
       EXPECT_EQ(x.spec.rank, y.spec.rank);

@@ -6,6 +6,8 @@ core_model_loading does it, then split as transformers' style says:
   qwen3_vl_moe  Transpose(1, 2, check_dims): hub experts [E, H, 2I] become [E, 2I, H]
   kimi_k25      Chunk + PermuteForRope of the vision tower's fused wqkv
   step3p7       Concatenate(dim 1) of stacked moe.gate_proj / moe.up_proj, packed_colwise
+  inkling_mm_model  Interleave(1) of the stacked experts' w13_weight, Interleave + Chunk of the
+                shared experts' and of the dense MLP's w13
   ernie4_5_vl_moe  ErnieFuseAndSplitTextVisionExperts (text and vision experts of one list),
                 its routers' Transpose(0, 1) under new names, a Chunk of their shared bias
 Run by ctest (tests/CMakeLists.txt sets CKPTD_BIN, CKPT_TOOLS_DIR, PYTHONPATH)."""
@@ -55,7 +57,9 @@ class HfConversionsTest(unittest.TestCase):
                              "model.language_model.layers.0.mlp.experts.down_proj": [E, 16, H]},
             "step3p7": {"model.layers.1.moe.gate_proj.weight": [E, I, H], "model.layers.1.moe.up_proj.weight": [E, I, H],
                         "model.layers.1.moe.down_proj.weight": [E, H, I]},
-            "kimi_k25": {}}
+            "kimi_k25": {},
+            # inkling's dense MLP (the tiny example's layers are all sparse): [2I, H]
+            "inkling_mm_model": {"model.llm.layers.1.mlp.w13_dn.weight": [64, 64]}}
         for mt, more in extra.items():
             ex = examples[mt]
             shapes = {n: s for n, _, s in ex["tensors"] if not n.startswith(tuple(k.rsplit(".", 2)[0] for k in more))}
@@ -153,6 +157,30 @@ class HfConversionsTest(unittest.TestCase):
                 strided = [torch.cat([torch.cat([h.chunk(world, dim=1)[r] for h in w.chunk(2, dim=1)], dim=1)
                                       for w in (gate, up)], dim=1) for r in range(world)]
                 self.assertFalse(torch.allclose(sum(mlp(strided[r], ranks[r][down]) for r in range(world)), whole))
+
+    def test_inkling_interleaved_rows_are_taken_apart_after_the_split_as_transformers_does(self):
+        """transformers' Interleave(dim): each rank's contiguous part of the source (the target's
+        colwise split, done on read), then its pairs of rows taken apart (row 2j to j, 2j + 1 to
+        half + j); with a Chunk after it, the halves are two tensors (gate, up)."""
+        sd, L, M = self.sd["inkling_mm_model"], "model.llm.layers.", "model.language_model.layers."
+
+        def interleave(t, dim):  # transformers' Interleave.convert (not inverse)
+            shape = list(t.shape)
+            return t.reshape(shape[:dim] + [shape[dim] // 2, 2] + shape[dim + 1:]).transpose(dim, dim + 1).reshape(shape)
+
+        names = [M + "0.mlp.experts.gate_up_proj", M + "0.mlp.shared_experts.gate_proj",
+                 M + "0.mlp.shared_experts.up_proj", M + "1.mlp.gate_proj.weight", M + "1.mlp.up_proj.weight"]
+        for world, ranks in self.shards("inkling_mm_model", names).items():
+            for rank, got in enumerate(ranks):
+                with self.subTest(world=world, rank=rank):
+                    experts = interleave(sd[L + "0.mlp.experts.w13_weight"].chunk(world, dim=1)[rank], 1)
+                    self.assertTrue(torch.equal(got[names[0]], experts))
+                    shared = interleave(sd[L + "0.mlp.shared_experts.shared_w13_weight"].chunk(world, dim=1)[rank], 1)
+                    self.assertTrue(torch.equal(got[names[1]], shared.chunk(2, dim=1)[0]))
+                    self.assertTrue(torch.equal(got[names[2]], shared.chunk(2, dim=1)[1]))
+                    dense = interleave(sd[L + "1.mlp.w13_dn.weight"].chunk(world, dim=0)[rank], 0)
+                    self.assertTrue(torch.equal(got[names[3]], dense.chunk(2, dim=0)[0]))
+                    self.assertTrue(torch.equal(got[names[4]], dense.chunk(2, dim=0)[1]))
 
     def test_ernie4_5_vl_moe_experts_split_into_text_and_vision_and_routers_transposed(self):
         sd, L = self.sd["ernie"], "model.layers.1.mlp."

@@ -60,8 +60,6 @@ KNOWN_GAPS = {
     # added before the language_model rename, which then no longer matches); ckptd follows
     # it, so no rule matches: refused, where from_pretrained leaves the weights at random.
     "shieldgemma2": "the shieldgemma2 plan: none of its rules matches",
-    # Interleave of stacked experts along dim 1 (w13_weight [E, 2I, H]): refused, naming it
-    "inkling_mm_model": r"w13_weight.*model type 'inkling_mm_model'.*converts this tensor at load \(Interleave\)",
 }
 
 
@@ -95,6 +93,12 @@ def out_shape(o, shapes):
         return list(shapes[o.pieces[0]["source"]])  # a whole tensor (a scalar too)
     rows = [p["row_count"] if p["row_count"] >= 0 else shapes[p["source"]][0] for p in o.pieces]
     return [sum(rows)] + list(shapes[o.pieces[0]["source"]][1:])
+
+
+def interleaved_parts(entry):
+    """transformers' Interleave + Chunk conversions of an entry: (source pattern, targets)."""
+    return [(c["source_patterns"][0], c["target_patterns"]) for c in entry.get("conversions", [])
+            if c.get("kind") == "WeightConverter" and [o["op"] for o in c.get("operations", [])] == ["Interleave", "Chunk"]]
 
 
 def chunk_parts(entry):
@@ -281,6 +285,7 @@ class HfPlanDataTest(unittest.TestCase):
                 outs = ckpt.plans.for_config(ex["config"], "hf").resolve(tensors, 0, 1)
                 model = {n for n, _ in ex["model_tensors"]}
                 chunks = chunk_parts(json.loads(ckpt.plans.TpPlan.hf_entry(mt)))
+                interleaved = interleaved_parts(json.loads(ckpt.plans.TpPlan.hf_entry(mt)))
                 expert_splits = [(c["source_patterns"], c["target_patterns"])
                                  for c in json.loads(ckpt.plans.TpPlan.hf_entry(mt)).get("conversions", [])
                                  if [o["op"] for o in c.get("operations", [])] == ["ErnieFuseAndSplitTextVisionExperts"]]
@@ -289,7 +294,11 @@ class HfPlanDataTest(unittest.TestCase):
                         want = ex["renamed"][p["source"]]
                         if want not in model and want.split(".", 1)[-1] in model:
                             want = want.split(".", 1)[-1]  # transformers strips the base-model prefix
-                        if p["row_count"] >= 0 and chunks:
+                        split_by_rows = [t for _, t in interleaved if t[0] in want]
+                        if p["row_step"] == 2 and split_by_rows:
+                            # an Interleave + Chunk's part k: rows k, k + 2, ... of each matrix
+                            want = want.replace(split_by_rows[0][0], split_by_rows[0][p["row_begin"] % 2])
+                        elif p["row_count"] >= 0 and chunks:
                             # a Chunk's part k: the name of part 0 (what the record holds) with
                             # target 0 replaced by target k (transformers' Chunk.convert)
                             for _, targets in chunks:
@@ -511,6 +520,50 @@ class HfPlanDataTest(unittest.TestCase):
         for bad in ('"model.norm.weight"', '[1]', '["("]'):
             with self.subTest(not_renamed=bad), self.assertRaisesRegex(ckpt.InvalidArgument, r"not_renamed"):
                 ckpt.plans.TpPlan.from_json('{"not_renamed": %s}' % bad)
+
+    def test_interleaved_rows_and_what_they_refuse(self):
+        """transformers' Interleave(dim) (inkling): the rows of each matrix taken apart, row 2j to
+        j and 2j + 1 to half + j, as stepped pieces (a stacked tensor's flat rows); a split of
+        the rows takes whole pairs; what ckptd cannot do is named."""
+        entry = {"tp_plan": {"model.layers.*.mlp.experts.gate_up_proj": "colwise",
+                             "model.layers.*.mlp.gate_proj": "colwise", "model.layers.*.mlp.up_proj": "colwise"},
+                 "conversions": [
+                     {"kind": "WeightConverter", "source_patterns": ["mlp.experts.w13"],
+                      "target_patterns": ["mlp.experts.gate_up_proj"], "operations": [{"op": "Interleave", "dim": 1}]},
+                     {"kind": "WeightConverter", "source_patterns": ["mlp.w13.weight"],
+                      "target_patterns": ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+                      "operations": [{"op": "Interleave", "dim": 0}, {"op": "Chunk", "dim": 0}]}]}
+        plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        tensors = [{"name": "model.layers.0.mlp.experts.w13", "dtype": "F32", "shape": [3, 8, 4]},
+                   {"name": "model.layers.0.mlp.w13.weight", "dtype": "F32", "shape": [8, 4]}]
+        outs = {o.name: o for o in plan.resolve(tensors, 1, 2)}
+        gu = outs["model.layers.0.mlp.experts.gate_up_proj"]
+        self.assertEqual(list(gu.view), [3, 4, 4])  # rank 1: pairs 2, 3 of each expert
+        self.assertEqual([(p["row_begin"], p["row_count"], p["row_step"], p["flat_rows"]) for p in gu.pieces],
+                         [(8 * e + 4 + s, 2, 2, True) for e in range(3) for s in (0, 1)])
+        for name, s in (("gate_proj", 0), ("up_proj", 1)):  # part s: rows s, s + 2, ...; rank 1 its half
+            p = outs[f"model.layers.0.mlp.{name}.weight"].pieces
+            self.assertEqual([(x["row_begin"], x["row_count"], x["row_step"], x["flat_rows"]) for x in p],
+                             [(4 + s, 2, 2, False)])
+        bad = [
+            # a rank's rows that cut a pair: 10 rows over 4 ranks (torch.chunk: 3 each)
+            ([dict(tensors[0], shape=[3, 10, 4])], 4, r"experts.w13'.*rows \[3, 6\) of 10.*cut a pair"),
+            ([dict(tensors[0], shape=[3, 7, 4])], 1, r"experts.w13'.*7 rows are not pairs"),
+            ([dict(tensors[0], shape=[8, 4])], 1, r"experts.w13'.*interleaves dim 1 of this 2-d tensor"),
+        ]
+        for ts, world, why in bad:
+            with self.subTest(why=why), self.assertRaisesRegex(ckpt.InvalidArgument, why):
+                plan.resolve(ts, 0 if world == 1 else 1, world)
+        # a packed split of interleaved rows, and plan-file misuse
+        entry["tp_plan"]["model.layers.*.mlp.experts.gate_up_proj"] = "packed_colwise"
+        packed = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"experts.w13'.*splits interleaved rows in 2 blocks"):
+            packed.resolve(tensors[:1], 0, 2)
+        for rule in ({"pattern": "a", "rule": "colwise", "interleave": 1},
+                     {"pattern": "(a)", "rule": "colwise", "interleave": {"dim": 0}, "fuse_into": "b", "stack": 1},
+                     {"pattern": "(a)", "chunk_into": ["$1x", "$1y", "$1z"], "interleave": {"dim": 0}}):
+            with self.subTest(rule=rule), self.assertRaisesRegex(ckpt.InvalidArgument, r"interleave"):
+                ckpt.plans.TpPlan.from_json(json.dumps({"rules": [rule]}))
 
     def test_tie_rule_adds_or_drops_the_embedding_split(self):
         tensors = [{"name": "model.embed_tokens.weight", "dtype": "F32", "shape": [16, 4]},
