@@ -80,6 +80,10 @@
 // "permute_for_rope": {"parts": [k, ...], "heads": n}, those parts' rows are reordered as
 // transformers' PermuteForRope does: each of n heads' interleaved rotary pairs (rows 2j, 2j+1)
 // become its two halves (rows j, half + j); such a part is whole or split along a later dim.
+// With "interleave": {"dim": d} (d: the rows of each matrix, dim -2), an entry's tensor holds
+// pairs of rows that transformers' Interleave takes apart (2j to j, 2j + 1 to half + j): the
+// output holds them so, a split of those rows taking whole pairs; with a chunk_into of 2
+// parts instead of a rule, part k is rows k, k + 2, ... of each matrix.
 // Plan keys besides rules/default: "require": [{"pattern": p, "count": n, "what": text}]
 // (p must match at least n tensors, else an error naming `what`), "max_world": {"world": n,
 // "why": text} (larger worlds refused), "family", "comment", "block_scales" (below), and
