@@ -1105,6 +1105,9 @@ class TpPlan::Resolution {
     if (e.fuse_dim == 1)
       return InvalidArgument("FP8 block scales: weight '" + w.name + "' is concatenated along dim 1 (rule /" +
                              e.pattern_text + "/), which ckptd does not do with its block scale '" + t.name + "'");
+    if (e.interleave)
+      return InvalidArgument("FP8 block scales: weight '" + w.name + "' has its rows interleaved (rule /" +
+                             e.pattern_text + "/), which ckptd does not do with its block scale '" + t.name + "'");
     auto placed = Place(w, e.rule, match.groups, rank_, world_);
     if (!placed.ok()) return placed.status().WithContext(where);
     if (!placed->owned) return Status::Ok();

@@ -554,6 +554,11 @@ class HfPlanDataTest(unittest.TestCase):
         for ts, world, why in bad:
             with self.subTest(why=why), self.assertRaisesRegex(ckpt.InvalidArgument, why):
                 plan.resolve(ts, 0 if world == 1 else 1, world)
+        # an FP8 weight's block scale beside interleaved rows
+        fp8 = [{"name": "model.layers.0.mlp.experts.w13", "dtype": "F8_E4M3", "shape": [3, 256, 128]},
+               {"name": "model.layers.0.mlp.experts.w13_scale_inv", "dtype": "F32", "shape": [3, 2, 1]}]
+        with self.assertRaisesRegex(ckpt.InvalidArgument, r"experts.w13' has its rows interleaved"):
+            plan.resolve(fp8, 0, 2)
         # a packed split of interleaved rows, and plan-file misuse
         entry["tp_plan"]["model.layers.*.mlp.experts.gate_up_proj"] = "packed_colwise"
         packed = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry), "", "a test")
