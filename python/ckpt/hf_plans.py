@@ -163,11 +163,16 @@ def entry_of_model(model_cls, config, task=None, tied_config=None):
         entry["ep_plan"] = dict(sorted(ep.items()))
     try:
         entry["conversions"] = _conversions(model)
-        kept = _kept_names(model)
-        if kept:
-            entry["kept_names"] = kept
     except Exception as e:  # an older transformers without conversion_mapping
         entry["conversions_error"] = _first_line(e)
+        return entry
+    try:
+        kept = _kept_names(model)
+    except Exception as e:  # a loader without rename_source_key: renames as they are
+        entry["kept_names_error"] = _first_line(e)
+    else:
+        if kept:
+            entry["kept_names"] = kept
     return entry
 
 
