@@ -319,26 +319,34 @@ class PlanWriter {
     return Status::Ok();
   }
 
-  // Interleave(dim) of `source` as `target` (its plain text; a rename where they differ):
-  // the rows of each matrix taken apart (2j to j, 2j + 1 to half + j), split by the target's
-  // style (inkling's stacked experts' w13_weight into gate_up_proj).
-  Status AddInterleave(const std::string& source, const std::string& target, const json& op) {
+  // `source` converted into `target` (its plain text; a rename where they differ) by one
+  // operation on the tensor alone, its entry's `keys` (beside pattern, rule and fuse_into):
+  // for each plan key that styles the target, its prefix split by that style, then any other
+  // prefix replicated.
+  void AddStyledAsTarget(const std::string& source, const std::string& target, const json& keys) {
     std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
     for (const TargetKey& k : StyledKeysOf(target)) prefixes.emplace_back(k.prefix, json(k.style));
     prefixes.emplace_back(".*?", "replicate");
     for (const auto& [prefix, rule] : prefixes) {
-      json e = {{"pattern", "^(" + prefix + ")(" + SourceRegex(source) + ")(.*)$"}, {"rule", rule},
-                {"interleave", {{"dim", op.value("dim", 0)}}}};
+      json e = {{"pattern", "^(" + prefix + ")(" + SourceRegex(source) + ")(.*)$"}, {"rule", rule}};
+      e.update(keys);
       if (PlainText(source) != target) e["fuse_into"] = "$1" + target + "$3";
       rules_.push_back(std::move(e));
     }
+  }
+
+  // Interleave(dim) of `source` as `target`: the rows of each matrix taken apart (2j to j,
+  // 2j + 1 to half + j), split by the target's style (inkling's stacked experts' w13_weight
+  // into gate_up_proj).
+  Status AddInterleave(const std::string& source, const std::string& target, const json& op) {
+    AddStyledAsTarget(source, target, {{"interleave", {{"dim", op.value("dim", 0)}}}});
     return Status::Ok();
   }
 
-  // Transpose(dim0, dim1) of `source` as `target` (its plain text; a rename where they
-  // differ): the whole tensor transposed, not where transformers' check_dims finds it in the
-  // model's layout already. That layout is the Linear one of transformers' stacked experts
-  // ([E, out, in]): a down projection's out, every other one's in is the hidden size.
+  // Transpose(dim0, dim1) of `source` as `target`: the whole tensor transposed, not where
+  // transformers' check_dims finds it in the model's layout already. That layout is the
+  // Linear one of transformers' stacked experts ([E, out, in]): a down projection's out,
+  // every other one's in is the hidden size.
   Status AddTranspose(const std::string& source, const std::string& target, const json& op) {
     json swap = {{"dims", {op.value("dim0", 0), op.value("dim1", 1)}}};
     const std::string refused = Where() + ": transformers transposes this tensor at load only where it is not in its "
@@ -350,20 +358,10 @@ class PlanWriter {
       else refusal = refused + "needs the hidden_size of the model's config.json";
       if (PlainText(source) != target) refusal = refused + "ckptd does not do under another name";
     }
-    std::vector<std::pair<std::string, json>> prefixes;  // (prefix regex, rule)
-    for (const TargetKey& k : StyledKeysOf(target)) prefixes.emplace_back(k.prefix, json(k.style));
-    prefixes.emplace_back(".*?", "replicate");
-    for (const auto& [prefix, rule] : prefixes) {
-      json e = {{"pattern", "^(" + prefix + ")(" + SourceRegex(source) + ")(.*)$"}};
-      if (refusal) {
-        e["rule"] = {{"refuse", *refusal}};
-      } else {
-        e["rule"] = rule;
-        e["swap_dims"] = swap;
-        if (PlainText(source) != target) e["fuse_into"] = "$1" + target + "$3";
-      }
-      rules_.push_back(std::move(e));
-    }
+    if (refusal)  // searched anywhere in a name, as transformers does
+      rules_.push_back({{"pattern", SourceRegex(source)}, {"rule", {{"refuse", *refusal}}}});
+    else
+      AddStyledAsTarget(source, target, {{"swap_dims", swap}});
     return Status::Ok();
   }
 

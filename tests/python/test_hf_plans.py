@@ -521,6 +521,25 @@ class HfPlanDataTest(unittest.TestCase):
             with self.subTest(not_renamed=bad), self.assertRaisesRegex(ckpt.InvalidArgument, r"not_renamed"):
                 ckpt.plans.TpPlan.from_json('{"not_renamed": %s}' % bad)
 
+    def test_a_transpose_ckptd_cannot_decide_is_refused_where_the_tensor_is(self):
+        """Transpose with check_dims needs the config's hidden_size, and keeps the tensor's
+        own name: otherwise a matching tensor (anywhere in a name) is refused, naming why."""
+        def entry(target):
+            return {"tp_plan": {"model.layers.*.mlp.experts.down_proj": "rowwise"},
+                    "conversions": [{"kind": "WeightConverter", "source_patterns": ["mlp.experts.down_proj"],
+                                     "target_patterns": [target],
+                                     "operations": [{"op": "Transpose", "dim0": 1, "dim1": 2, "check_dims": True}]}]}
+        tensors = [{"name": "model.layers.0.mlp.experts.down_proj", "dtype": "F32", "shape": [2, 8, 4]}]
+        for target, config, why in (("mlp.experts.down_proj", "", r"needs the hidden_size"),
+                                    ("mlp.experts.down_w", '{"hidden_size": 4}', r"under another name")):
+            plan = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry(target)), config, "a test")
+            with self.subTest(why=why), self.assertRaisesRegex(
+                    ckpt.InvalidArgument, r"experts.down_proj'.*model type 'toy'.*transposes this tensor.*" + why):
+                plan.resolve(tensors, 0, 2)
+        ok = ckpt.plans.TpPlan.from_hf_entry("toy", json.dumps(entry("mlp.experts.down_proj")), '{"hidden_size": 4}',
+                                             "a test")
+        self.assertTrue(ok.resolve(tensors, 0, 1)[0].transpose)  # [E, 8, 4]: dim 1 is not the hidden size
+
     def test_interleaved_rows_and_what_they_refuse(self):
         """transformers' Interleave(dim) (inkling): the rows of each matrix taken apart, row 2j to
         j and 2j + 1 to half + j, as stepped pieces (a stacked tensor's flat rows); a split of
